@@ -1,0 +1,86 @@
+"""Data passed between the trainer and the algorithm library.
+
+Shapes: B responses (a batch of prompt groups flattened, group members contiguous or identified by
+``group_index``), T response positions (right-padded), K kept entries of a sparse distribution,
+V vocabulary. All masks are float or bool with 1 on real response tokens.
+
+Sparse distributions (TROLL section 3.2, TRM exact KL) are stored as a pair
+``(index [B,T,K] int32/int64, logp [B,T,K] float)`` of vocabulary ids and log-probabilities, with
+padding slots marked by ``logp = -inf`` (their index is arbitrary but valid, e.g. 0). The kept set
+always contains the sampled token.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # keep this module importable without torch
+    from torch import Tensor
+
+
+@dataclass
+class AdvantageInputs:
+    """Inputs of an advantage estimator (``ESTIMATORS[name](inp, **params)``)."""
+
+    # [B,T] reward per token; outcome rewards sit on the last real token (verl's token_level_rewards)
+    token_rewards: Tensor
+    # [B,T] 1 on real response tokens
+    response_mask: Tensor
+    # [B] long, responses with the same value belong to the same prompt group
+    group_index: Tensor | None = None
+    # [B,T] critic values V(s_t) (GAE, EGAE)
+    values: Tensor | None = None
+    # [B] bool, True where the response ended (EOS or max length) within this window (EGAE)
+    finished: Tensor | None = None
+
+
+@dataclass
+class PolicyInputs:
+    """Inputs of an objective or a sequence mask for one (micro-)batch."""
+
+    # [B,T] log pi_theta(y_t | c_t), differentiable
+    logp: Tensor
+    # [B,T] log pi_old(y_t | c_t) of the policy the update is anchored to (no grad)
+    logp_old: Tensor
+    # [B,T] advantages
+    advantages: Tensor
+    # [B,T] 1 on real response tokens
+    response_mask: Tensor
+    # [B,T] log-probs of the rollout (sampling) policy, for TRM; None means logp_old
+    logp_rollout: Tensor | None = None
+    # [B,T] long, sampled token ids (GTPO conflict detection)
+    responses: Tensor | None = None
+    # [B] long, prompt group of each response (GTPO)
+    group_index: Tensor | None = None
+    # [B,T] per-token entropy of pi_theta (differentiable where used as a loss term)
+    entropy: Tensor | None = None
+    # [B,T,V] current logits (TROLL, exact-KL TRM); float32 recommended
+    logits: Tensor | None = None
+    # [B,T,K] sparse old/rollout distribution: vocabulary ids and log-probs (-inf marks padding)
+    old_topk_index: Tensor | None = None
+    old_topk_logp: Tensor | None = None
+
+    def rollout_logp(self) -> Tensor:
+        return self.logp_rollout if self.logp_rollout is not None else self.logp_old
+
+
+@dataclass
+class ObjectiveOutput:
+    """Per-token loss (to minimise) and scalar metrics named by the metric schema."""
+
+    # [B,T] per-token loss, zero or arbitrary outside the response mask
+    loss_mat: Tensor
+    # metric name -> float (detached), e.g. {"actor/pg_clipfrac": 0.1}
+    metrics: dict[str, float] = field(default_factory=dict)
+    # optional [B,T] multiplier the aggregation must apply (e.g. GTPO weights); None = ones
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class MaskOutput:
+    """Per-sequence keep weights (1 keep, 0 reject) and metrics."""
+
+    # [B] float in {0, 1}
+    seq_mask: Tensor
+    metrics: dict[str, float] = field(default_factory=dict)

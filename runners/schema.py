@@ -1,0 +1,122 @@
+"""The metric schema: one set of names for every backend, aligned with verl's.
+
+Both backends log per-step metrics under these names (MLflow step = global training step), and
+``analysis`` reads them. verl's own names are used where verl has the quantity; method metrics use
+a ``<method>/`` prefix. MLflow forbids ``@`` in metric names, so verl's ``mean@N`` becomes
+``mean_at_N`` (verl's MLflow logger does the same substitution).
+
+This module is import-light (no torch) on purpose.
+"""
+
+from __future__ import annotations
+
+# -- training data ---------------------------------------------------------------------------
+SCORE_MEAN = "critic/score/mean"  # mean sequence reward of the training batch (success rate)
+SCORE_MAX = "critic/score/max"
+SCORE_MIN = "critic/score/min"
+ADVANTAGES_MEAN = "critic/advantages/mean"
+ADVANTAGES_MAX = "critic/advantages/max"
+ADVANTAGES_MIN = "critic/advantages/min"
+RETURNS_MEAN = "critic/returns/mean"
+VALUES_MEAN = "critic/values/mean"
+VF_LOSS = "critic/vf_loss"
+VF_CLIPFRAC = "critic/vf_clipfrac"
+RESPONSE_LENGTH_MEAN = "response_length/mean"
+RESPONSE_LENGTH_MAX = "response_length/max"
+RESPONSE_LENGTH_MIN = "response_length/min"
+RESPONSE_LENGTH_CLIP_RATIO = "response_length/clip_ratio"  # fraction hitting max length
+PROMPT_LENGTH_MEAN = "prompt_length/mean"
+
+# -- actor update ----------------------------------------------------------------------------
+ENTROPY = "actor/entropy"  # mean token entropy of the current policy on the training batch
+PG_LOSS = "actor/pg_loss"
+PG_CLIPFRAC = "actor/pg_clipfrac"
+PG_CLIPFRAC_LOWER = "actor/pg_clipfrac_lower"
+PPO_KL = "actor/ppo_kl"
+GRAD_NORM = "actor/grad_norm"
+LR = "actor/lr"
+
+# -- timing and throughput -------------------------------------------------------------------
+TIMING_GEN = "timing_s/gen"
+TIMING_OLD_LOG_PROB = "timing_s/old_log_prob"
+TIMING_REF = "timing_s/ref"
+TIMING_ADV = "timing_s/adv"
+TIMING_UPDATE_ACTOR = "timing_s/update_actor"
+TIMING_UPDATE_CRITIC = "timing_s/update_critic"
+TIMING_STEP = "timing_s/step"
+TIMING_TESTING = "timing_s/testing"
+TIMING_PHASES = (TIMING_GEN, TIMING_OLD_LOG_PROB, TIMING_UPDATE_ACTOR, TIMING_UPDATE_CRITIC)
+THROUGHPUT = "perf/throughput"  # tokens (prompt + response) per second over the whole step
+GEN_THROUGHPUT = "perf/gen_throughput"  # generated tokens per second during rollout
+TOTAL_NUM_TOKENS = "perf/total_num_tokens"
+MAX_MEMORY_ALLOCATED_GB = "perf/max_memory_allocated_gb"
+CPU_MEMORY_USED_GB = "perf/cpu_memory_used_gb"
+# Roofline points measured by a backend (FLOP/byte and achieved TFLOP/s of the rollout phase)
+ROLLOUT_ARITHMETIC_INTENSITY = "perf/rollout_arithmetic_intensity"
+ROLLOUT_TFLOPS = "perf/rollout_tflops"
+
+# -- method metrics --------------------------------------------------------------------------
+TROLL_PROJECTED_FRAC = "troll/projected_frac"
+TROLL_KEPT_TOKENS = "troll/kept_tokens"
+TROLL_KEPT_MASS = "troll/kept_mass"
+TROLL_KL_BEFORE = "troll/kl_before"
+TROLL_KL_AFTER = "troll/kl_after"
+TROLL_DUAL_STEPS = "troll/dual_steps"
+TRM_ACCEPT_RATE = "trm/accept_rate"
+TRM_PPL_GAP = "trm/ppl_gap"  # log absolute PPL gap
+TRM_MAX_KL = "trm/max_kl"
+TRM_MEAN_KL = "trm/mean_kl"
+GTPO_CONFLICT_FRAC = "gtpo/conflict_frac"
+GTPO_FILTERED_FRAC = "gtpo/filtered_frac"
+ENTROPY_ZETA = "entropy/zeta"
+ENTROPY_EPS_HIGH = "entropy/eps_high"
+ENTROPY_BONUS_COEF = "entropy/bonus_coef"
+ENTROPY_TARGET = "entropy/target"
+ENTROPY_COV = "entropy/cov"  # Corollary-1 covariance diagnostic
+
+
+def trm_accept_rate_bucket(lo: int, hi: int) -> str:
+    """Acceptance rate of responses with lo <= length < hi (trm.txt table D.1)."""
+    return f"trm/accept_rate/len_{lo}_{hi}"
+
+
+def trm_tv_position_bucket(lo: int, hi: int) -> str:
+    """Mean token TV distance at positions lo <= t < hi (input of the Adaptive bound)."""
+    return f"trm/tv/pos_{lo}_{hi}"
+
+
+# -- evaluation --------------------------------------------------------------------------------
+def val_acc_mean(data: str, n: int = 1) -> str:
+    """Mean accuracy over n samples per prompt (pass@1 estimate when n samples are drawn)."""
+    return f"val-core/{data}/acc/mean_at_{n}"
+
+
+def val_acc_best(data: str, k: int) -> str:
+    """pass@k: fraction of prompts with at least one correct of k samples."""
+    return f"val-core/{data}/acc/best_at_{k}/mean"
+
+
+def val_acc_maj(data: str, k: int) -> str:
+    """maj@k: fraction of prompts whose majority answer over k samples is correct."""
+    return f"val-core/{data}/acc/maj_at_{k}/mean"
+
+
+def val_entropy(data: str) -> str:
+    return f"val-aux/{data}/entropy/mean"
+
+
+def val_response_length(data: str) -> str:
+    return f"val-aux/{data}/response_length/mean"
+
+
+# -- run tags ----------------------------------------------------------------------------------
+TAG_RUN_KEY = "trustbench.run_key"
+TAG_ALGORITHM = "algorithm"
+TAG_MODEL = "model"
+TAG_DATASET = "dataset"
+TAG_SEED = "seed"
+TAG_BACKEND = "backend"
+TAG_SWEEP = "sweep"
+TAG_GIT_REVISION = "git_revision"
+TAG_HOST = "host"
+TAG_FAILURE = "trustbench.failure"  # reason a run FAILED

@@ -1,0 +1,60 @@
+"""Registries: duplicate detection, helpful errors, lazy targets (STYLE.md section 3)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from runners.algorithms import REGISTRIES, Registry, UnknownNameError
+
+
+def test_unknown_name_lists_valid_names():
+    reg = Registry("estimator")
+    reg.register("a", "math:sqrt")
+    reg.register("b", "math:floor")
+    with pytest.raises(UnknownNameError) as err:
+        reg.get("c")
+    assert "unknown estimator 'c'" in str(err.value)
+    assert "a, b" in str(err.value)
+
+
+def test_duplicate_registration_raises():
+    reg = Registry("objective")
+    reg.register("x", "math:sqrt")
+    with pytest.raises(ValueError, match="already registered"):
+        reg.register("x", "math:floor")
+
+    @reg.register("y")
+    def y():
+        return 1
+
+    with pytest.raises(ValueError, match="already registered"):
+        reg.register("y")(lambda: 2)
+
+
+def test_lazy_target_is_resolved_on_get():
+    import math
+
+    reg = Registry("mask")
+    reg.register("sqrt", "math:sqrt")
+    assert reg.get("sqrt") is math.sqrt
+
+
+def test_malformed_lazy_target_rejected():
+    with pytest.raises(ValueError, match="module:attr"):
+        Registry("mask").register("bad", "math.sqrt")
+
+
+def test_importing_the_library_does_not_import_torch():
+    code = "import sys, runners.algorithms, runners.schema; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize(
+    "kind,name", [(kind, name) for kind, reg in REGISTRIES.items() for name in reg.names()]
+)
+def test_every_builtin_entry_resolves(kind, name):
+    assert callable(REGISTRIES[kind].get(name))
