@@ -112,6 +112,11 @@ def val_response_length(data: str) -> str:
 # -- run tags ----------------------------------------------------------------------------------
 TAG_RUN_KEY = "trustbench.run_key"
 TAG_ALGORITHM = "algorithm"
+TAG_METHOD = "method"  # display label of the method, e.g. "GRPO+TROLL" (tables and legends)
+TAG_OBJECTIVE = "objective"
+TAG_ESTIMATOR = "estimator"
+TAG_MASK = "mask"
+TAG_ENTROPY_CONTROL = "entropy_control"
 TAG_MODEL = "model"
 TAG_DATASET = "dataset"
 TAG_SEED = "seed"
