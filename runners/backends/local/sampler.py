@@ -1,0 +1,257 @@
+"""Batched KV-cache sampling for any Hugging Face causal LM (the local backend's rollout engine).
+
+Design: one prefill forward over the left-padded prompts, then one single-token forward per step
+through a ``DynamicCache``; every per-step operation is a batched tensor op (no Python work per row).
+It is faster than ``model.generate`` because it skips generate's per-step machinery (logits-processor
+and stopping-criteria lists, ``prepare_inputs_for_generation``, re-derived position ids, a fresh 4-D
+mask per step): the decode-step attention mask is a view of one preallocated boolean buffer handed
+to the model already in its final ``[B,1,1,S]`` form, outputs are preallocated, and rows that have
+finished are dropped from the batch (and from the cache) once they are at least half of it
+(``compact=True``). Sampling draws from ``torch.multinomial`` on the same probabilities as
+``generate`` (temperature, then top-p), so with ``compact=False`` and the global RNG it reproduces
+``generate(do_sample=True)`` token for token; with a ``torch.Generator`` it is deterministic.
+
+Continuing unfinished responses (T-PPO truncated windows, tppo.txt section 3): a prompt may already
+hold a partial response. Join each row's prompt and partial response with
+``join_left_padded(prompt_ids, prompt_mask, responses, response_mask, pad_token_id)`` and call
+``generate`` on the result with the window length as ``max_new_tokens``; in greedy mode this equals
+one long generation (tests/models/test_sampler.py checks it). Pass only the rows that did not finish.
+
+    from runners.backends.local.sampler import generate
+    out = generate(model, input_ids, attention_mask, max_new_tokens=64, eos_token_id=tok.eos_token_id,
+                   pad_token_id=tok.pad_token_id, generator=torch.Generator().manual_seed(0))
+    out.responses, out.response_mask, out.logp, out.finished
+
+Benchmark against ``model.generate``: ``python tests/benchmarks/bench_sampler.py``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+
+@dataclass
+class GenerationOutput:
+    """Sampled responses, right-padded; R <= max_new_tokens (generation stops once every row finished)."""
+
+    # [B,R] long, sampled token ids, ``pad_token_id`` after a row's EOS
+    responses: Tensor
+    # [B,R] 1 on generated tokens (the EOS token included), 0 on padding; dtype of the attention mask
+    response_mask: Tensor
+    # [B,R] float32, log-prob of each token under the sampling distribution (0 on padding)
+    logp: Tensor
+    # [B] bool, True where the row emitted EOS, False where the token budget stopped it
+    finished: Tensor
+
+
+def _eos_tensor(eos_token_id: int | Sequence[int] | None, device: torch.device) -> Tensor | None:
+    if eos_token_id is None:
+        return None
+    ids = [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id)
+    return torch.tensor(ids, dtype=torch.long, device=device)
+
+
+def filter_top_p(logits: Tensor, top_p: float) -> Tensor:
+    """Nucleus filter: keep the smallest set of tokens whose probability reaches ``top_p``.
+
+    logits [N,V] -> [N,V] with dropped entries set to -inf (the most likely token is always kept).
+    """
+    sorted_logits, order = torch.sort(logits, dim=-1, descending=False)
+    cumulative = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
+    drop_sorted = cumulative <= 1.0 - top_p
+    drop_sorted[..., -1] = False
+    drop = drop_sorted.scatter(-1, order, drop_sorted)
+    return logits.masked_fill(drop, float("-inf"))
+
+
+def sample_next(
+    logits: Tensor, *, temperature: float, top_p: float, generator: torch.Generator | None
+) -> tuple[Tensor, Tensor]:
+    """Draw one token per row: logits [N,V] float32 -> (token [N] long, logp [N] float32).
+
+    ``temperature == 0`` is greedy; its logp is then the untempered model log-prob of the argmax
+    (a point mass would always give 0). Otherwise logp is under softmax(top_p(logits / temperature)).
+    """
+    if temperature == 0.0:
+        token = logits.argmax(dim=-1)
+        logp = torch.log_softmax(logits, dim=-1).gather(-1, token[:, None]).squeeze(-1)
+        return token, logp
+    scores = logits / temperature if temperature != 1.0 else logits
+    if top_p < 1.0:
+        scores = filter_top_p(scores, top_p)
+    probs = scores.softmax(dim=-1)
+    token = torch.multinomial(probs, num_samples=1, generator=generator).squeeze(-1)
+    logp = torch.log_softmax(scores, dim=-1).gather(-1, token[:, None]).squeeze(-1)
+    return token, logp
+
+
+def _decode_mask_kind(model, attention_mask: Tensor) -> str:
+    """How decode steps pass their attention mask to the model.
+
+    "none": no prompt padding, a single new token may attend to the whole cache. "bool" (SDPA) or
+    "additive" (eager): a prebuilt ``[B,1,1,S]`` mask, which the model uses as is. "model": the 2-D
+    mask, the model builds its own (other attention kernels, sliding-window layers).
+    """
+    config = model.config
+    layer_types = getattr(config, "layer_types", None)
+    if layer_types is not None and any(kind != "full_attention" for kind in layer_types):
+        return "model"
+    if bool(attention_mask.bool().all()):
+        return "none"
+    impl = getattr(config, "_attn_implementation", None)
+    return {"sdpa": "bool", "eager": "additive"}.get(impl, "model")
+
+
+def _step_mask(keys: Tensor, length: int, kind: str, dtype: torch.dtype) -> Tensor | None:
+    """The attention mask argument of a decode step over the first ``length`` cache positions.
+
+    keys [B,S_max] bool (True = may be attended) -> None, [B,length] long, or [B,1,1,length].
+    """
+    if kind == "none":
+        return None
+    view = keys[:, :length]
+    if kind == "model":
+        return view.long()
+    mask4d = view[:, None, None, :]
+    if kind == "additive":
+        additive = torch.zeros(mask4d.shape, dtype=dtype, device=keys.device)
+        return additive.masked_fill(~mask4d, torch.finfo(dtype).min)
+    return mask4d
+
+
+def _check_inputs(input_ids: Tensor, attention_mask: Tensor, max_new_tokens: int, temperature: float, top_p: float):
+    if input_ids.dim() != 2 or attention_mask.shape != input_ids.shape:
+        raise ValueError(
+            f"input_ids and attention_mask must both be [B,P]; got {tuple(input_ids.shape)} and "
+            f"{tuple(attention_mask.shape)}"
+        )
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    if temperature < 0:
+        raise ValueError(f"temperature must be >= 0 (0 = greedy), got {temperature}")
+    if not 0.0 < top_p <= 1.0:
+        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+    lengths = attention_mask.sum(dim=-1)
+    if bool((lengths == 0).any()):
+        raise ValueError("every row needs at least one prompt token (attention_mask has an all-zero row)")
+    if bool((attention_mask[:, -1] == 0).any()):
+        raise ValueError("prompts must be left-padded: attention_mask[:, -1] must be 1 on every row")
+
+
+@torch.inference_mode()
+def generate(
+    model,
+    input_ids: Tensor,
+    attention_mask: Tensor,
+    *,
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    eos_token_id: int | Sequence[int] | None,
+    pad_token_id: int,
+    generator: torch.Generator | None = None,
+    compact: bool = True,
+) -> GenerationOutput:
+    """Sample up to ``max_new_tokens`` tokens per row with a KV cache.
+
+    input_ids [B,P] long, left-padded; attention_mask [B,P] (1 on prompt tokens). ``eos_token_id``
+    may be one id, several, or None (run to the budget). ``temperature=0`` is greedy. ``generator``
+    seeds the draws (None uses the global RNG). ``compact`` drops finished rows from the batch;
+    it changes how many random numbers each step consumes, not the distribution.
+    Returns a :class:`GenerationOutput` with R = number of steps run.
+    """
+    _check_inputs(input_ids, attention_mask, max_new_tokens, temperature, top_p)
+    from transformers import DynamicCache
+
+    device = input_ids.device
+    batch, prompt_len = input_ids.shape
+    eos = _eos_tensor(eos_token_id, device)
+    mask_kind = _decode_mask_kind(model, attention_mask)
+    logits_dtype = model.get_input_embeddings().weight.dtype
+
+    responses = torch.full((batch, max_new_tokens), pad_token_id, dtype=torch.long, device=device)
+    response_mask = torch.zeros((batch, max_new_tokens), dtype=attention_mask.dtype, device=device)
+    logps = torch.zeros((batch, max_new_tokens), dtype=torch.float32, device=device)
+    # attention over [prompt | generated]; rows that finished keep attending to their pad tokens,
+    # whose outputs are discarded
+    keys = torch.zeros((batch, prompt_len + max_new_tokens), dtype=torch.bool, device=device)
+    keys[:, :prompt_len] = attention_mask.bool()
+    position = (attention_mask.long().cumsum(dim=-1) - 1).clamp(min=0)
+    next_position = position[:, -1:] + 1
+
+    cache = DynamicCache(config=model.config)
+    out = model(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=position,
+        past_key_values=cache,
+        use_cache=True,
+        logits_to_keep=1,
+    )
+    logits = out.logits[:, -1, :].float()
+    rows = torch.arange(batch, device=device)  # original row of each row still in the batch
+    active = torch.ones(batch, dtype=torch.bool, device=device)  # over the current (compacted) batch
+    steps = 0
+    for t in range(max_new_tokens):
+        token, logp = sample_next(logits, temperature=temperature, top_p=top_p, generator=generator)
+        token = torch.where(active, token, pad_token_id)
+        responses[rows, t] = token
+        logps[rows, t] = torch.where(active, logp, 0.0)
+        response_mask[rows, t] = active.to(response_mask.dtype)
+        steps = t + 1
+        if eos is not None:
+            active = active & ~torch.isin(token, eos)
+        if t + 1 == max_new_tokens:
+            break
+        n_active = int(active.sum())
+        if n_active == 0:
+            break
+        if compact and 2 * n_active <= active.numel():
+            keep = active.nonzero().squeeze(-1)
+            cache.batch_select_indices(keep)
+            rows, token, active = rows[keep], token[keep], active[keep]
+            keys, next_position = keys[keep], next_position[keep]
+        keys[:, prompt_len + t] = True
+        out = model(
+            input_ids=token[:, None],
+            attention_mask=_step_mask(keys, prompt_len + t + 1, mask_kind, logits_dtype),
+            position_ids=next_position,
+            past_key_values=cache,
+            use_cache=True,
+        )
+        next_position = next_position + 1
+        logits = out.logits[:, -1, :].float()
+
+    if eos is None:
+        finished = torch.zeros(batch, dtype=torch.bool, device=device)
+    else:
+        finished = torch.isin(responses[:, :steps], eos).any(dim=-1)
+    return GenerationOutput(
+        responses=responses[:, :steps],
+        response_mask=response_mask[:, :steps],
+        logp=logps[:, :steps],
+        finished=finished,
+    )
+
+
+def join_left_padded(
+    prompt_ids: Tensor, prompt_mask: Tensor, responses: Tensor, response_mask: Tensor, *, pad_token_id: int
+) -> tuple[Tensor, Tensor]:
+    """Concatenate left-padded prompts with right-padded partial responses, re-left-padded.
+
+    prompt_ids/prompt_mask [B,P], responses/response_mask [B,R] -> (input_ids [B,P+R],
+    attention_mask [B,P+R]) with every row's real tokens (prompt then response) flush right,
+    ready for :func:`generate` to continue the responses (T-PPO windows).
+    """
+    ids = torch.cat([prompt_ids, responses], dim=1)
+    mask = torch.cat([prompt_mask.to(response_mask.dtype), response_mask], dim=1)
+    # a stable sort on the 0/1 mask moves padding to the front and keeps token order
+    order = torch.sort(mask.long(), dim=1, stable=True).indices
+    ids = ids.gather(1, order)
+    mask = mask.gather(1, order)
+    ids = ids.masked_fill(mask == 0, pad_token_id)
+    return ids, mask

@@ -1,0 +1,73 @@
+"""Tiny randomly initialised causal LMs of the papers' architectures, for fast tests and benchmarks.
+
+Design: the same transformers classes as the real checkpoints (Qwen2 for Qwen2.5, Qwen3, Llama for
+Llama 3.x / SmolLM2), shrunk to ~0.3M parameters, so code paths (RoPE, GQA, q/k norms, biases, tied
+embeddings, KV cache) are exercised at the cost of a toy. Initialisation is deterministic given
+``seed`` (a local ``torch.Generator`` fork, the global RNG is left untouched).
+
+    from runners.models.tiny import build_tiny_model
+    model = build_tiny_model("qwen2", vocab_size=64, seed=0)           # ~0.26M parameters
+    model = build_tiny_model("llama", vocab_size=64, num_hidden_layers=2)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+# defaults shared by every architecture; ``config_overrides`` replace any of them
+TINY_DEFAULTS: dict[str, Any] = {
+    "hidden_size": 64,
+    "intermediate_size": 256,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "max_position_embeddings": 2048,
+    "tie_word_embeddings": True,
+    "rms_norm_eps": 1e-6,
+}
+
+
+def _config_classes() -> dict[str, Any]:
+    from transformers import LlamaConfig, Qwen2Config, Qwen3Config
+
+    return {"qwen2": Qwen2Config, "qwen3": Qwen3Config, "llama": LlamaConfig}
+
+
+TINY_ARCHS = ("qwen2", "qwen3", "llama")
+
+
+def build_tiny_config(arch: str, *, vocab_size: int, **config_overrides: Any):
+    """The transformers config of a tiny ``arch`` model (``TINY_DEFAULTS`` updated by the overrides)."""
+    classes = _config_classes()
+    if arch not in classes:
+        raise ValueError(f"unknown tiny model arch {arch!r}; valid: {', '.join(TINY_ARCHS)}")
+    if vocab_size < 2:
+        raise ValueError(f"vocab_size must be >= 2, got {vocab_size}")
+    kwargs = {**TINY_DEFAULTS, **config_overrides, "vocab_size": vocab_size}
+    # transformers' defaults point bos/eos at ids of the real vocabularies; keep them inside ours
+    for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
+        kwargs.setdefault(key, None)
+    return classes[arch](**kwargs)
+
+
+def build_tiny_model(arch: str, *, vocab_size: int, seed: int = 0, **config_overrides: Any):
+    """A randomly initialised ``{Qwen2,Qwen3,Llama}ForCausalLM`` in float32 and eval mode.
+
+    ``config_overrides`` are config fields (``hidden_size=32``, ``num_hidden_layers=2``,
+    ``bos_token_id=1``, ...). Attention uses SDPA. Same ``seed`` and arguments -> same weights.
+    """
+    from transformers import AutoModelForCausalLM
+
+    config = build_tiny_config(arch, vocab_size=vocab_size, **config_overrides)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa", dtype=torch.float32)
+    return model.eval()
+
+
+def count_parameters(model: torch.nn.Module) -> int:
+    """Number of distinct parameters (tied embeddings counted once)."""
+    return sum(p.numel() for p in model.parameters())
