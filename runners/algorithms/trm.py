@@ -1,0 +1,431 @@
+"""TRM: trust-region masking of whole sequences (trm.txt sections 6, appendices B and D).
+
+Design: a mask never touches the loss. ``MASKS[name](inp, **params)`` returns per-sequence keep
+weights ``seq_mask`` [B] in {0, 1}, computed without gradient; the trainer multiplies the per-token
+loss by them (``apply_sequence_mask``) and keeps ``inp.response_mask`` as the aggregation mask, so
+the gradient stays normalised by the whole batch N (eq. 50) and rejected sequences add zero.
+
+Criteria (ALGORITHMS.md section 4; every threshold is inclusive, "keep iff stat <= threshold"):
+
+- exact, from the stored sparse rollout distributions (``inp.old_topk_index/old_topk_logp``) against
+  ``inp.logits``: ``D_KL(c_t) = sum_v pi_roll(v) (log pi_roll(v) - log pi_theta(v))`` over the
+  stored support (eq. 51): ``trm_max`` (max_t), ``trm_avg`` (mean_t), ``trm_max_avg`` (both);
+- sample-based, from ``log r_t = logp - logp_rollout`` of the sampled tokens (appendix B):
+  ``trm_max_k2`` (max_t of k2 = 0.5 (log r)^2), ``trm_avg_k3`` (mean_t of k3 = r - 1 - log r),
+  ``trm_max_avg_sample`` (both);
+- length-neutral: ``ln_trm`` (eq. 76-77, position-weighted mean of |r_t - 1|) and ``ser`` (eq. 82,
+  plain mean of |r_t - 1|).
+
+Log-ratios are clamped to [-20, 20] as verl's rollout correction does (``SAFETY_BOUND``); a NaN
+log-ratio (both log-probs -inf) counts as maximal divergence. Every mask also returns monitoring
+metrics (``trm/accept_rate``, ``trm/max_kl``, ``trm/mean_kl``, ``trm/ppl_gap``, acceptance by response
+length, mean token TV by position for the Adaptive bound: see ``compute_trm_metrics``). Every mask
+accepts the keyword parameters ``monitor`` (False: no metrics), ``length_edges`` and
+``position_edges`` (bucket edges, default ``DEFAULT_EDGES``); the exact masks also ``tail_bin``.
+
+The error bounds live in ``bounds.py`` (torch-free) and are re-exported here as ``error_bounds``.
+Run the tests with ``pytest tests/algorithms/test_trm.py``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+from runners import schema
+from runners.algorithms.bounds import error_bounds
+from runners.algorithms.types import MaskOutput, PolicyInputs
+
+# |log r| clamp, as verl's rollout_corr_helper (exp(20) ~ 4.9e8)
+SAFETY_BOUND = 20.0
+# response-length buckets for trm/accept_rate/len_* and position buckets for trm/tv/pos_*
+DEFAULT_EDGES = (0, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
+# elements of one [rows, V] float32 slab in exact_token_kl (64 MiB)
+_CHUNK_ELEMENTS = 1 << 24
+
+
+# -- divergences -----------------------------------------------------------------------------
+def sample_log_ratio(logp: Tensor, logp_roll: Tensor) -> Tensor:
+    """``log r = logp - logp_roll`` [B,T], detached, NaN -> +SAFETY_BOUND, clamped to +-SAFETY_BOUND."""
+    log_ratio = logp.detach().float() - logp_roll.detach().float()
+    log_ratio = torch.nan_to_num(log_ratio, nan=SAFETY_BOUND, posinf=SAFETY_BOUND, neginf=-SAFETY_BOUND)
+    return log_ratio.clamp(-SAFETY_BOUND, SAFETY_BOUND)
+
+
+def k2_estimator(log_ratio: Tensor) -> Tensor:
+    """k2 = 0.5 (log r)^2 [B,T]: symmetric per-token divergence for the max criterion (trm.txt B.2)."""
+    return 0.5 * log_ratio.square()
+
+
+def k3_estimator(log_ratio: Tensor) -> Tensor:
+    """k3 = r - 1 - log r [B,T]: >= 0, unbiased for KL(pi_roll || pi_theta) under pi_roll (trm.txt B.1)."""
+    return torch.expm1(log_ratio) - log_ratio
+
+
+def _sparse_token_stats(logits: Tensor, index: Tensor, roll_logp: Tensor, tail_bin: bool) -> tuple[Tensor, Tensor]:
+    """Exact KL and TV [n] for rows ``logits [n,V]``, ``index/roll_logp [n,K]`` (one chunk)."""
+    logq_all = torch.log_softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), dim=-1)
+    logq = torch.nan_to_num(logq_all.gather(-1, index.long()), nan=float("-inf"))  # all -inf row: no mass
+    valid = roll_logp > float("-inf")
+    p = torch.where(valid, roll_logp.double().exp(), 0.0)
+    q = torch.where(valid, logq.double().exp(), 0.0)
+    # p > 0, not only `valid`: a log-prob that underflows exp() must not give 0 * inf
+    kl_terms = torch.where(p > 0, p * (roll_logp.double() - logq.double()), 0.0)
+    kl = kl_terms.sum(-1)
+    p_rest = (1.0 - p.sum(-1)).clamp(min=0.0)
+    q_rest = (1.0 - q.sum(-1)).clamp(min=0.0)
+    if tail_bin:  # KL of the coarse-grained pair (kept ids + one "rest" bin): >= 0, <= the true KL
+        rest = p_rest * (p_rest.clamp(min=1e-300).log() - q_rest.clamp(min=1e-12).log())
+        kl = kl + torch.where(p_rest > 0, rest, 0.0)
+    tv = 0.5 * ((p - q).abs().sum(-1) + (p_rest - q_rest).abs())
+    return kl, tv.clamp(max=1.0)
+
+
+def sparse_token_divergences(
+    logits: Tensor,
+    index: Tensor,
+    roll_logp: Tensor,
+    mask: Tensor | None = None,
+    *,
+    tail_bin: bool = False,
+) -> tuple[Tensor, Tensor]:
+    """Exact token KL(pi_roll || pi_theta) and TV [B,T] from a stored sparse rollout distribution.
+
+    ``logits`` [B,T,V] of pi_theta; ``index``/``roll_logp`` [B,T,K] the kept ids and rollout log-probs
+    (-inf marks padding slots, ignored). KL is trm.txt eq. 51 over the stored support; with
+    ``tail_bin`` the missing mass adds one "rest" bin term (the KL of the coarse-grained pair, always
+    >= 0; equal to eq. 51 when the support is the whole vocabulary). TV (eq. 8) always includes the
+    rest bin, so it is exact on a full support and a lower bound otherwise. Positions where ``mask``
+    is 0 are skipped and get 0. Computed in chunks of rows, without gradient, float64 sums.
+    """
+    if index.shape != roll_logp.shape or logits.shape[:-1] != index.shape[:-1]:
+        raise ValueError(
+            f"shape mismatch: logits {tuple(logits.shape)}, index {tuple(index.shape)}, "
+            f"roll_logp {tuple(roll_logp.shape)} (expected [B,T,V], [B,T,K], [B,T,K])"
+        )
+    lead = index.shape[:-1]
+    V, K = logits.shape[-1], index.shape[-1]
+    with torch.no_grad():
+        flat_logits = logits.detach().reshape(-1, V)
+        flat_index = index.reshape(-1, K)
+        flat_roll = roll_logp.detach().double().reshape(-1, K)
+        rows = torch.arange(flat_index.shape[0], device=index.device)
+        if mask is not None:
+            rows = rows[mask.reshape(-1) > 0]
+        kl = torch.zeros(flat_index.shape[0], dtype=torch.float64, device=index.device)
+        tv = torch.zeros_like(kl)
+        step = max(1, _CHUNK_ELEMENTS // max(V, 1))
+        for start in range(0, rows.numel(), step):
+            sel = rows[start : start + step]
+            kl[sel], tv[sel] = _sparse_token_stats(flat_logits[sel], flat_index[sel], flat_roll[sel], tail_bin)
+    return kl.reshape(lead), tv.reshape(lead)
+
+
+def exact_token_kl(logits: Tensor, index: Tensor, roll_logp: Tensor, *, tail_bin: bool = False) -> Tensor:
+    """Per-token exact KL(pi_roll || pi_theta) [B,T] over the stored support (trm.txt eq. 51).
+
+    ``logits`` [B,T,V], ``index`` [B,T,K], ``roll_logp`` [B,T,K] (-inf = padding slot, ignored).
+    """
+    return sparse_token_divergences(logits, index, roll_logp, tail_bin=tail_bin)[0]
+
+
+# -- masked reductions -------------------------------------------------------------------------
+def _real(mask: Tensor) -> Tensor:
+    return mask > 0
+
+
+def _seq_max(values: Tensor, mask: Tensor) -> Tensor:
+    """Max over real tokens [B]; 0 for all-padding rows (as verl)."""
+    real = _real(mask)
+    out = torch.where(real, values, torch.full_like(values, float("-inf"))).amax(-1)
+    return torch.where(real.any(-1), out, torch.zeros_like(out))
+
+
+def _seq_mean(values: Tensor, mask: Tensor) -> Tensor:
+    """Mean over real tokens [B]; 0 for all-padding rows."""
+    real = _real(mask)
+    total = torch.where(real, values, torch.zeros_like(values)).sum(-1)
+    return total / real.sum(-1).clamp(min=1)
+
+
+# -- monitoring --------------------------------------------------------------------------------
+def _buckets(edges: Sequence[int]) -> list[tuple[int, int]]:
+    edges = [int(e) for e in edges]
+    if len(edges) < 2 or any(b <= a for a, b in zip(edges, edges[1:])) or edges[0] < 0:
+        raise ValueError(f"bucket edges must be >= 0 and strictly increasing (at least two), got {edges}")
+    return list(zip(edges, edges[1:]))
+
+
+def acceptance_by_length(seq_mask: Tensor, lengths: Tensor, edges: Sequence[int] = DEFAULT_EDGES) -> dict[str, float]:
+    """Acceptance rate per response-length bucket lo <= length < hi (trm.txt table D.1, remark D.1).
+
+    ``seq_mask`` [B] keep weights, ``lengths`` [B] real response tokens. Empty buckets and all-padding
+    rows (length 0) are left out; so are lengths >= the last edge.
+    """
+    out: dict[str, float] = {}
+    for lo, hi in _buckets(edges):
+        sel = (lengths >= max(lo, 1)) & (lengths < hi)
+        if sel.any():
+            out[schema.trm_accept_rate_bucket(lo, hi)] = float(seq_mask[sel].float().mean())
+    return out
+
+
+def tv_by_position(tv: Tensor, mask: Tensor, edges: Sequence[int] = DEFAULT_EDGES) -> dict[str, float]:
+    """Mean token TV per position bucket, the Adaptive bound's Dbar (trm.txt eq. 13, 40).
+
+    ``tv`` [B,T], ``mask`` [B,T]; position k (0-based column, the bound's t = k + 1). Dbar_k is the
+    mean over the batch's non-empty sequences of TV at k, a sequence that already ended counting 0
+    (EOS is absorbing: both policies agree after it); a bucket reports the mean of Dbar_k over its
+    hi - lo positions, positions past the batch's width counting 0. Every bucket is reported, so
+    ``bounds.dbar_from_position_buckets`` can tell covered positions from missing ones.
+    """
+    real = _real(mask)
+    n_seq = real.any(-1).sum().clamp(min=1)
+    dbar = torch.where(real, tv.double(), 0.0).sum(0) / n_seq  # [T]
+    cum = torch.cat([dbar.new_zeros(1), dbar.cumsum(0)])
+    width = dbar.shape[0]
+    return {
+        schema.trm_tv_position_bucket(lo, hi): float((cum[min(hi, width)] - cum[min(lo, width)]) / (hi - lo))
+        for lo, hi in _buckets(edges)
+    }
+
+
+def log_ppl_gap(logp: Tensor, logp_roll: Tensor, mask: Tensor) -> float:
+    """Log absolute PPL gap ``mean_i |mean_t logp - mean_t logp_roll|`` (trm.txt eq. 52).
+
+    ``logp``, ``logp_roll``, ``mask`` [B,T]; mean over non-empty sequences; the log-ratio is clamped
+    as in ``sample_log_ratio`` so -inf log-probs give a large finite gap, not NaN.
+    """
+    real = _real(mask)
+    rows = real.any(-1)
+    if not rows.any():
+        return 0.0
+    gap = _seq_mean(sample_log_ratio(logp, logp_roll), mask).abs()
+    return float(gap[rows].mean())
+
+
+def compute_trm_metrics(
+    inp: PolicyInputs,
+    seq_mask: Tensor,
+    *,
+    token_kl: Tensor | None = None,
+    token_tv: Tensor | None = None,
+    length_edges: Sequence[int] = DEFAULT_EDGES,
+    position_edges: Sequence[int] = DEFAULT_EDGES,
+) -> dict[str, float]:
+    """The TRM metric set for one batch (names from ``runners.schema``).
+
+    ``trm/max_kl`` and ``trm/mean_kl`` are the max and token-mean of the exact KL when ``token_kl``
+    [B,T] is given, else of the sample estimators (max of k2, mean of k3, the quantities the
+    sample-based criteria threshold). ``trm/tv/pos_*`` needs ``token_tv`` [B,T]. The masks pass the
+    exact divergences whenever the batch stores sparse rollout distributions, whatever their
+    criterion, so a metric means the same thing across the runs of one grid.
+    """
+    mask = inp.response_mask
+    real = _real(mask)
+    lengths = real.sum(-1)
+    rows = lengths > 0
+    metrics = {
+        schema.TRM_ACCEPT_RATE: float(seq_mask[rows].float().mean()) if rows.any() else 1.0,
+        schema.TRM_PPL_GAP: log_ppl_gap(inp.logp, inp.rollout_logp(), mask),
+    }
+    if token_kl is not None:
+        max_src, mean_src = token_kl, token_kl
+    else:
+        log_ratio = sample_log_ratio(inp.logp, inp.rollout_logp())
+        max_src, mean_src = k2_estimator(log_ratio), k3_estimator(log_ratio)
+    n_tok = real.sum()
+    metrics[schema.TRM_MAX_KL] = float(torch.where(real, max_src, float("-inf")).max()) if n_tok else 0.0
+    metrics[schema.TRM_MEAN_KL] = float(torch.where(real, mean_src, 0.0).sum() / n_tok.clamp(min=1))
+    metrics.update(acceptance_by_length(seq_mask, lengths, length_edges))
+    if token_tv is not None:
+        metrics.update(tv_by_position(token_tv, mask, position_edges))
+    return metrics
+
+
+def apply_sequence_mask(loss_mat: Tensor, seq_mask: Tensor) -> Tensor:
+    """Multiply the per-token loss [B,T] by the keep weights [B] (trm.txt eq. 50).
+
+    Aggregate the result with the unchanged response mask (``runners.algorithms.loss_agg``), so the
+    denominator stays the whole batch and rejected sequences contribute exactly zero gradient.
+    """
+    if seq_mask.dim() != 1 or seq_mask.shape[0] != loss_mat.shape[0]:
+        raise ValueError(f"seq_mask must be [B] = [{loss_mat.shape[0]}], got {tuple(seq_mask.shape)}")
+    return loss_mat * seq_mask.detach().to(loss_mat.dtype).unsqueeze(-1)
+
+
+# -- masks -------------------------------------------------------------------------------------
+_EXACT_FIELDS = ("logits", "old_topk_index", "old_topk_logp")
+
+
+def _exact_divergences(inp: PolicyInputs, name: str, tail_bin: bool) -> tuple[Tensor, Tensor]:
+    missing = [f for f in _EXACT_FIELDS if getattr(inp, f) is None]
+    if missing:
+        raise ValueError(
+            f"mask {name!r} computes the exact KL and needs PolicyInputs.{', '.join(missing)} "
+            "(store the rollout's sparse distributions), or use a sample-based mask "
+            "('trm_max_k2', 'trm_avg_k3', 'trm_max_avg_sample')"
+        )
+    return sparse_token_divergences(
+        inp.logits, inp.old_topk_index, inp.old_topk_logp, inp.response_mask, tail_bin=tail_bin
+    )
+
+
+def _check_threshold(name: str, value: float) -> float:
+    value = float(value)
+    if not value >= 0:
+        raise ValueError(f"mask threshold {name} must be >= 0, got {value}")
+    return value
+
+
+def _finish(
+    inp: PolicyInputs,
+    keep: Tensor,
+    *,
+    token_kl: Tensor | None = None,
+    token_tv: Tensor | None = None,
+    monitor: bool = True,
+    length_edges: Sequence[int] = DEFAULT_EDGES,
+    position_edges: Sequence[int] = DEFAULT_EDGES,
+) -> MaskOutput:
+    seq_mask = keep.to(inp.logp.dtype).detach()
+    if not monitor:
+        return MaskOutput(seq_mask, {})
+    if token_kl is None and all(getattr(inp, f) is not None for f in _EXACT_FIELDS):
+        # distributions stored: monitor the exact KL/TV even when the criterion is sample-based
+        token_kl, token_tv = _exact_divergences(inp, "monitoring", False)
+    with torch.no_grad():
+        metrics = compute_trm_metrics(
+            inp,
+            seq_mask,
+            token_kl=token_kl,
+            token_tv=token_tv,
+            length_edges=length_edges,
+            position_edges=position_edges,
+        )
+    return MaskOutput(seq_mask, metrics)
+
+
+def _exact_mask(inp, name, delta, delta_avg, tail_bin, monitor_kw) -> MaskOutput:
+    kl, tv = _exact_divergences(inp, name, tail_bin)
+    keep = torch.ones(kl.shape[0], dtype=torch.bool, device=kl.device)
+    if delta is not None:
+        keep &= _seq_max(kl, inp.response_mask) <= _check_threshold("delta", delta)
+    if delta_avg is not None:
+        keep &= _seq_mean(kl, inp.response_mask) <= _check_threshold("delta_avg", delta_avg)
+    return _finish(inp, keep, token_kl=kl, token_tv=tv, **monitor_kw)
+
+
+def no_mask(inp: PolicyInputs, **monitor_kw) -> MaskOutput:
+    """Keep every sequence; still reports the monitoring metrics (a baseline's PPL gap and KL)."""
+    keep = torch.ones(inp.logp.shape[0], dtype=torch.bool, device=inp.logp.device)
+    return _finish(inp, keep, **monitor_kw)
+
+
+def trm_max_mask(inp: PolicyInputs, *, delta: float = 0.05, tail_bin: bool = False, **monitor_kw) -> MaskOutput:
+    """TRM-Max: keep iff ``max_t D_KL(c_t) <= delta`` (exact KL, trm.txt section 6.2)."""
+    return _exact_mask(inp, "trm_max", delta, None, tail_bin, monitor_kw)
+
+
+def trm_avg_mask(inp: PolicyInputs, *, delta_avg: float = 0.001, tail_bin: bool = False, **monitor_kw) -> MaskOutput:
+    """TRM-Avg: keep iff ``mean_t D_KL(c_t) <= delta_avg`` (exact KL)."""
+    return _exact_mask(inp, "trm_avg", None, delta_avg, tail_bin, monitor_kw)
+
+
+def trm_max_avg_mask(
+    inp: PolicyInputs, *, delta: float = 0.1, delta_avg: float = 0.002, tail_bin: bool = False, **monitor_kw
+) -> MaskOutput:
+    """TRM-Max&Avg: both criteria with looser thresholds (trm.txt section 7, figure 3)."""
+    return _exact_mask(inp, "trm_max_avg", delta, delta_avg, tail_bin, monitor_kw)
+
+
+def _sample_mask(inp, delta, delta_avg, monitor_kw) -> MaskOutput:
+    log_ratio = sample_log_ratio(inp.logp, inp.rollout_logp())
+    keep = torch.ones(log_ratio.shape[0], dtype=torch.bool, device=log_ratio.device)
+    if delta is not None:
+        keep &= _seq_max(k2_estimator(log_ratio), inp.response_mask) <= _check_threshold("delta", delta)
+    if delta_avg is not None:
+        keep &= _seq_mean(k3_estimator(log_ratio), inp.response_mask) <= _check_threshold("delta_avg", delta_avg)
+    return _finish(inp, keep, **monitor_kw)
+
+
+def trm_max_k2_mask(inp: PolicyInputs, *, delta: float = 0.05, **monitor_kw) -> MaskOutput:
+    """Sample-based TRM-Max: keep iff ``max_t 0.5 (log r_t)^2 <= delta`` (trm.txt B.2)."""
+    return _sample_mask(inp, delta, None, monitor_kw)
+
+
+def trm_avg_k3_mask(inp: PolicyInputs, *, delta_avg: float = 0.001, **monitor_kw) -> MaskOutput:
+    """Sample-based TRM-Avg: keep iff ``mean_t (r_t - 1 - log r_t) <= delta_avg`` (trm.txt B.1)."""
+    return _sample_mask(inp, None, delta_avg, monitor_kw)
+
+
+def trm_max_avg_sample_mask(
+    inp: PolicyInputs, *, delta: float = 0.1, delta_avg: float = 0.002, **monitor_kw
+) -> MaskOutput:
+    """Sample-based TRM-Max&Avg: max k2 <= delta and mean k3 <= delta_avg."""
+    return _sample_mask(inp, delta, delta_avg, monitor_kw)
+
+
+def ln_trm_scores(log_ratio: Tensor, mask: Tensor, delta: float) -> Tensor:
+    """Normalised error score ``W~ = sum_t |r_t - 1| w_t / Z(T)`` [B] (trm.txt eq. 76-77).
+
+    ``log_ratio``, ``mask`` [B,T]; t counts real tokens 1..T of each row, ``w_t = min(1,
+    sqrt((T - t) delta / 2))``, ``Z(T) = sum_t w_t`` (= ``bounds.ln_trm_normaliser``). Guard: Z(1) = 0
+    (w_1 = 0 for a length-1 sequence), and the normalised weights of T = 2 put all mass on t = 1,
+    so a length-1 row scores ``|r_1 - 1|``; an all-padding row scores 0.
+    """
+    real = _real(mask)
+    t = real.cumsum(-1).double()
+    T = real.sum(-1, keepdim=True).double()
+    w = torch.where(real, ((T - t) * delta / 2.0).clamp(min=0).sqrt().clamp(max=1.0), 0.0)
+    dev = torch.where(real, torch.expm1(log_ratio.double()).abs(), 0.0)
+    Z = w.sum(-1)
+    weighted = (dev * w).sum(-1) / Z.clamp(min=torch.finfo(torch.float64).tiny)
+    return torch.where(Z > 0, weighted, _seq_mean(dev, mask))
+
+
+def ln_trm_mask(inp: PolicyInputs, *, delta: float = 1e-4, delta_w: float = 0.05, **monitor_kw) -> MaskOutput:
+    """LN-TRM: keep iff the normalised error score ``W~ <= delta_w`` (trm.txt appendix D.3).
+
+    The paper's text lost its delta_W value. ``W~`` is a weighted mean of |r_t - 1|, the same
+    quantity SER averages uniformly (twice the per-token TV in expectation), so the default sits in
+    SER's recommended 0.03..0.10 range.
+    """
+    scores = ln_trm_scores(sample_log_ratio(inp.logp, inp.rollout_logp()), inp.response_mask, float(delta))
+    return _finish(inp, scores <= _check_threshold("delta_w", delta_w), **monitor_kw)
+
+
+def ser_mask(inp: PolicyInputs, *, delta_ser: float = 0.05, **monitor_kw) -> MaskOutput:
+    """SER: keep iff ``mean_t |r_t - 1| <= delta_ser`` (trm.txt eq. 82; recommended 0.03..0.10)."""
+    log_ratio = sample_log_ratio(inp.logp, inp.rollout_logp())
+    score = _seq_mean(torch.expm1(log_ratio).abs(), inp.response_mask)
+    return _finish(inp, score <= _check_threshold("delta_ser", delta_ser), **monitor_kw)
+
+
+__all__ = [
+    "DEFAULT_EDGES",
+    "SAFETY_BOUND",
+    "acceptance_by_length",
+    "apply_sequence_mask",
+    "compute_trm_metrics",
+    "error_bounds",
+    "exact_token_kl",
+    "k2_estimator",
+    "k3_estimator",
+    "ln_trm_mask",
+    "ln_trm_scores",
+    "log_ppl_gap",
+    "no_mask",
+    "sample_log_ratio",
+    "ser_mask",
+    "sparse_token_divergences",
+    "tv_by_position",
+    "trm_avg_k3_mask",
+    "trm_avg_mask",
+    "trm_max_avg_mask",
+    "trm_max_avg_sample_mask",
+    "trm_max_k2_mask",
+    "trm_max_mask",
+]
