@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Health check of the trustbench test Slurm cluster; the exit code names the first check that failed.
+#
+#   0  healthy
+#   10 not configured ($SLURM_CONF missing: run up.sh)
+#   11 munge does not answer
+#   12 slurmctld does not answer (scontrol ping)
+#   13 no node idle (sinfo)
+#   14 `srun hostname` failed
+#   15 slurmdbd / sacct does not answer
+#
+#   bash slurm/testcluster/health.sh; echo $?
+set -uo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+
+fail() { log "FAIL: $2"; exit "$1"; }
+
+[[ -f $SLURM_CONF ]] || fail 10 "$SLURM_CONF missing (run up.sh)"
+munge -n -S "$MUNGE_SOCKET" 2>/dev/null | unmunge -S "$MUNGE_SOCKET" >/dev/null 2>&1 \
+    || fail 11 "munged on $MUNGE_SOCKET does not answer"
+timeout 15 scontrol ping 2>/dev/null | grep -q 'is UP' || fail 12 "slurmctld does not answer scontrol ping"
+idle=$(timeout 15 sinfo -h -t idle,mixed -o %D 2>/dev/null | awk '{s += $1} END {print s + 0}')
+((idle > 0)) || fail 13 "no node idle or mixed: $(sinfo -h -N -o '%N %t %E' 2>&1 | tr '\n' ';')"
+out=$(timeout 30 srun --quiet --ntasks=1 --time=1 --job-name=tb-health hostname 2>&1) \
+    || fail 14 "srun hostname failed: $out"
+timeout 15 sacct -n -X -S now-1hours -o JobID >/dev/null 2>&1 || fail 15 "sacct does not answer (slurmdbd)"
+log "healthy: slurmctld up, $idle node(s) idle, srun on $out, sacct answers"

@@ -1,0 +1,138 @@
+#!/usr/bin/env bash
+# Bring up the single-node trustbench test Slurm cluster on this machine, as root, without systemd.
+#
+# Starts private instances of munged, MariaDB, slurmdbd, slurmctld and slurmd with every config,
+# socket, pid file, log and state file under $TB_SLURM_DIR (default /tmp/trustbench-slurm). The
+# configs are rendered from the *.in templates beside this script with this machine's hostname, CPU
+# layout and memory (`slurmd -C`) and $TB_SLURM_GPUS fake GPUs (character devices, gres "gpu").
+# Idempotent: a healthy cluster is left alone, a daemon already running is not started twice. The
+# MariaDB data directory and Slurm's state survive down.sh (fast restart); `down.sh --purge` wipes them.
+#
+#   sudo bash slurm/testcluster/up.sh && . /tmp/trustbench-slurm/etc/env.sh && sinfo
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+start_time=$SECONDS
+
+if [[ $(id -u) -ne 0 ]]; then
+    log "must run as root (the daemons run as root in the test cluster)"
+    exit 2
+fi
+for bin in munged mungekey mariadbd mariadb-install-db mariadb slurmdbd slurmctld slurmd sbatch sacctmgr; do
+    command -v "$bin" >/dev/null || { log "missing $bin: run slurm/testcluster/install.sh"; exit 2; }
+done
+if [[ -f $SLURM_CONF ]] && bash "$TESTCLUSTER_SRC/health.sh" >/dev/null 2>&1; then
+    log "cluster already up and healthy in $TB_SLURM_DIR"
+    exit 0
+fi
+
+D=$TB_SLURM_DIR
+mkdir -p "$D"/{etc,munge,mysql,spool/ctld,spool/d,log,run,dev}
+chmod 755 "$D"
+chmod 755 "$D/munge"  # munged: socket dir must be searchable by all; the key stays 0600
+
+# ---- configuration: this machine's layout, rendered into $D/etc --------------------------------
+HOST=$(hostname -s)
+hw=$(slurmd -C | head -1)
+hw_field() { sed -n "s/.* $1=\([0-9]*\).*/\1/p" <<<"$hw"; }
+# Leave 5% of memory (at least 512 MB) to the OS so slurmd's registration check never fails.
+mem=$(hw_field RealMemory)
+mem=$((mem - (mem / 20 > 512 ? mem / 20 : 512)))
+if [[ ! -s $D/mysql/pass ]]; then
+    head -c 18 /dev/urandom | base64 | tr -dc 'A-Za-z0-9' >"$D/mysql/pass"
+    chmod 600 "$D/mysql/pass"
+fi
+if ((TB_SLURM_GPUS < 1)); then
+    log "TB_SLURM_GPUS=$TB_SLURM_GPUS: need at least one fake GPU"
+    exit 2
+fi
+render() {  # render TEMPLATE DEST
+    sed -e "s|@DIR@|$D|g" -e "s|@HOST@|$HOST|g" -e "s|@ADDR@|$TB_SLURM_ADDR|g" \
+        -e "s|@CTLD_PORT@|$CTLD_PORT|g" -e "s|@SLURMD_PORT@|$SLURMD_PORT|g" \
+        -e "s|@DBD_PORT@|$DBD_PORT|g" -e "s|@MYSQL_PORT@|$MYSQL_PORT|g" \
+        -e "s|@MYSQL_PASS@|$(cat "$D/mysql/pass")|g" \
+        -e "s|@CPUS@|$(hw_field CPUs)|g" -e "s|@BOARDS@|$(hw_field Boards)|g" \
+        -e "s|@SOCKETS@|$(hw_field SocketsPerBoard)|g" -e "s|@CORES@|$(hw_field CoresPerSocket)|g" \
+        -e "s|@THREADS@|$(hw_field ThreadsPerCore)|g" -e "s|@MEMORY_MB@|$mem|g" \
+        -e "s|@GPUS@|$TB_SLURM_GPUS|g" -e "s|@LAST_GPU@|$((TB_SLURM_GPUS - 1))|g" \
+        "$TESTCLUSTER_SRC/$1" >"$D/etc/$2"
+}
+render slurm.conf.in slurm.conf
+render gres.conf.in gres.conf
+render slurmdbd.conf.in slurmdbd.conf
+chmod 600 "$D/etc/slurmdbd.conf"
+cat >"$D/etc/env.sh" <<ENV
+# Source this to use the trustbench test cluster: . $D/etc/env.sh
+export SLURM_CONF=$SLURM_CONF
+export TB_SLURM_DIR=$D
+ENV
+
+# Fake GPUs: character devices with the NVIDIA major number (195); plain files where mknod is refused.
+rm -f "$D"/dev/nvidia*
+for ((i = 0; i < TB_SLURM_GPUS; i++)); do
+    mknod "$D/dev/nvidia$i" c 195 "$i" 2>/dev/null || touch "$D/dev/nvidia$i"
+done
+
+# ---- munge ----------------------------------------------------------------------------------------
+if ! live_pid "$D/run/munged.pid" >/dev/null; then
+    [[ -s $D/munge/munge.key ]] || mungekey --create --keyfile="$D/munge/munge.key" >/dev/null
+    chmod 600 "$D/munge/munge.key"
+    rm -f "$MUNGE_SOCKET" "$MUNGE_SOCKET.lock"
+    munged --socket="$MUNGE_SOCKET" --key-file="$D/munge/munge.key" --pid-file="$D/run/munged.pid" \
+        --log-file="$D/log/munged.log" --seed-file="$D/munge/munged.seed" --num-threads=2
+fi
+wait_for 10 "munged" bash -c "munge -n -S '$MUNGE_SOCKET' | unmunge -S '$MUNGE_SOCKET'"
+
+# ---- MariaDB (slurmdbd's store), TCP on $TB_SLURM_ADDR:$MYSQL_PORT only -----------------------------
+if ! live_pid "$D/run/mariadbd.pid" >/dev/null; then
+    if [[ ! -d $D/mysql/data/mysql ]]; then
+        mariadb-install-db --no-defaults --user=root --datadir="$D/mysql/data" --skip-test-db \
+            --auth-root-authentication-method=socket >"$D/log/mariadb-install.log" 2>&1 \
+            || { log "mariadb-install-db failed, see $D/log/mariadb-install.log"; exit 1; }
+    fi
+    rm -f "$MYSQL_SOCKET"
+    setsid mariadbd --no-defaults --user=root --datadir="$D/mysql/data" --socket="$MYSQL_SOCKET" \
+        --pid-file="$D/run/mariadbd.pid" --port="$MYSQL_PORT" --bind-address="$TB_SLURM_ADDR" \
+        --skip-name-resolve --log-error="$D/log/mariadb.log" --skip-log-bin \
+        --innodb-buffer-pool-size=128M --innodb-log-file-size=64M --innodb-lock-wait-timeout=900 \
+        --innodb-flush-log-at-trx-commit=0 --innodb-doublewrite=0 --innodb-use-native-aio=0 \
+        --performance-schema=OFF </dev/null >/dev/null 2>&1 &
+fi
+wait_for 30 "MariaDB" mariadb-admin --no-defaults --socket="$MYSQL_SOCKET" ping
+pass=$(cat "$D/mysql/pass")
+mariadb --no-defaults --socket="$MYSQL_SOCKET" -u root <<SQL
+CREATE USER IF NOT EXISTS 'slurm'@'$TB_SLURM_ADDR' IDENTIFIED BY '$pass';
+ALTER USER 'slurm'@'$TB_SLURM_ADDR' IDENTIFIED BY '$pass';
+GRANT ALL ON slurm_acct_db.* TO 'slurm'@'$TB_SLURM_ADDR';
+SQL
+
+# ---- slurmdbd, slurmctld, slurmd ------------------------------------------------------------------
+if ! live_pid "$D/run/slurmdbd.pid" >/dev/null; then
+    slurmdbd
+fi
+wait_for 60 "slurmdbd" sacctmgr -n list cluster
+if [[ -z $(sacctmgr -n -P list cluster format=cluster where cluster=trustbench) ]]; then
+    sacctmgr -i add cluster trustbench >/dev/null
+fi
+if ! live_pid "$D/run/slurmctld.pid" >/dev/null; then
+    slurmctld -i
+fi
+wait_for 30 "slurmctld" scontrol ping
+if ! live_pid "$D/run/slurmd.pid" >/dev/null; then
+    slurmd
+fi
+# Jobs restored from the saved state of a cluster that was not brought down cleanly (or that left
+# the cluster unhealthy) have no processes any more: cancel them so the node comes back idle.
+if [[ -n $(squeue -h -o %i) ]]; then
+    log "cancelling jobs left from a previous run: $(squeue -h -o %i | tr '\n' ' ')"
+    scancel --quiet $(squeue -h -o %i) || true
+fi
+node_idle() { [[ $(sinfo -h -n "$HOST" -o %t) == idle ]]; }
+wait_for 30 "node $HOST idle" node_idle || { sinfo -N -l >&2; exit 1; }
+
+if bash "$TESTCLUSTER_SRC/health.sh"; then
+    log "cluster up in $((SECONDS - start_time)) s: . $D/etc/env.sh"
+else
+    rc=$?
+    log "cluster started but health.sh failed (exit $rc); logs in $D/log"
+    exit "$rc"
+fi
