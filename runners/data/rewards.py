@@ -1,0 +1,84 @@
+"""Verifiable rewards: a registry of ``fn(response: str, gold: str, **kw) -> float`` in [0, 1].
+
+Design: each dataset preset names its reward function (``Example.reward_fn``); every math reward
+extracts the final answer strictly by the dataset's convention, then compares (``answers.py``):
+
+- ``embedded_int``: the last ``\\boxed{}`` must hold a bare integer equal to the gold (exact, no
+  math-verify: the embedded task's answers are integers);
+- ``math``: the last ``\\boxed{}`` (MATH-500, AMC, AIME, Minerva, OlympiadBench, Omni-Math,
+  DAPO-Math as formatted by troll.txt's prompt, Eurus-2 math);
+- ``math_answer_line``: the last ``Answer: ...`` line (DAPO-Math-17k's original prompt);
+- ``gsm8k``: the last ``#### N``, falling back to the last ``\\boxed{}`` when the response has no
+  ``####`` (instruct models box by habit; ``allow_boxed=False`` makes it strict);
+- ``code``: fraction of the first 10 test cases passed by the response's last Python code block,
+  run in the sandbox (0 if any case times out; troll.txt appendix C.2).
+
+Keyword arguments every math reward accepts: ``prompt`` (enables the echo check for non-numeric
+golds), ``timeout_s`` (math-verify). Unknown keywords are ignored, so the trainer can pass the
+same ``**kw`` to every reward.
+
+    from runners.data.rewards import compute_reward
+    compute_reward("math", "so the answer is \\\\boxed{\\\\frac{1}{2}}", "0.5")   # -> 1.0
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from runners.algorithms.registry import Registry
+from runners.data.answers import (
+    answers_match,
+    extract_answer_line,
+    extract_gsm8k_answer,
+    extract_last_boxed,
+)
+
+REWARDS = Registry("reward")
+_INTEGER = re.compile(r"\s*-?\d+\s*")
+
+
+@REWARDS.register("embedded_int")
+def embedded_int_reward(response: str, gold: str, **_: Any) -> float:
+    """1.0 iff the last ``\\boxed{}`` holds exactly the gold integer (``\\boxed{66+24}`` scores 0)."""
+    boxed = extract_last_boxed(response)
+    if boxed is None or not _INTEGER.fullmatch(boxed):
+        return 0.0
+    return float(int(boxed) == int(gold))
+
+
+@REWARDS.register("math")
+def math_reward(response: str, gold: str, *, prompt: str | None = None, timeout_s: float = 5.0, **_: Any) -> float:
+    """1.0 iff the last ``\\boxed{}`` is equivalent to ``gold`` (see ``answers.answers_match``)."""
+    return float(answers_match(extract_last_boxed(response), gold, timeout_s=timeout_s, prompt=prompt))
+
+
+@REWARDS.register("math_answer_line")
+def math_answer_line_reward(
+    response: str, gold: str, *, prompt: str | None = None, timeout_s: float = 5.0, **_: Any
+) -> float:
+    """1.0 iff the last ``Answer: ...`` line is equivalent to ``gold``."""
+    return float(answers_match(extract_answer_line(response), gold, timeout_s=timeout_s, prompt=prompt))
+
+
+@REWARDS.register("gsm8k")
+def gsm8k_reward(
+    response: str, gold: str, *, allow_boxed: bool = True, prompt: str | None = None, **_: Any
+) -> float:
+    """1.0 iff the last ``#### N`` (else, with ``allow_boxed``, the last box) equals the gold number.
+
+    ``gold`` may be the bare number or GSM8K's full solution ending in ``#### N``.
+    """
+    gold = extract_gsm8k_answer(gold) or gold
+    answer = extract_gsm8k_answer(response)
+    if answer is None and allow_boxed:
+        answer = extract_last_boxed(response)
+    return float(answers_match(answer, gold, prompt=prompt))
+
+
+REWARDS.register("code", "runners.data.code_tests:code_reward")
+
+
+def compute_reward(name: str, response: str, gold: str, **kw: Any) -> float:
+    """``REWARDS[name](response, gold, **kw)`` as a float."""
+    return float(REWARDS.get(name)(response, gold, **kw))

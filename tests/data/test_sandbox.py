@@ -1,0 +1,194 @@
+"""The sandbox against hostile programs (correct, wrong, infinite loop, memory bomb, network
+attempt, crash, huge output, environment leaks, filesystem writes) and the code reward built on it.
+Each check compares with what the program would do unconfined (e.g. a local TCP server that must
+receive no connection)."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+
+import pytest
+
+from runners.data.code_tests import code_reward, extract_code, parse_test_cases, stdout_matches, value_matches
+from runners.data.sandbox import SandboxConfig, _namespace_prefix, isolation, run_python
+
+FAST = SandboxConfig(timeout_s=2.0, memory_mb=256)
+
+
+def test_correct_and_wrong_programs():
+    ok = run_python("a, b = map(int, input().split())\nprint(a + b)", stdin="2 3\n", config=FAST)
+    assert (ok.status, ok.stdout) == ("ok", "5\n")
+    wrong = run_python("print(0)", stdin="2 3\n", config=FAST)
+    assert wrong.ok and not stdout_matches(wrong.stdout, "5")
+
+
+def test_function_call_mode_top_level_and_solution_method():
+    res = run_python("def f(xs, k):\n    return sorted(xs)[:k], k", fn_name="f", args=[[3, 1, 2], 2], config=FAST)
+    assert res.ok and res.value == [[1, 2], 2]
+    res = run_python("class Solution:\n    def g(self, s):\n        print('noise')\n        return s[::-1]",
+                     fn_name="g", args=["abc"], config=FAST)
+    assert res.ok and res.value == "cba" and "noise" in res.stdout
+    missing = run_python("x = 1", fn_name="g", args=[], config=FAST)
+    assert missing.status == "error" and "NameError" in missing.stderr
+
+
+def test_infinite_loop_is_killed_at_the_time_limit():
+    res = run_python("while True:\n    pass", config=SandboxConfig(timeout_s=1.0))
+    assert res.status == "timeout"
+
+
+def test_sleeping_child_processes_are_killed_with_the_group():
+    code = "import subprocess, sys\nsubprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\nwhile True: pass"
+    res = run_python(code, config=SandboxConfig(timeout_s=1.0))
+    assert res.status == "timeout"
+
+
+@pytest.mark.parametrize("code", ["x = bytearray(4 * 1024**3)", "xs = []\nwhile True:\n    xs.append(bytearray(10**7))"])
+def test_memory_bomb_hits_the_memory_limit(code):
+    res = run_python(code, config=FAST)
+    assert res.status == "memory"
+
+
+def test_huge_output_is_capped():
+    res = run_python("while True:\n    print('x' * 1000)", config=SandboxConfig(timeout_s=5.0, max_output_bytes=1 << 20))
+    assert res.status == "output_limit"
+    assert len(res.stdout) <= 1 << 20
+
+
+def test_crash_and_exit_codes():
+    res = run_python("1 / 0", config=FAST)
+    assert res.status == "error" and "ZeroDivisionError" in res.stderr
+    res = run_python("import os\nos.abort()", config=FAST)
+    assert res.status == "error" and res.returncode < 0
+    res = run_python("raise SystemExit(3)", config=FAST)
+    assert (res.status, res.returncode) == ("error", 3)
+
+
+@pytest.fixture
+def tcp_server():
+    """A local TCP server recording whether anything connected."""
+    server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+    server.settimeout(0.1)
+    hits, stop = [], threading.Event()
+
+    def accept():
+        while not stop.is_set():
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                continue
+            hits.append(True)
+            conn.close()
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    yield server.getsockname()[1], hits
+    stop.set()
+    thread.join(timeout=10)
+    server.close()
+
+
+def _connect_program(port: int) -> str:
+    return f"import socket\ns = socket.create_connection(('127.0.0.1', {port}), timeout=2)\nprint('connected')"
+
+
+def test_unconfined_program_would_reach_the_server(tcp_server):
+    """Control: the same program run normally does connect (so the sandbox checks mean something)."""
+    port, hits = tcp_server
+    exec(_connect_program(port), {})  # noqa: S102 - our own trusted snippet
+    for _ in range(50):  # the accept thread records the hit asynchronously
+        if hits:
+            break
+        threading.Event().wait(0.1)
+    assert hits
+
+
+def test_network_attempt_fails(tcp_server):
+    port, hits = tcp_server
+    res = run_python(_connect_program(port), config=FAST)
+    assert res.status == "error" and "connected" not in res.stdout
+    assert not hits
+
+
+@pytest.mark.skipif(_namespace_prefix() is None, reason="no network namespace (unshare -n / -rn) on this machine")
+def test_network_namespace_alone_blocks_the_connection(tcp_server):
+    """With the socket guard off, only the empty network namespace stands between program and server."""
+    port, hits = tcp_server
+    res = run_python(_connect_program(port), config=SandboxConfig(timeout_s=5.0, socket_guard=False))
+    assert res.status == "error" and "connected" not in res.stdout
+    assert "network is disabled" not in res.stderr  # the guard really was off
+    assert not hits
+
+
+def test_clean_environment_and_private_working_directory(monkeypatch, tmp_path):
+    monkeypatch.setenv("TRUSTBENCH_TEST_SECRET", "s3cr3t")
+    code = "import os, json\nopen('scratch.txt', 'w').write('x')\nprint(json.dumps([dict(os.environ), os.getcwd()]))"
+    res = run_python(code, config=FAST)
+    env, cwd = json.loads(res.stdout)
+    assert "TRUSTBENCH_TEST_SECRET" not in env and "s3cr3t" not in json.dumps(env)
+    assert cwd != os.getcwd() and not os.path.exists(cwd)  # the temp dir is gone
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="privilege drop applies when the trainer runs as root")
+def test_root_parent_runs_programs_as_nobody(tmp_path):
+    target = tmp_path / "owned.txt"
+    res = run_python(f"import os\nprint(os.getuid())\nopen({str(target)!r}, 'w').write('x')", config=FAST)
+    assert res.stdout.strip() == "65534"
+    assert res.status == "error" and "PermissionError" in res.stderr
+    assert not target.exists()
+
+
+def test_isolation_report_names_the_mechanism():
+    report = isolation()
+    assert report["network"] in ("namespace", "socket_guard")
+    assert report["timeout_s"] == 10.0  # troll.txt appendix C.2 default
+
+
+# -- code reward ---------------------------------------------------------------------------------
+ADD_CASES = json.dumps({"inputs": ["1 2\n", "5 7\n", "0 0\n", "10 -3\n"], "outputs": ["3\n", "12\n", "0\n", "7\n"]})
+ADD_SOLUTION = "Read two ints.\n```python\na, b = map(int, input().split())\nprint(a + b)\n```\nDone."
+
+
+def test_code_reward_fraction_of_tests_passed():
+    assert code_reward(ADD_SOLUTION, ADD_CASES) == 1.0
+    half = "```python\na, b = map(int, input().split())\nprint(a + b if a < 5 else 0)\n```"
+    assert code_reward(half, ADD_CASES) == 0.5  # passes 1 2, 0 0; fails 5 7, 10 -3
+    assert code_reward("I cannot solve this.", ADD_CASES) == 0.0
+    assert code_reward("", ADD_CASES) == 0.0
+
+
+def test_code_reward_is_zero_when_a_case_times_out():
+    slow_on_zero = "```python\na, b = map(int, input().split())\nwhile a == 0: pass\nprint(a + b)\n```"
+    assert code_reward(slow_on_zero, ADD_CASES, timeout_s=1.0) == 0.0
+
+
+def test_code_reward_function_call_formats():
+    apps_style = json.dumps({"fn_name": "add", "inputs": [[1, 2], [3, 4]], "outputs": [[3], [7]]})
+    assert code_reward("```python\ndef add(a, b):\n    return a + b\n```", apps_style) == 1.0
+    lines_style = json.dumps({"fn_name": "twoSum", "inputs": ["[2, 7, 11, 15]\n9"], "outputs": ["[0, 1]"]})
+    solution = (
+        "```python\nclass Solution:\n    def twoSum(self, nums, target):\n        seen = {}\n"
+        "        for i, x in enumerate(nums):\n            if target - x in seen:\n"
+        "                return [seen[target - x], i]\n            seen[x] = i\n```"
+    )
+    assert code_reward(solution, lines_style) == 1.0
+
+
+def test_code_reward_only_the_first_ten_cases_count():
+    cases = {"inputs": [f"{i}\n" for i in range(12)], "outputs": [f"{i}\n" for i in range(10)] + ["x\n", "x\n"]}
+    assert code_reward("```python\nprint(input())\n```", json.dumps(cases)) == 1.0
+
+
+def test_helpers_by_hand():
+    assert extract_code("```py\nprint(1)\n```\ntext\n```python\nprint(2)\n```") == "print(2)\n"
+    assert extract_code("```cpp\nint main(){}\n```") is None
+    assert stdout_matches("1 2\n3\n\n", "1 2\n3")
+    assert stdout_matches("0.3333333", "0.33333333") and not stdout_matches("0.33", "0.34")
+    assert value_matches([1, 2], "[[1, 2]]") and value_matches(3, [3]) and not value_matches(3, [4])
+    with pytest.raises(ValueError, match="'inputs' and 'outputs'"):
+        parse_test_cases('{"input": []}')
