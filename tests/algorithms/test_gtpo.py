@@ -345,3 +345,15 @@ def test_missing_inputs_raise_clearly():
         gtpo_objective(inp, entropy_term="bonus")
     out = gtpo_objective(PolicyInputs(**{**inp.__dict__, "entropy": None}), gamma=0.0)
     assert torch.isfinite(out.loss_mat).all()
+
+
+def test_extreme_token_ids_take_the_compaction_path():
+    """Ids near 2**60 (keys would overflow int64) and negative ids give the same spans as small ids."""
+    rng = random.Random(1)
+    for _ in range(20):
+        rows, advs, groups = random_batch(rng)
+        responses, mask, group_index, adv = batch(rows, advs, groups)
+        want = conflict_spans(responses, mask, group_index, adv)
+        for shift in (2**60, -5):
+            got = conflict_spans(responses + shift, mask, group_index, adv)
+            assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
