@@ -10,11 +10,11 @@ trainer does the same five calls whatever the method (entropy.txt sections 3-5, 
     extra = ctl.loss_term(entropy)               # None, or a [B,T] loss to add before aggregation
     checkpoint["entropy_control"] = ctl.state_dict()
 
-When the controller acts (entropy.txt section 5.1 and appendix D.2): once per iteration, on the
-token-mean entropy of the current policy over the experience collected in that iteration (the
-training batch), i.e. measured BEFORE the policy update on that batch; the target is that quantity at
-the first iteration ("the policy entropy over experience collected in the first iteration"), which
-can only be the pre-update value. The coefficient set by ``update(H_k)`` is then used for the update
+When the controller acts: the paper says only "once per iteration" (appendix D.2 listing) and
+"estimate H_init, the policy entropy over experience collected in the first iteration" (section
+5.1). Our reading: once per iteration, on the token-mean entropy of the current policy over the
+experience collected in that iteration (the training batch), measured BEFORE the policy update on
+that batch; the target is that quantity at the first iteration, which can only be pre-update. The coefficient set by ``update(H_k)`` is then used for the update
 on batch k (at k = 1, H = target and no rule fires, so zeta0 applies). Feeding an entropy logged
 during the previous update (verl's ``actor/entropy``) is a one-iteration-delayed variant.
 REPO's advantage transform uses the latest model's detached log-probs (appendix D.2:
@@ -188,7 +188,9 @@ class AdapoController(EntropyController):
     ) -> None:
         super().__init__(target=target)
         if not eps_high_min <= eps_high <= eps_high_max:
-            raise ValueError(f"eps_high={eps_high} must lie in [eps_high_min, eps_high_max] = [{eps_high_min}, {eps_high_max}]")
+            raise ValueError(
+                f"eps_high={eps_high} must lie in [eps_high_min, eps_high_max] = [{eps_high_min}, {eps_high_max}]"
+            )
         if not (increase > 1 and 0 < decrease < 1):
             raise ValueError(f"need increase > 1 and 0 < decrease < 1, got increase={increase}, decrease={decrease}")
         self.eps_low, self.eps_high = float(eps_low), float(eps_high)

@@ -41,8 +41,7 @@ def _check_right_padded(valid: Tensor) -> Tensor:
     if not torch.equal(prefix, valid):
         bad = (prefix != valid).any(-1).nonzero()[0, 0].item()
         raise ValueError(
-            f"response_mask must be right-padded (ones then zeros); row {bad} is not: "
-            f"{valid[bad].int().tolist()}"
+            f"response_mask must be right-padded (ones then zeros); row {bad} is not: {valid[bad].int().tolist()}"
         )
     return lengths
 
@@ -96,7 +95,9 @@ def conflict_spans(
     if responses.dtype.is_floating_point:
         raise TypeError(f"responses must hold integer token ids, got dtype {responses.dtype}")
     if responses.shape != response_mask.shape or responses.dim() != 2:
-        raise ValueError(f"responses {tuple(responses.shape)} and response_mask {tuple(response_mask.shape)} must be [B,T]")
+        raise ValueError(
+            f"responses {tuple(responses.shape)} and response_mask {tuple(response_mask.shape)} must be [B,T]"
+        )
     if group_index.shape != responses.shape[:1] or advantages_seq.shape != responses.shape[:1]:
         raise ValueError(
             f"group_index {tuple(group_index.shape)} and advantages_seq {tuple(advantages_seq.shape)} "
@@ -213,8 +214,9 @@ def gtpo_objective(
     clamped to >= 1 (so a response without conflicts, or with A=0, is divided by 1); the division is
     on top of the 1/|o_i| token mean (gtpo_compute_loss: loss_disp / n_conflict). So
     loss_mat[i,t] = -delta_i (A_it - gamma sg(<H>_i)) lambda_it r_it / max(1, n_conflict_i).
-    The authors then SUM the per-completion losses (gradient accumulation per completion); the
-    mean over responses here differs from that by the constant factor B (a learning-rate scale).
+    The authors then SUM the per-completion losses (their custom backward accumulates one gradient
+    per completion, one prompt of G completions per step); the mean over the B responses here is
+    that sum divided by B, a constant learning-rate scale.
 
     The conflict sign of response i is that of its masked-mean advantage; the loss uses the
     per-token advantages (equal to A_i for group estimators). The filter delta (eq. 6) uses

@@ -29,6 +29,7 @@ def test_repo_r_zeta_trajectory():
     """Doubling to the cap, halving to the sign flip at zeta_min, then back (D.2 listing, by hand)."""
     ctl = RepoRController()
     seq = [EQ] + [LO] * 7 + [HI] * 11 + [LO] * 4 + [EQ]
+    # fmt: off
     want = [
         1e-3,  # first iteration sets the target, no rule fires
         2e-3, 4e-3, 8e-3, 1.6e-2, 3.2e-2, 0.05, 0.05,  # x2 capped at zeta_max = 0.05
@@ -40,6 +41,7 @@ def test_repo_r_zeta_trajectory():
         2e-4,
         2e-4,  # entropy equal to target: unchanged
     ]
+    # fmt: on
     got = drive(ctl, seq, ENTROPY_ZETA)
     assert got == pytest.approx(want, rel=1e-12)
     assert ctl.metrics()[ENTROPY_TARGET] == EQ

@@ -67,7 +67,10 @@ def ref_lambda(rows, advs, groups, combine):
             lam.append([on(advs[i]) if forward[i][t] or backward[i][t] else 1.0 for t in range(len(r))])
         else:
             lam.append(
-                [(on(advs[i]) if forward[i][t] else 1.0) * (on(advs[i]) if backward[i][t] else 1.0) for t in range(len(r))]
+                [
+                    (on(advs[i]) if forward[i][t] else 1.0) * (on(advs[i]) if backward[i][t] else 1.0)
+                    for t in range(len(r))
+                ]
             )
     return lam
 
