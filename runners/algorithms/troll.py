@@ -1,0 +1,212 @@
+"""TROLL objective: trust-region projection instead of PPO clipping (troll.txt eq. 5, Algorithm 1).
+
+Design: per response token the current distribution is projected onto the KL ball of radius eps
+around the old (rollout) distribution (``troll_solver.project``), and the projected policy gives
+the importance ratio; a regression term pulls the raw policy toward its projection:
+
+    loss[b,t] = -r_proj[b,t] * A[b,t] + alpha * KL(q_new || stopgrad(q_proj)),
+    r_proj = exp(lp[y] - lo[y]).
+
+Two ways to pass the old policy in ``PolicyInputs``:
+- sparse (default, section 3.2): ``old_topk_index`` / ``old_topk_logp`` [B,T,K+1] from
+  ``sparsify`` at rollout time. Both policies are compared on the old kept set S plus one tail
+  atom for the V - |S| dropped tokens at p_default each (see ``troll_sparse``); q_new, q_proj and
+  the ratio all live in that sparse space. The loss gathers the current logits at S only: no
+  logsumexp over V and no fp32 copy of the batch's distributions (the kept-mass metric reads the
+  logits ``chunk_size`` rows at a time without grad).
+- dense (exact section 3.1 projection, for small vocabularies and reference checks):
+  ``old_topk_index=None`` and ``old_topk_logp`` = full old log-probs [B,T,V]. The response rows'
+  log_softmax is then materialised, as a PPO loss would.
+
+The sampled token is located by ``inp.responses`` when given (required in dense mode); without
+it the sparse layout of ``sparsify`` is assumed (sampled token in the last slot).
+``sequence=True`` is the GSPO variant: the ratio of every token is the sequence's geometric mean
+of r_proj in GSPO's stop-gradient form, sg(s_i) * exp(log r_t - sg(log r_t)). Advantages are an
+input, so any estimator works. Only response-mask tokens are projected and get a loss (0 elsewhere).
+
+    from runners.algorithms import OBJECTIVES
+    out = OBJECTIVES.get("troll")(inp, eps=0.05)      # out.loss_mat [B,T], out.metrics
+
+Tests: ``pytest tests/algorithms/test_troll.py``; speed: ``python tests/benchmarks/bench_troll.py``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from runners import schema
+from runners.algorithms.troll_solver import categorical_kl, project, project_with_info, solve_dual
+from runners.algorithms.troll_sparse import (
+    chunked_logsumexp,
+    dense_storage_bytes,
+    reduce_on_kept_set,
+    sparse_storage_bytes,
+    sparsify,
+    theorem_a2_bound,
+)
+from runners.algorithms.types import ObjectiveOutput, PolicyInputs
+
+__all__ = [
+    "dense_storage_bytes",
+    "project",
+    "project_with_info",
+    "solve_dual",
+    "sparse_storage_bytes",
+    "sparsify",
+    "theorem_a2_bound",
+    "troll_objective",
+]
+
+
+def troll_objective(
+    inp: PolicyInputs,
+    *,
+    eps: float = 0.05,
+    alpha: float = 1.0,
+    sequence: bool = False,
+    p_default: float = 1e-12,
+    chunk_size: int = 1024,
+    log_kept_mass: bool = True,
+    num_points: int = 8,
+    max_steps: int = 20,
+    tol: float = 1e-5,
+    eta_min: float = 1e-7,
+    eta_max: float = 1e2,
+    polish_steps: int = 0,
+) -> ObjectiveOutput:
+    """Per-token TROLL loss [B,T] (troll.txt eq. 5) and the ``troll/*`` metrics.
+
+    Uses ``inp.logits`` [B,T,V] (differentiable), ``inp.old_topk_index``/``inp.old_topk_logp``
+    (sparse [B,T,K+1], or index None and full log-probs [B,T,V]), ``inp.advantages`` and
+    ``inp.response_mask`` [B,T], ``inp.responses`` [B,T] if given. Solver options as in
+    ``troll_solver.solve_dual``.
+    """
+    if eps <= 0:
+        raise ValueError(f"troll eps must be > 0, got {eps!r}")
+    if alpha < 0:
+        raise ValueError(f"troll alpha must be >= 0, got {alpha!r}")
+    logits, index, old = _check_inputs(inp)
+    batch, length, vocab = logits.shape
+    flat = logits.reshape(-1, vocab)
+    rows = inp.response_mask.reshape(-1).nonzero().squeeze(-1)
+    dense = index is None
+    old_r = old.reshape(-1, old.shape[-1]).index_select(0, rows)
+    pos = _sampled_slot(inp, rows, None if dense else index.reshape(-1, index.shape[-1]), old_r)
+    if dense:
+        logq = torch.log_softmax(flat.index_select(0, rows), -1)
+        logo = torch.log_softmax(old_r.float(), -1).to(logq.dtype)
+        kept = torch.full_like(rows, vocab)
+        kept_logits = None
+    else:
+        kept_logits = flat.gather(-1, index.reshape(-1, index.shape[-1]).long()).index_select(0, rows)
+        logq, logo, kept = reduce_on_kept_set(kept_logits, old_r, vocab, p_default=p_default)
+        kept_logits = torch.where(old_r > -math.inf, kept_logits.detach(), -math.inf)
+    solver = dict(num_points=num_points, max_steps=max_steps, tol=tol, eta_min=eta_min, eta_max=eta_max)
+    lp, info = project_with_info(logq, logo, eps, polish_steps=polish_steps, **solver)
+
+    dtype = torch.promote_types(logits.dtype, torch.float32)  # loss dtype: float32, or float64 for checks
+    log_ratio = (lp.gather(-1, pos) - logo.gather(-1, pos)).squeeze(-1).to(dtype)  # [R]
+    reg = torch.zeros_like(log_ratio)
+    proj_rows = info.projected.nonzero().squeeze(-1)
+    if proj_rows.numel():
+        kl_reg = categorical_kl(logq.index_select(0, proj_rows), lp.index_select(0, proj_rows).detach())
+        reg = reg.index_copy(0, proj_rows, kl_reg.to(dtype))
+    log_ratio_bt = _scatter_rows(log_ratio, rows, batch * length).view(batch, length)
+    if sequence:
+        mask = inp.response_mask.to(log_ratio_bt.dtype)
+        seq = (log_ratio_bt * mask).sum(-1) / mask.sum(-1).clamp(min=1)
+        log_ratio_bt = seq.detach().unsqueeze(-1) + log_ratio_bt - log_ratio_bt.detach()
+    reg_bt = _scatter_rows(reg, rows, batch * length).view(batch, length)
+    mask = inp.response_mask.bool()
+    loss = -torch.exp(log_ratio_bt) * inp.advantages.to(dtype) + alpha * reg_bt
+    loss = torch.where(mask, loss, torch.zeros_like(loss))
+
+    metrics = _metrics(info, kept, rows, flat, kept_logits, log_kept_mass, chunk_size)
+    return ObjectiveOutput(loss_mat=loss, metrics=metrics)
+
+
+def _check_inputs(inp: PolicyInputs) -> tuple[Tensor, Tensor | None, Tensor]:
+    """Validate TROLL's fields of ``inp``; returns (logits [B,T,V], index or None, old log-probs)."""
+    if inp.logits is None:
+        raise ValueError("troll objective needs PolicyInputs.logits [B,T,V] (the current logits)")
+    if inp.old_topk_logp is None:
+        raise ValueError(
+            "troll objective needs PolicyInputs.old_topk_logp: sparse [B,T,K+1] with old_topk_index, "
+            "or full old log-probs [B,T,V] with old_topk_index=None"
+        )
+    logits, index, old = inp.logits, inp.old_topk_index, inp.old_topk_logp
+    if logits.dim() != 3 or logits.shape[:2] != inp.response_mask.shape:
+        raise ValueError(
+            f"troll: logits {tuple(logits.shape)} must be [B,T,V] with [B,T] = response_mask "
+            f"{tuple(inp.response_mask.shape)}"
+        )
+    if old.shape[:2] != logits.shape[:2]:
+        raise ValueError(f"troll: old_topk_logp {tuple(old.shape)} does not match logits {tuple(logits.shape)}")
+    if index is None and old.shape != logits.shape:
+        raise ValueError(
+            f"troll: old_topk_index is None (dense mode) but old_topk_logp {tuple(old.shape)} is not the full "
+            f"vocabulary {tuple(logits.shape)}"
+        )
+    if index is not None:
+        if index.shape != old.shape:
+            raise ValueError(
+                f"troll: old_topk_index {tuple(index.shape)} and old_topk_logp {tuple(old.shape)} differ in shape"
+            )
+        if index.numel() and (int(index.min()) < 0 or int(index.max()) >= logits.shape[-1]):
+            raise ValueError(f"troll: old_topk_index values must be in [0, V={logits.shape[-1]})")
+    return logits, index, old
+
+
+def _sampled_slot(inp: PolicyInputs, rows: Tensor, index: Tensor | None, old_r: Tensor) -> Tensor:
+    """Slot [R,1] of the sampled token in each response row's (sparse or dense) distribution."""
+    if index is None:
+        if inp.responses is None:
+            raise ValueError("troll dense mode (old_topk_index=None) needs PolicyInputs.responses [B,T]")
+        return inp.responses.reshape(-1).index_select(0, rows).long().unsqueeze(-1)
+    kept = old_r > -math.inf
+    if not bool(kept.any(-1).all()):
+        raise ValueError("troll: old_topk_logp has a response position without any kept (finite) entry")
+    if inp.responses is None:  # sparsify's layout: sampled token in the last slot
+        if not bool(kept[:, -1].all()):
+            raise ValueError(
+                "troll: PolicyInputs.responses is None and the last old_topk slot is empty at a response "
+                "position; pass responses or use sparsify's layout (sampled token last)"
+            )
+        return torch.full((rows.numel(), 1), old_r.shape[-1] - 1, dtype=torch.long, device=rows.device)
+    y = inp.responses.reshape(-1).index_select(0, rows).long()
+    match = (index.index_select(0, rows).long() == y.unsqueeze(-1)) & kept
+    if not bool(match.any(-1).all()):
+        raise ValueError("troll: a sampled token (PolicyInputs.responses) is missing from old_topk_index's kept set")
+    return match.int().argmax(-1, keepdim=True)
+
+
+def _scatter_rows(values: Tensor, rows: Tensor, n: int) -> Tensor:
+    """[R] values at flat positions ``rows`` of a zero [n] vector (differentiable in values)."""
+    return torch.zeros(n, dtype=values.dtype, device=values.device).index_copy(0, rows, values)
+
+
+def _mean(x: Tensor) -> float:
+    return float(x.double().mean()) if x.numel() else 0.0
+
+
+def _metrics(info, kept: Tensor, rows: Tensor, flat: Tensor, kept_logits, log_kept_mass: bool, chunk: int):
+    """troll/* metrics (runners/schema.py) averaged over response tokens."""
+    metrics = {
+        schema.TROLL_PROJECTED_FRAC: _mean(info.projected.double()),
+        schema.TROLL_KEPT_TOKENS: _mean(kept.double()),
+        schema.TROLL_KL_BEFORE: _mean(info.kl_before),
+        schema.TROLL_KL_AFTER: _mean(info.kl_after),
+        schema.TROLL_DUAL_STEPS: float(info.steps),
+    }
+    if log_kept_mass:
+        if kept_logits is None:  # dense mode keeps the whole vocabulary
+            metrics[schema.TROLL_KEPT_MASS] = 1.0 if rows.numel() else 0.0
+        else:  # current policy's mass on the old kept set: exp(lse_S - lse_V)
+            with torch.no_grad():
+                lse_v = chunked_logsumexp(flat, rows, chunk_size=chunk)
+                lse_s = torch.logsumexp(kept_logits.float(), -1)
+            metrics[schema.TROLL_KEPT_MASS] = _mean((lse_s - lse_v).exp())
+    return metrics

@@ -1,0 +1,204 @@
+"""TROLL's sparse token distributions (troll.txt section 3.2, appendix A.4 eq. 21, appendix E.4).
+
+Design: the old (rollout) policy is stored per token as at most K+1 (vocabulary id, log-prob)
+pairs: the top-K tokens, cut after the first that brings the cumulative mass to 1 - delta, plus
+the sampled token (always the last slot; ``-inf`` marks unused slots, as in ``types.py``). The
+V - |S| dropped tokens get the default probability p_d and the kept ones are rescaled by gamma
+(eq. 21) so the stored log-probs sum to 1 - (V - |S|) p_d. ``sparsify`` works in chunks of rows
+so at most one chunk of fp32 distributions exists besides the caller's logits.
+
+The projection then runs on a (K+2)-dimensional *reduced* distribution (``reduce_on_kept_set``):
+the K+1 slots of the old kept set S plus one "tail" atom that stands for the V - |S| dropped
+tokens. Both sparse distributions put exactly p_d on every dropped token (Definition A.1 with the
+old policy's S for both, as Theorem A.2 assumes), so
+- each tail token adds p_d log(p_d / p_d) = 0 to KL(q_new' || q_old'): the tail atom with mass
+  m = (V - |S|) p_d in both distributions adds m log(m / m) = 0 as well;
+- the projection (eq. 4) maps each tail token to p_d^(1/(eta+1)) p_d^(eta/(eta+1)) = p_d before
+  normalisation, the same for all of them, so projecting with one atom of mass m and spreading
+  its result evenly over the tail is exactly the projection of the V-dimensional sparse pair.
+The new policy's sparse log-probs on S are gamma-renormalised like the old ones: they depend only
+on the current logits at S (the full-vocabulary log-normaliser cancels), so the loss needs no
+logsumexp over V and its gradient reaches only the logits at S.
+
+    index, logp = sparsify(old_logits, responses)   # [B,T,V], [B,T] -> [B,T,K+1] x 2
+
+Tests: ``pytest tests/algorithms/test_troll.py``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+__all__ = [
+    "SparseBound",
+    "chunked_logsumexp",
+    "dense_storage_bytes",
+    "reduce_on_kept_set",
+    "sparse_storage_bytes",
+    "sparsify",
+    "theorem_a2_bound",
+]
+
+
+def _check_sparse_params(vocab: int, k: int, delta: float, p_default: float) -> None:
+    if not 1 <= k <= vocab:
+        raise ValueError(f"troll sparsify k must be in [1, V={vocab}], got {k!r}")
+    if not 0 <= delta < 1:
+        raise ValueError(f"troll sparsify delta must be in [0, 1), got {delta!r}")
+    if not 0 < p_default or vocab * p_default >= 1:
+        raise ValueError(f"troll p_default must be > 0 with V * p_default < 1 (V={vocab}), got {p_default!r}")
+
+
+def chunked_logsumexp(x: Tensor, rows: Tensor | None = None, chunk_size: int = 1024) -> Tensor:
+    """logsumexp over the last dim of x [N,V] (of ``rows`` [R] only if given) -> [N] or [R] float32.
+
+    No grad; at most ``chunk_size`` rows are upcast to float32 at a time.
+    """
+    n = x.shape[0] if rows is None else rows.numel()
+    out = torch.empty(n, dtype=torch.float32, device=x.device)
+    with torch.no_grad():
+        for start in range(0, n, chunk_size):
+            stop = min(start + chunk_size, n)
+            chunk = x[start:stop] if rows is None else x.index_select(0, rows[start:stop])
+            chunk = chunk.float()
+            top = chunk.amax(-1, keepdim=True)
+            top = torch.where(top > -math.inf, top, torch.zeros_like(top))
+            out[start:stop] = (chunk - top).exp_().sum(-1).log_() + top.squeeze(-1)
+    return out
+
+
+def sparsify(
+    logits: Tensor,
+    sampled: Tensor,
+    *,
+    k: int = 64,
+    delta: float = 1e-5,
+    p_default: float = 1e-12,
+    chunk_size: int = 1024,
+    return_mass: bool = False,
+) -> tuple[Tensor, Tensor] | tuple[Tensor, Tensor, Tensor]:
+    """Sparse form of a token distribution (troll.txt section 3.2, eq. 21).
+
+    logits: [..., V] logits or log-probs (only differences matter); sampled: [...] token ids.
+    Returns ``index`` [..., K+1] int32 and ``logp`` [..., K+1] float32: slots 0..K-1 hold the
+    top-K tokens in decreasing probability, only as many as needed to reach cumulative mass
+    1 - delta; slot K holds the sampled token (removed from the top slots if it was among them);
+    unused slots have logp = -inf and index 0. Kept log-probs are log p(x) + log gamma with
+    gamma = (1 - (V - |S|) p_default) / sum_S p. With ``return_mass`` also returns the kept mass
+    sum_S p [...] (float32) before renormalisation.
+    """
+    vocab = logits.shape[-1]
+    _check_sparse_params(vocab, k, delta, p_default)
+    if sampled.shape != logits.shape[:-1]:
+        raise ValueError(f"sampled {tuple(sampled.shape)} must match logits' leading shape {tuple(logits.shape[:-1])}")
+    flat = logits.detach().reshape(-1, vocab)
+    ids = sampled.reshape(-1).long()
+    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= vocab):
+        raise ValueError(f"sampled token ids must be in [0, {vocab}), got range [{int(ids.min())}, {int(ids.max())}]")
+    index = torch.zeros(flat.shape[0], k + 1, dtype=torch.int32, device=flat.device)
+    logp = torch.full((flat.shape[0], k + 1), -math.inf, dtype=torch.float32, device=flat.device)
+    mass = torch.empty(flat.shape[0], dtype=torch.float32, device=flat.device)
+    with torch.no_grad():
+        for start in range(0, flat.shape[0], chunk_size):
+            rows = slice(start, start + chunk_size)
+            index[rows], logp[rows], mass[rows] = _sparsify_chunk(flat[rows], ids[rows], k, delta, p_default)
+    out_shape = (*logits.shape[:-1], k + 1)
+    if return_mass:
+        return index.reshape(out_shape), logp.reshape(out_shape), mass.reshape(logits.shape[:-1])
+    return index.reshape(out_shape), logp.reshape(out_shape)
+
+
+def _sparsify_chunk(x: Tensor, ids: Tensor, k: int, delta: float, p_default: float) -> tuple[Tensor, Tensor, Tensor]:
+    """One chunk of ``sparsify``: x [C,V] (any float dtype), ids [C] -> index, logp [C,K+1], mass [C]."""
+    vocab = x.shape[-1]
+    lse = chunked_logsumexp(x, chunk_size=x.shape[0] or 1).double()  # the fp32 copy of this chunk only
+    top_val, top_idx = torch.topk(x, k, dim=-1)
+    top_lp = top_val.double() - lse.unsqueeze(-1)
+    # keep the first n tokens with n = 1 + #{j < K-1 : cumsum_j < 1 - delta} (cut after reaching it)
+    before = torch.cumsum(top_lp.exp(), -1) < 1 - delta
+    n_keep = (1 + before[:, :-1].sum(-1)).clamp(max=k)
+    keep = torch.arange(k, device=x.device) < n_keep.unsqueeze(-1)
+    keep &= top_lp > -math.inf  # never keep zero-probability tokens
+    keep &= top_idx != ids.unsqueeze(-1)  # the sampled token goes to the last slot instead
+    y_lp = x.gather(-1, ids.unsqueeze(-1)).double() - lse.unsqueeze(-1)
+    # a sampled token with zero probability (logits of another policy) keeps the dropped-token mass p_d
+    y_lp = torch.where(y_lp > -math.inf, y_lp, math.log(p_default))
+    lp = torch.cat([torch.where(keep, top_lp, -math.inf), y_lp], dim=-1)  # [C,K+1]
+    idx = torch.cat([torch.where(keep, top_idx, torch.zeros_like(top_idx)), ids.unsqueeze(-1)], dim=-1)
+    kept = lp > -math.inf
+    mass = torch.logsumexp(lp, -1).exp()
+    gamma = (1 - (vocab - kept.sum(-1)).double() * p_default) / mass
+    lp = torch.where(kept, lp + gamma.log().unsqueeze(-1), -math.inf)
+    idx = torch.where(kept, idx, torch.zeros_like(idx))
+    return idx.to(torch.int32), lp.float(), mass.float()
+
+
+class ReducedPair(NamedTuple):
+    """New and old sparse distributions on the old kept set plus one tail atom ([N, K+2] each)."""
+
+    logq: Tensor  # new policy, differentiable in the logits, float64
+    logo: Tensor  # old policy, float64, constant
+    kept: Tensor  # [N] number of kept slots |S|
+
+
+def reduce_on_kept_set(
+    logits_at_kept: Tensor, old_logp: Tensor, vocab: int, *, p_default: float = 1e-12
+) -> ReducedPair:
+    """Reduced (K+2)-dim pair for the projection (see the module docstring; eq. 21 for both).
+
+    logits_at_kept: [N,K+1] current logits gathered at the old kept ids (differentiable; any float
+    dtype); old_logp: [N,K+1] stored old log-probs (-inf = unused slot). Both are renormalised on S
+    to total 1 - m, m = (V - |S|) p_default, and the tail atom log m is appended as the last entry.
+    Rows where the new logits are -inf on all of S put all new mass on the tail atom. Rows without
+    any kept slot must be removed by the caller.
+    """
+    _check_sparse_params(vocab, 1, 0.0, p_default)
+    valid = old_logp > -math.inf
+    kept = valid.sum(-1)
+    tail = ((vocab - kept).double() * p_default).unsqueeze(-1)  # [N,1]
+    log_tail = torch.where(tail > 0, tail.log(), -math.inf)
+    log_rest = torch.log1p(-tail)
+    old = torch.where(valid, old_logp.double(), -math.inf)
+    logo = torch.cat([log_rest + torch.log_softmax(old, -1), log_tail], dim=-1)
+    new = torch.where(valid, logits_at_kept.double(), -math.inf)
+    has_mass = (new > -math.inf).any(-1, keepdim=True)
+    new_safe = torch.where(has_mass, new, torch.where(valid, 0.0, -math.inf))
+    logq_kept = torch.where(has_mass, log_rest + torch.log_softmax(new_safe, -1), -math.inf)
+    logq = torch.cat([logq_kept, torch.where(has_mass, log_tail, 0.0)], dim=-1)
+    return ReducedPair(logq, logo, kept)
+
+
+class SparseBound(NamedTuple):
+    """Theorem A.2: KL(p || q) <= factor * KL(p' || q') + additive; ``bound`` at KL(p' || q') = eps."""
+
+    factor: float
+    additive: float
+    bound: float
+
+
+def theorem_a2_bound(V: int, K: int, delta: float, p_d: float, q_min: float, eps: float) -> SparseBound:
+    """Theorem A.2 (troll.txt appendix A.4): factor = (1 - delta) / (1 - (V - K) p_d) = 1 / gamma,
+    additive = delta log(delta / q_min), bound = factor * eps + additive (natural log)."""
+    factor = (1 - delta) / (1 - (V - K) * p_d)
+    additive = delta * math.log(delta / q_min)
+    return SparseBound(factor, additive, factor * eps + additive)
+
+
+def dense_storage_bytes(tokens: int, responses: int, vocab: int, *, bytes_per_value: int = 4) -> int:
+    """Bytes of dense old-policy distributions for one prompt (troll.txt eq. 23: 256 x 8 x 151936 x 4 B)."""
+    return tokens * responses * vocab * bytes_per_value
+
+
+def sparse_storage_bytes(
+    tokens: int, responses: int, kept_per_token: float, *, index_bytes: int = 4, value_bytes: int = 4
+) -> float:
+    """Bytes of sparse (id, log-prob) pairs for one prompt with ``kept_per_token`` slots per token.
+
+    ``kept_per_token`` = K + 1 for the padded [.., K+1] layout of ``sparsify``, or the mean kept
+    count for a packed layout (troll.txt appendix E.4: 5-10 per token -> under 1 MiB per prompt).
+    """
+    return tokens * responses * kept_per_token * (index_bytes + value_bytes)
