@@ -1,0 +1,352 @@
+"""Dataset presets and ``load_examples``: every source normalised to ``Example``.
+
+Design: a preset (``PRESETS[name]``) says where a dataset lives on the hub (id, config, split
+names), how to read a row of its schema (question / gold answer / reference solution fields, tried
+in order so hub mirrors with renamed columns load too) and which reward verifies it. The same
+preset reads a local parquet/jsonl/json file in that schema when ``path`` is given (clusters with
+pre-staged data, tests), or the hub through ``datasets.load_dataset`` (imported lazily; needs
+network). ``embedded`` is generated (``embedded.py``), never read.
+
+Splits: ``train`` plus an evaluation split (``test``; ``validation``/``val`` are aliases where the
+source has one name only). Sources with a single split (DAPO-Math-17k) hold out a fixed subset for
+evaluation (troll.txt C.2: 1024 DAPO-Math problems), chosen with a fixed seed so that every run
+sees the same held-out problems. ``limit`` keeps a ``seed``-dependent random subset of the
+training split, but the FIRST ``limit`` examples of an evaluation split: runs that differ only in
+their seed are evaluated on the same problems.
+
+    from runners.data.datasets import load_examples
+    load_examples("embedded", split="test", limit=4)
+    load_examples("gsm8k", split="train", path="data/gsm8k_train.parquet")
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from runners.data.embedded import generate_embedded
+from runners.data.types import Example
+
+EVAL_SPLIT_ALIASES = {"test": "test", "validation": "test", "val": "test", "eval": "test"}
+
+
+@dataclass(frozen=True)
+class DatasetPreset:
+    """Where a dataset lives and how to read one row of its schema."""
+
+    name: str
+    # hub dataset id (None: generated)
+    hub_id: str | None
+    # our split name ("train" / "test") -> hub split name
+    hub_splits: dict[str, str]
+    # reward function name in runners.data.rewards.REWARDS
+    reward_fn: str
+    # prompt style of runners.data.prompts (instruction appended to the question)
+    prompt_style: str | None
+    # task family recorded as verl's "ability"
+    ability: str = "math"
+    hub_config: str | None = None
+    # candidate field names, first present wins; dotted paths reach nested dicts
+    question_fields: tuple[str, ...] = ("problem", "question")
+    answer_fields: tuple[str, ...] = ("answer",)
+    solution_fields: tuple[str, ...] = ("solution",)
+    # fields copied into Example.meta when present
+    meta_fields: tuple[str, ...] = ()
+    # evaluation examples held out of a single-split source (0: the source has its own test split);
+    # overridable by the "holdout" option where the preset lists it
+    holdout: int = 0
+    # keep only rows for which this returns True (e.g. Eurus-2 math vs code)
+    row_filter: Callable[[dict], bool] | None = None
+    # turns the raw question text into the bare question (strips a source's own instructions)
+    clean_question: Callable[[str], str] | None = None
+    # turns the raw gold into the answer string the reward expects
+    clean_answer: Callable[[Any], str] | None = None
+    # default options (embedded: generator knobs and sizes)
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+PRESETS: dict[str, DatasetPreset] = {}
+
+
+def register_preset(preset: DatasetPreset) -> DatasetPreset:
+    if preset.name in PRESETS:
+        raise ValueError(f"dataset preset {preset.name!r} is already registered")
+    PRESETS[preset.name] = preset
+    return preset
+
+
+def get_preset(name: str) -> DatasetPreset:
+    if name not in PRESETS:
+        raise KeyError(f"unknown dataset preset {name!r}; valid presets: {', '.join(sorted(PRESETS))}")
+    return PRESETS[name]
+
+
+# -- field cleaning ------------------------------------------------------------------------------
+def answer_to_str(value: Any) -> str:
+    """Gold answers as strings: ``27.0 -> "27"``, ``["$3$", "$4$"] -> "3, 4"``, ``"$\\frac12$" -> "\\frac12"``."""
+    if value is None:
+        return ""
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    if isinstance(value, (list, tuple)) or (hasattr(value, "tolist") and not isinstance(value, str)):
+        items = value.tolist() if hasattr(value, "tolist") else value
+        return ", ".join(answer_to_str(v) for v in items)
+    text = str(value).strip()
+    if len(text) >= 2 and text.startswith("$") and text.endswith("$"):
+        text = text.strip("$").strip()
+    return text
+
+
+def gsm8k_gold(answer: Any) -> str:
+    """GSM8K's answer field ``"... #### 72"`` -> ``"72"`` (commas removed)."""
+    text = str(answer)
+    if "####" not in text:
+        raise ValueError(f"GSM8K answer has no '####' line: {text[-80:]!r}")
+    return text.rsplit("####", 1)[1].strip().replace(",", "")
+
+
+def gsm8k_solution(answer: Any) -> str:
+    """GSM8K's worked solution without its calculator annotations ``<<48/2=24>>``."""
+    return re.sub(r"<<[^>]*>>", "", str(answer)).strip()
+
+
+_DAPO_PREFIX = re.compile(r"^.*?where \$Answer is the answer to the problem\.\s*", re.S)
+_DAPO_SUFFIX = re.compile(r"\s*Remember to put your answer on its own line after \"Answer:\"\.?\s*$")
+_EURUS_SUFFIX = re.compile(r"\s*Present the answer in LaTeX format: \\boxed\{Your answer\}\.?\s*$")
+
+
+def clean_dapo_question(text: str) -> str:
+    """DAPO-Math-17k wraps each problem in its 'Answer: $Answer' instructions; keep the problem."""
+    return _DAPO_SUFFIX.sub("", _DAPO_PREFIX.sub("", text)).strip()
+
+
+def clean_eurus_math_question(text: str) -> str:
+    """Eurus-2 math user turns end with the boxed-answer instruction; the prompt style re-adds ours."""
+    return _EURUS_SUFFIX.sub("", text).strip()
+
+
+def _ability_is(value: str) -> Callable[[dict], bool]:
+    return lambda row: str(row.get("ability", "")).lower() == value
+
+
+# -- presets -------------------------------------------------------------------------------------
+register_preset(DatasetPreset(
+    name="embedded", hub_id=None, hub_splits={"train": "train", "test": "test"},
+    reward_fn="embedded_int", prompt_style=None, ability="arithmetic",
+    question_fields=("prompt",), solution_fields=("solution",),
+    options={"digits": 3, "ops": "+-*", "test_fraction": 0.1, "train_size": 20000, "test_size": 512,
+             "eval_seed": 0},
+))
+register_preset(DatasetPreset(
+    name="gsm8k", hub_id="openai/gsm8k", hub_config="main", hub_splits={"train": "train", "test": "test"},
+    reward_fn="gsm8k", prompt_style="gsm8k", question_fields=("question",), answer_fields=("answer",),
+    solution_fields=("answer",), clean_answer=gsm8k_gold,
+))
+register_preset(DatasetPreset(
+    name="dapo_math", hub_id="BytedTsinghua-SIA/DAPO-Math-17k", hub_splits={"train": "train", "test": "train"},
+    reward_fn="math", prompt_style="boxed",
+    question_fields=("prompt", "problem", "question"), answer_fields=("reward_model.ground_truth", "answer"),
+    meta_fields=("data_source", "extra_info"), clean_question=clean_dapo_question, holdout=1024,
+    options={"holdout": 1024},
+))
+for _name, _hub_id, _split, _config, _meta in [
+    ("math500", "HuggingFaceH4/MATH-500", "test", None, ("subject", "level", "unique_id")),
+    ("amc23", "math-ai/amc23", "test", None, ("id", "url")),
+    ("aime24", "HuggingFaceH4/aime_2024", "train", None, ("id", "url", "year")),
+    ("aime25", "math-ai/aime25", "test", None, ("id",)),
+    ("minerva", "math-ai/minervamath", "test", None, ("type", "idx")),
+    ("olympiadbench", "Hothan/OlympiadBench", "train", "OE_TO_maths_en_COMP", ("id", "subfield", "unit")),
+    ("omni_math", "KbsdJames/Omni-MATH", "test", None, ("domain", "difficulty", "source")),
+]:
+    register_preset(DatasetPreset(
+        name=_name, hub_id=_hub_id, hub_config=_config, hub_splits={"test": _split},
+        reward_fn="math", prompt_style="boxed", question_fields=("problem", "question"),
+        answer_fields=("answer", "final_answer"), solution_fields=("solution",), meta_fields=_meta,
+    ))
+register_preset(DatasetPreset(
+    name="eurus2_math", hub_id="PRIME-RL/Eurus-2-RL-Data", hub_splits={"train": "train", "test": "validation"},
+    reward_fn="math", prompt_style="boxed", question_fields=("prompt",),
+    answer_fields=("reward_model.ground_truth",), solution_fields=(), meta_fields=("data_source", "extra_info"),
+    row_filter=_ability_is("math"), clean_question=clean_eurus_math_question,
+))
+register_preset(DatasetPreset(
+    name="eurus2_code", hub_id="PRIME-RL/Eurus-2-RL-Data", hub_splits={"train": "train", "test": "validation"},
+    reward_fn="code", prompt_style="code", ability="code", question_fields=("prompt",),
+    answer_fields=("reward_model.ground_truth",), solution_fields=(), meta_fields=("data_source", "extra_info"),
+    row_filter=_ability_is("code"),
+))
+
+
+# -- reading -------------------------------------------------------------------------------------
+def _lookup(row: dict, dotted: str) -> Any:
+    value: Any = row
+    for part in dotted.split("."):
+        if isinstance(value, str) and part:  # nested JSON stored as a string column
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError:
+                return None
+        if not isinstance(value, dict) or part not in value:
+            return None
+        value = value[part]
+    return value
+
+
+def _first(row: dict, fields: tuple[str, ...]) -> tuple[str | None, Any]:
+    for name in fields:
+        value = _lookup(row, name)
+        if value is not None and not (isinstance(value, str) and not value.strip()):
+            return name, value
+    return None, None
+
+
+def _question_text(value: Any) -> str:
+    """A question field: plain text, or chat messages (the last user turn)."""
+    if hasattr(value, "tolist") and not isinstance(value, str):
+        value = value.tolist()
+    if isinstance(value, list):
+        users = [m.get("content", "") for m in value if isinstance(m, dict) and m.get("role") == "user"]
+        if not users:
+            raise ValueError(f"chat prompt without a user message: {str(value)[:200]!r}")
+        return users[-1]
+    return str(value)
+
+
+def row_to_example(preset: DatasetPreset, row: dict, *, split: str, index: int) -> Example:
+    """One source row -> ``Example``; ``ValueError`` naming the missing field and the preset."""
+    q_field, question = _first(row, preset.question_fields)
+    a_field, answer = _first(row, preset.answer_fields)
+    if question is None or a_field is None:
+        missing = preset.question_fields if question is None else preset.answer_fields
+        raise ValueError(
+            f"dataset preset {preset.name!r}: row {index} has none of the fields {list(missing)} "
+            f"(row fields: {sorted(row)})"
+        )
+    text = _question_text(question)
+    if preset.clean_question is not None:
+        text = preset.clean_question(text)
+    gold = preset.clean_answer(answer) if preset.clean_answer else answer_to_str(answer)
+    if preset.ability == "code" and not isinstance(answer, str):
+        gold = json.dumps(answer)
+    _, solution = _first(row, preset.solution_fields)
+    if preset.name == "gsm8k" and solution is not None:
+        solution = gsm8k_solution(solution)
+    elif isinstance(solution, (list, tuple)):
+        solution = "\n\n".join(map(str, solution))
+    meta: dict[str, Any] = {"split": split, "index": index, "question_field": q_field}
+    for name in preset.meta_fields:
+        value = _lookup(row, name)
+        if value is not None:
+            meta[name if name != "data_source" else "source"] = value
+    if isinstance(question, list) or hasattr(question, "tolist"):
+        meta["source_prompt"] = question.tolist() if hasattr(question, "tolist") else question
+    return Example(prompt=text, answer=gold, data_source=preset.name, reward_fn=preset.reward_fn,
+                   solution=None if solution is None else str(solution), meta=meta)
+
+
+def read_rows(path: str | Path) -> list[dict]:
+    """Rows of a local parquet, jsonl or json file (a list, or ``{"data": [...]}``)."""
+    path = Path(path).expanduser()
+    if not path.is_file():
+        raise FileNotFoundError(f"dataset file not found: {path}")
+    suffix = path.suffix.lower()
+    if suffix == ".parquet":
+        import pandas as pd
+
+        return pd.read_parquet(path).to_dict(orient="records")
+    if suffix == ".jsonl":
+        with open(path, encoding="utf-8") as f:
+            return [json.loads(line) for line in f if line.strip()]
+    if suffix == ".json":
+        data = json.loads(path.read_text(encoding="utf-8"))
+        if isinstance(data, dict) and isinstance(data.get("data"), list):
+            data = data["data"]
+        if not isinstance(data, list):
+            raise ValueError(f"{path}: expected a JSON list of rows or {{'data': [...]}}")
+        return data
+    raise ValueError(f"{path}: unsupported dataset file type {suffix!r} (use .parquet, .jsonl or .json)")
+
+
+def _hub_rows(preset: DatasetPreset, hub_split: str) -> list[dict]:
+    where = f"{preset.hub_id}" + (f" (config {preset.hub_config})" if preset.hub_config else "") + f", split {hub_split!r}"
+    try:
+        import datasets
+    except ImportError as exc:
+        raise RuntimeError(
+            f"dataset preset {preset.name!r} needs the 'datasets' package to load {where} from the hub; "
+            "install it or pass path= to a local parquet/jsonl/json file"
+        ) from exc
+    try:
+        ds = datasets.load_dataset(preset.hub_id, preset.hub_config, split=hub_split)
+    except Exception as exc:  # no network, unknown split, gated repo, ...
+        raise RuntimeError(
+            f"dataset preset {preset.name!r}: could not load {where} from the hub ({type(exc).__name__}: {exc}); "
+            "pass path= to a local parquet/jsonl/json file in the same schema"
+        ) from exc
+    return [dict(row) for row in ds]
+
+
+def _holdout_partition(n: int, holdout: int, split: str) -> list[int]:
+    """Indices of ``split`` in a single-split source of ``n`` rows; fixed seed (not the run seed)."""
+    if holdout >= n:
+        raise ValueError(f"cannot hold out {holdout} evaluation rows from a source of {n} rows")
+    held = set(random.Random(0).sample(range(n), holdout))
+    return [i for i in range(n) if (i in held) == (split == "test")]
+
+
+def _canonical_split(preset: DatasetPreset, split: str) -> str:
+    canonical = "train" if split == "train" else EVAL_SPLIT_ALIASES.get(split)
+    if canonical is None or canonical not in preset.hub_splits:
+        valid = ["train"] * ("train" in preset.hub_splits) + ["test", "validation"] * ("test" in preset.hub_splits)
+        raise ValueError(f"dataset preset {preset.name!r} has no split {split!r}; valid splits: {valid}")
+    return canonical
+
+
+def load_examples(
+    preset: str,
+    *,
+    split: str,
+    path: str | Path | None = None,
+    limit: int | None = None,
+    seed: int = 0,
+    **options: Any,
+) -> list[Example]:
+    """Examples of ``preset``'s ``split`` from ``path`` (a file in the source schema) or the hub.
+
+    ``limit``: a ``seed``-dependent random subset of the training split (kept in source order), the
+    first ``limit`` examples of an evaluation split. ``options`` go to the embedded generator
+    (``digits``, ``ops``, ``test_fraction``, ``train_size``, ``test_size``, ``eval_seed``) or set
+    ``holdout`` (DAPO-Math); options a preset does not list are rejected.
+    """
+    p = get_preset(preset)
+    canonical = _canonical_split(p, split)
+    if limit is not None and limit < 1:
+        raise ValueError(f"load_examples limit must be >= 1 or None, got {limit!r}")
+    unknown = set(options) - set(p.options)
+    if unknown:
+        raise ValueError(f"dataset preset {preset!r} has no option(s) {sorted(unknown)}; valid: {sorted(p.options)}")
+    if p.hub_id is None and path is None:
+        return _generate(p, canonical, limit, seed, {**p.options, **options})
+
+    rows = read_rows(path) if path is not None else _hub_rows(p, p.hub_splits[canonical])
+    if p.row_filter is not None:
+        rows = [r for r in rows if p.row_filter(r)]
+    indices = list(range(len(rows)))
+    holdout = int({**p.options, **options}.get("holdout", p.holdout))
+    if holdout:
+        indices = _holdout_partition(len(rows), holdout, canonical)
+    if limit is not None and limit < len(indices):
+        indices = sorted(random.Random(seed).sample(indices, limit)) if canonical == "train" else indices[:limit]
+    return [row_to_example(p, rows[i], split=canonical, index=i) for i in indices]
+
+
+def _generate(p: DatasetPreset, split: str, limit: int | None, seed: int, opts: dict[str, Any]) -> list[Example]:
+    n = limit if limit is not None else opts[f"{split}_size"]
+    gen_seed = seed if split == "train" else opts["eval_seed"]
+    return generate_embedded(n, split=split, seed=gen_seed, digits=int(opts["digits"]), ops=str(opts["ops"]),
+                             test_fraction=float(opts["test_fraction"]))
