@@ -73,7 +73,7 @@ class ObjectiveOutput:
     loss_mat: Tensor
     # metric name -> float (detached), e.g. {"actor/pg_clipfrac": 0.1}
     metrics: dict[str, float] = field(default_factory=dict)
-    # optional [B,T] multiplier the aggregation must apply (e.g. GTPO weights); None = ones
+    # informational tensors (e.g. GTPO's lambda weights, already applied in loss_mat)
     extra: dict[str, Any] = field(default_factory=dict)
 
 

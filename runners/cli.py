@@ -1,0 +1,168 @@
+"""The ``trustbench`` command.
+
+    trustbench run [OVERRIDES...]                 train one cell (Hydra overrides, e.g. algorithm=gspo objective=troll)
+    trustbench sweep NAME [OVERRIDES...]          run the grid of sweeps/NAME.yaml (skips finished cells)
+        --dry-run                                 print the cells, what is done, the resources; submit nothing
+        --rerun-failed / --force                  also rerun failed cells / rerun every cell from scratch
+    trustbench report EXPERIMENT                  tables and figures of an experiment as HTML and PDF
+    trustbench bounds --T 4096 --delta 1e-4       TRM error bounds (trm.txt) printed and plotted
+    trustbench ui                                 MLflow UI on 127.0.0.1
+    trustbench list [GROUP]                       config groups and their options, and the sweeps
+
+Exit codes: 0 success, 1 a run or cell failed, 2 a configuration error (nothing was started).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+from collections.abc import Sequence
+
+CONFIG_ERROR = 2
+
+
+def _config_error(err: BaseException) -> int:
+    print(f"trustbench: configuration error: {err}", file=sys.stderr)
+    return CONFIG_ERROR
+
+
+def _compose_errors():
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    from runners.config import ConfigError
+
+    return (ConfigError, HydraException, OmegaConfBaseException)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from runners.config import SEARCHPATH_OVERRIDE, compose
+
+    overrides = list(args.overrides)
+    hydra_flags = [o for o in overrides if o.startswith("-")]
+    if not hydra_flags:  # validate first for a clean message; Hydra flags (--cfg, --help) go straight through
+        try:
+            compose([o for o in overrides if not o.startswith("hydra.")])
+        except _compose_errors() as err:
+            return _config_error(err)
+    from runners.main import main
+    from runners.run import RunFailed
+
+    sys.argv = ["trustbench run", *overrides, SEARCHPATH_OVERRIDE]
+    os.environ.setdefault("HYDRA_FULL_ERROR", "0")
+    try:
+        main()
+    except RunFailed as err:
+        print(f"trustbench: {err}", file=sys.stderr)
+        return 1
+    except SystemExit as exit_:
+        return int(exit_.code or 0)
+    return 0
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from runners import sweep
+
+    try:
+        plan = sweep.plan(args.name, args.overrides, rerun_failed=args.rerun_failed, force=args.force)
+    except _compose_errors() as err:
+        return _config_error(err)
+    print(sweep.format_plan(plan))
+    if args.dry_run:
+        return 0
+    if not plan.to_run:
+        print("nothing to run: every cell is finished (or failed: --rerun-failed)")
+        failed = [c for c in plan.cells if c.action == "skip-failed"]
+        return 1 if failed else 0
+    sweep.launch(plan, force=args.force)
+    print()
+    bad = sweep.report_outcomes(plan)
+    if bad:
+        print(f"trustbench: {bad} of {len(plan.cells)} cells did not finish (see above)", file=sys.stderr)
+        return 1
+    return 0
+
+
+def cmd_ui(args: argparse.Namespace) -> int:
+    from runners import paths, tracking
+
+    uri = tracking.ensure_store(args.tracking_uri or paths.default_tracking_uri())
+    cmd = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri, "--host", args.host, "--port", str(args.port)]
+    if uri.startswith("sqlite:"):
+        cmd += ["--default-artifact-root", paths.artifact_root().as_uri()]
+    print(f"MLflow UI for {uri} at http://{args.host}:{args.port} (Ctrl-C to stop)")
+    return subprocess.call(cmd)
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    from runners.config import CONF_DIR, SWEEPS_DIR
+
+    groups = sorted(p.name for p in CONF_DIR.iterdir() if p.is_dir())
+    wanted = [args.group] if args.group else groups
+    for group in wanted:
+        folder = CONF_DIR / group
+        if not folder.is_dir():
+            print(f"unknown group {group!r}; groups: {', '.join(groups)}", file=sys.stderr)
+            return CONFIG_ERROR
+        print(f"{group}:")
+        for f in sorted(folder.glob("*.yaml")):
+            doc = next((ln[1:].strip() for ln in f.read_text().splitlines() if ln.startswith("# ") and "@package" not in ln), "")
+            print(f"  {f.stem:<26} {doc}")
+    if not args.group:
+        print("sweeps (trustbench sweep NAME):")
+        for f in sorted(SWEEPS_DIR.glob("*.yaml")):
+            doc = next((ln[1:].strip() for ln in f.read_text().splitlines() if ln.startswith("# ") and "@package" not in ln), "")
+            print(f"  {f.stem:<26} {doc}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="trustbench",
+        description="Fair comparison of policy-update methods for RL of LLMs: configs, runs, MLflow, reports.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=__doc__,
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("run", help="train one cell", description="Train one cell; arguments are Hydra overrides.")
+    p.add_argument("overrides", nargs=argparse.REMAINDER, help="e.g. algorithm=grpo objective=troll seed=1")
+    p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("sweep", help="run the grid of sweeps/NAME.yaml")
+    p.add_argument("name", help="sweep file name without .yaml (trustbench list shows them)")
+    p.add_argument("overrides", nargs="*", help="extra Hydra overrides for every cell (sweep syntax a,b allowed)")
+    p.add_argument("--dry-run", action="store_true", help="print the cells and resources; submit nothing")
+    p.add_argument("--rerun-failed", action="store_true", help="also rerun cells whose MLflow run FAILED")
+    p.add_argument("--force", action="store_true", help="rerun every cell from scratch (new MLflow runs)")
+    p.set_defaults(func=cmd_sweep)
+
+    try:
+        from reports.cli import add_bounds_parser, add_report_parser
+
+        add_report_parser(sub)
+        add_bounds_parser(sub)
+    except ImportError:  # pragma: no cover - reports package missing its optional deps
+        pass
+
+    p = sub.add_parser("ui", help="start the MLflow UI on 127.0.0.1")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=5000)
+    p.add_argument("--tracking-uri", default=None, help="default: $MLFLOW_TRACKING_URI or .trustbench/mlflow.db")
+    p.set_defaults(func=cmd_ui)
+
+    p = sub.add_parser("list", help="list config groups, their options and the sweeps")
+    p.add_argument("group", nargs="?", help="one group only (e.g. algorithm)")
+    p.set_defaults(func=cmd_list)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,254 @@
+"""MLflow run lifecycle: one MLflow run per grid cell, found again by its run key.
+
+Design:
+- The tracking URI defaults to a sqlite file under the trustbench home (``runners.paths``). The store
+  is created once by the parent process (``ensure_store``) before any parallel writer starts: the
+  sqlite schema migration is not safe to race.
+- One experiment per sweep (its name), one run per cell, named readably
+  (``grpo+troll | embedded | arith | s0``) and tagged with ``trustbench.run_key``, a hash of the
+  resolved config. Re-running the same cell finds its run by that key: a FINISHED run is skipped, any
+  other is resumed into the same run id (``RunTracker.open``).
+- Metrics go through a buffer flushed asynchronously (``MlflowClient.log_batch(synchronous=False)``)
+  every few seconds, and synchronously at checkpoints and at the end, so that everything up to the
+  last checkpoint is durable. On resume, steps already in MLflow are not logged again
+  (``last_logged_step``); training resumes from the checkpoint with its RNG state, so the steps it
+  recomputes are the same steps.
+
+This module imports mlflow but not torch.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from runners import paths, schema
+
+# metric logged every step; its history tells which steps are already in MLflow
+STEP_METRIC = "training/global_step"
+_MAX_PARAM_LEN = 6000
+_BATCH_METRICS = 900  # MLflow accepts <= 1000 entities per log_batch
+
+
+def _client(uri: str):
+    from mlflow import MlflowClient
+
+    return MlflowClient(tracking_uri=uri)
+
+
+def ensure_store(uri: str | None = None) -> str:
+    """Create the tracking store (sqlite schema) if needed; return the URI. Call before forking."""
+    uri = uri or paths.default_tracking_uri()
+    if uri.startswith("sqlite:///"):
+        Path(uri[len("sqlite:///") :]).parent.mkdir(parents=True, exist_ok=True)
+    _client(uri).search_experiments(max_results=1)
+    return uri
+
+
+def get_or_create_experiment(uri: str, name: str) -> str:
+    """Experiment id of ``name``, creating it (artifacts under the trustbench home) if missing."""
+    client = _client(uri)
+    exp = client.get_experiment_by_name(name)
+    if exp is not None:
+        if exp.lifecycle_stage == "deleted":
+            client.restore_experiment(exp.experiment_id)
+        return exp.experiment_id
+    location = None
+    if uri.startswith("sqlite:") or uri.startswith("file:") or "://" not in uri:
+        location = (paths.artifact_root() / name).as_uri()
+    try:
+        return client.create_experiment(name, artifact_location=location)
+    except Exception:  # created concurrently by another job
+        exp = client.get_experiment_by_name(name)
+        if exp is None:
+            raise
+        return exp.experiment_id
+
+
+def find_run(uri: str, experiment: str, run_key: str):
+    """The newest MLflow run of ``experiment`` tagged with ``run_key``, or None."""
+    client = _client(uri)
+    exp = client.get_experiment_by_name(experiment)
+    if exp is None:
+        return None
+    runs = client.search_runs(
+        [exp.experiment_id],
+        filter_string=f"tags.`{schema.TAG_RUN_KEY}` = '{run_key}'",
+        order_by=["attributes.start_time DESC"],
+        max_results=1,
+    )
+    return runs[0] if runs else None
+
+
+def flatten(obj: Any, prefix: str = "") -> dict[str, Any]:
+    """Flatten nested mappings/lists into dotted keys (``objective.eps``, ``trainer.lr``)."""
+    out: dict[str, Any] = {}
+    if isinstance(obj, Mapping):
+        for key, value in obj.items():
+            out.update(flatten(value, f"{prefix}{key}."))
+    elif isinstance(obj, (list, tuple)) and any(isinstance(v, (Mapping, list, tuple)) for v in obj):
+        for i, value in enumerate(obj):
+            out.update(flatten(value, f"{prefix}{i}."))
+    else:
+        out[prefix[:-1]] = obj
+    return out
+
+
+def git_revision(path: Path | None = None) -> str:
+    """``git describe``-like revision of the source tree (with ``-dirty``), or ``unknown``."""
+    cwd = path or paths.repo_root()
+    try:
+        rev = subprocess.run(
+            ["git", "rev-parse", "--short=12", "HEAD"], cwd=cwd, capture_output=True, text=True, timeout=5
+        )
+        if rev.returncode != 0:
+            return "unknown"
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=cwd,
+            capture_output=True,
+            text=True,
+            timeout=5,
+        )
+        return rev.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def host_tags() -> dict[str, str]:
+    tags = {schema.TAG_HOST: socket.gethostname()}
+    for var in ("SLURM_JOB_ID", "SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID", "SLURM_RESTART_COUNT"):
+        if os.environ.get(var):
+            tags[f"slurm.{var.lower()}"] = os.environ[var]
+    return tags
+
+
+@dataclass
+class RunTracker:
+    """An open MLflow run with buffered asynchronous metric logging."""
+
+    uri: str
+    experiment_id: str
+    run_id: str
+    resumed: bool
+    last_logged_step: int = -1
+    flush_every_s: float = 5.0
+    _buffer: list = field(default_factory=list)
+    _pending: list = field(default_factory=list)
+    _last_flush: float = field(default_factory=time.monotonic)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    # -- opening -------------------------------------------------------------------------------
+    @classmethod
+    def open(
+        cls,
+        *,
+        uri: str,
+        experiment: str,
+        run_key: str,
+        run_name: str,
+        tags: Mapping[str, Any],
+        params: Mapping[str, Any],
+        run_id: str | None = None,
+        new: bool = False,
+    ) -> RunTracker:
+        """Resume the run of ``run_key`` (``run_id`` if known, else by tag) or create it (``new``: always)."""
+        client = _client(uri)
+        experiment_id = get_or_create_experiment(uri, experiment)
+        run = None
+        if run_id and not new:
+            try:
+                run = client.get_run(run_id)
+            except Exception:
+                run = None
+        if run is None and not new:
+            run = find_run(uri, experiment, run_key)
+        resumed = run is not None
+        if run is None:
+            all_tags = {schema.TAG_RUN_KEY: run_key, **{k: str(v) for k, v in tags.items()}}
+            run = client.create_run(experiment_id, tags=all_tags, run_name=run_name)
+            _log_params(client, run.info.run_id, params)
+        else:
+            client.update_run(run.info.run_id, status="RUNNING")
+            for key, value in tags.items():
+                client.set_tag(run.info.run_id, key, str(value))
+        tracker = cls(uri=uri, experiment_id=experiment_id, run_id=run.info.run_id, resumed=resumed)
+        if resumed:
+            tracker.last_logged_step = last_logged_step(client, run.info.run_id)
+        return tracker
+
+    # -- metrics ---------------------------------------------------------------------------------
+    def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
+        """Buffer ``metrics`` for ``step``; steps already in MLflow (after a resume) are dropped."""
+        if step <= self.last_logged_step:
+            return
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        with self._lock:
+            for key, value in {**metrics, STEP_METRIC: step}.items():
+                value = float(value)
+                if math.isfinite(value):
+                    self._buffer.append(Metric(key=key, value=value, timestamp=now, step=step))
+        if time.monotonic() - self._last_flush > self.flush_every_s:
+            self.flush(wait=False)
+
+    def flush(self, wait: bool = True) -> None:
+        """Send buffered metrics; with ``wait`` block until everything sent so far is stored."""
+        with self._lock:
+            batch, self._buffer = self._buffer, []
+            self._last_flush = time.monotonic()
+        client = _client(self.uri)
+        for i in range(0, len(batch), _BATCH_METRICS):
+            op = client.log_batch(self.run_id, metrics=batch[i : i + _BATCH_METRICS], synchronous=False)
+            if op is not None:
+                self._pending.append(op)
+        if wait:
+            for op in self._pending:
+                op.wait()
+            self._pending.clear()
+
+    # -- artifacts and tags ----------------------------------------------------------------------
+    def log_text(self, text: str, artifact_file: str) -> None:
+        _client(self.uri).log_text(self.run_id, text, artifact_file)
+
+    def log_artifact(self, local_path: str | Path, artifact_path: str | None = None) -> None:
+        _client(self.uri).log_artifact(self.run_id, str(local_path), artifact_path)
+
+    def set_tag(self, key: str, value: Any) -> None:
+        _client(self.uri).set_tag(self.run_id, key, str(value))
+
+    def finish(self, status: str = "FINISHED", reason: str | None = None) -> None:
+        """Flush and mark the run ``FINISHED`` / ``FAILED`` / ``KILLED`` (with the failure reason)."""
+        try:
+            self.flush(wait=True)
+        finally:
+            client = _client(self.uri)
+            if reason:
+                client.set_tag(self.run_id, schema.TAG_FAILURE, reason[:_MAX_PARAM_LEN])
+            client.set_terminated(self.run_id, status=status)
+
+
+def last_logged_step(client, run_id: str) -> int:
+    history = client.get_metric_history(run_id, STEP_METRIC)
+    return max((int(m.step) for m in history), default=-1)
+
+
+def _log_params(client, run_id: str, params: Mapping[str, Any]) -> None:
+    from mlflow.entities import Param
+
+    items = []
+    for key, value in params.items():
+        text = json.dumps(value) if isinstance(value, (list, dict)) else str(value)
+        items.append(Param(key, text[:_MAX_PARAM_LEN]))
+    for i in range(0, len(items), 100):
+        client.log_batch(run_id, params=items[i : i + 100], synchronous=True)
