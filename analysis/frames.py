@@ -1,0 +1,158 @@
+"""The tidy data every table and figure is built from: one run frame and one long metric frame.
+
+Design: MLflow data is held as two pandas frames rather than one wide frame, so a sweep of
+100 runs x 10 metrics x 1000 steps stays ~1M small rows instead of 1M rows x every param:
+
+- ``runs``: one row per run. Columns ``run_id, experiment, experiment_id, run_name, status,
+  start_time, end_time`` (ms since epoch) and, following ``mlflow.search_runs``'s convention,
+  ``tags.<name>`` and ``params.<dotted.key>`` (strings).
+- ``metrics``: one row per logged point. Columns ``run_id, metric, step, value, timestamp``
+  (``run_id`` and ``metric`` categorical, ``step``/``timestamp`` int64, ``value`` float64).
+
+``ExperimentData.tidy()`` joins them into the single long frame the analysis code uses
+(run_id, the run tags of ``runners.schema`` as columns, optionally params, step, metric, value,
+timestamp), adding a display ``method`` label and an integer ``seed``.
+
+    from analysis import load_experiment
+    data = load_experiment("troll_table1")
+    df = data.tidy()          # columns: run_id, method, algorithm, ..., seed, metric, step, value, timestamp
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from runners import schema
+
+RUN_COLUMNS = ["run_id", "experiment", "experiment_id", "run_name", "status", "start_time", "end_time"]
+METRIC_COLUMNS = ["run_id", "metric", "step", "value", "timestamp"]
+
+# Run tags that become columns of the tidy frame (display label first).
+LABEL_TAGS = [
+    schema.TAG_METHOD,
+    schema.TAG_ALGORITHM,
+    schema.TAG_ESTIMATOR,
+    schema.TAG_OBJECTIVE,
+    schema.TAG_MASK,
+    schema.TAG_ENTROPY_CONTROL,
+    schema.TAG_MODEL,
+    schema.TAG_DATASET,
+    schema.TAG_SEED,
+    schema.TAG_BACKEND,
+    schema.TAG_SWEEP,
+]
+
+# Tag marking the run that holds a report's artifacts (excluded from analysis).
+TAG_REPORT = "trustbench.report"
+
+
+def empty_runs() -> pd.DataFrame:
+    return pd.DataFrame({c: pd.Series(dtype="object") for c in RUN_COLUMNS})
+
+
+def empty_metrics() -> pd.DataFrame:
+    return normalize_metrics(pd.DataFrame({c: [] for c in METRIC_COLUMNS}))
+
+
+def normalize_metrics(df: pd.DataFrame) -> pd.DataFrame:
+    """Coerce a metric frame to the canonical columns and dtypes (NaN strings -> float NaN)."""
+    out = pd.DataFrame(
+        {
+            "run_id": df["run_id"].astype(str),
+            "metric": df["metric"].astype(str),
+            "step": pd.to_numeric(df["step"]).astype("int64"),
+            "value": pd.to_numeric(df["value"], errors="coerce").astype("float64"),
+            "timestamp": pd.to_numeric(df["timestamp"]).astype("int64"),
+        }
+    )
+    out["run_id"] = out["run_id"].astype("category")
+    out["metric"] = out["metric"].astype("category")
+    return out.reset_index(drop=True)
+
+
+def method_label(row: pd.Series) -> str:
+    """Display label of a run: the ``method`` tag, else algorithm(+objective), else the run name."""
+    for key in (f"tags.{schema.TAG_METHOD}",):
+        value = row.get(key)
+        if isinstance(value, str) and value:
+            return value
+    algorithm = row.get(f"tags.{schema.TAG_ALGORITHM}")
+    objective = row.get(f"tags.{schema.TAG_OBJECTIVE}")
+    if isinstance(algorithm, str) and algorithm:
+        if isinstance(objective, str) and objective and objective not in ("clip", algorithm):
+            return f"{algorithm}+{objective}"
+        return algorithm
+    name = row.get("run_name")
+    return name if isinstance(name, str) and name else str(row["run_id"])[:8]
+
+
+@dataclass
+class ExperimentData:
+    """Runs and metric points of one or more MLflow experiments (see module docstring)."""
+
+    runs: pd.DataFrame
+    metrics: pd.DataFrame
+    # what the loader fetched and from where (``analysis.load``)
+    load_info: dict = field(default_factory=dict)
+
+    def labels(self) -> pd.DataFrame:
+        """One row per run: run_id, every LABEL_TAGS column (method filled in), seed as int (-1 if absent)."""
+        runs = self.runs
+        out = pd.DataFrame({"run_id": runs["run_id"].astype(str).to_numpy()})
+        for tag in LABEL_TAGS:
+            col = f"tags.{tag}"
+            out[tag] = runs[col].to_numpy() if col in runs else None
+        out[schema.TAG_METHOD] = [method_label(r) for _, r in runs.iterrows()] if len(runs) else []
+        seeds = pd.to_numeric(out[schema.TAG_SEED], errors="coerce")
+        if seeds.isna().any() and "params.seed" in runs:
+            seeds = seeds.fillna(pd.to_numeric(runs["params.seed"], errors="coerce").reset_index(drop=True))
+        out[schema.TAG_SEED] = seeds.fillna(-1).astype("int64")
+        for col in ("experiment", "run_name", "status"):
+            out[col] = runs[col].to_numpy() if col in runs else None
+        return out
+
+    def tidy(self, params: bool | list[str] = False) -> pd.DataFrame:
+        """The single long frame: labels of each run joined onto its metric points.
+
+        ``params=True`` adds every ``params.*`` column; a list adds only those dotted keys.
+        """
+        labels = self.labels()
+        if params is not False and len(self.runs):
+            cols = [c for c in self.runs.columns if c.startswith("params.")]
+            if params is not True:
+                wanted = {f"params.{p}" for p in params}
+                missing = wanted - set(cols)
+                if missing:
+                    raise KeyError(f"params not logged by any run: {sorted(missing)}")
+                cols = [c for c in cols if c in wanted]
+            labels = labels.join(self.runs[cols].reset_index(drop=True))
+        metrics = self.metrics.copy()
+        metrics["run_id"] = metrics["run_id"].astype(str)
+        df = metrics.merge(labels, on="run_id", how="inner")
+        front = ["run_id", *[c for c in labels.columns if c != "run_id"]]
+        return df[front + ["metric", "step", "value", "timestamp"]]
+
+    def metric_names(self) -> list[str]:
+        return sorted(map(str, self.metrics["metric"].unique()))
+
+    def series(self, run_id: str, metric: str) -> pd.Series:
+        """Values of one metric of one run indexed by step (last logged value wins on repeats)."""
+        m = self.metrics
+        sel = m[(m["run_id"] == run_id) & (m["metric"] == metric)].sort_values(["step", "timestamp"])
+        return sel.drop_duplicates("step", keep="last").set_index("step")["value"]
+
+    def select(self, **tags: object) -> ExperimentData:
+        """Runs whose label columns equal the given values (e.g. ``select(objective="troll")``)."""
+        labels = self.labels()
+        keep = np.ones(len(labels), dtype=bool)
+        for key, value in tags.items():
+            if key not in labels:
+                raise KeyError(f"unknown run label {key!r}; valid: {', '.join(labels.columns)}")
+            keep &= (labels[key] == value).to_numpy()
+        ids = set(labels.loc[keep, "run_id"])
+        runs = self.runs[self.runs["run_id"].astype(str).isin(ids)].reset_index(drop=True)
+        metrics = self.metrics[self.metrics["run_id"].astype(str).isin(ids)].reset_index(drop=True)
+        return ExperimentData(runs=runs, metrics=metrics)

@@ -1,0 +1,210 @@
+"""MLflow experiment(s) -> ``ExperimentData``, through an incrementally refreshed parquet cache.
+
+Design: the run list is always read fresh with one paginated ``search_runs`` (it carries tags,
+params and each metric's latest (step, timestamp)); metric histories come from the cache, and only
+what the cache lacks is fetched with the store's bulk reader (``analysis.sources``):
+
+- runs not in the cache: their whole history;
+- cached runs where some metric's latest (step, timestamp) is newer than the cached one (still
+  running, or resumed into the same run): the points from the smallest cached last step on,
+  merged with the cache and de-duplicated;
+- runs gone from the store (deleted) are dropped; finished, unchanged runs cost nothing.
+
+A point logged later at an *older* step than the metric's latest is not detected;
+``refresh="full"`` re-reads everything.
+
+    from analysis import load_experiment
+    data = load_experiment("demo")                       # MLFLOW_TRACKING_URI or .trustbench/mlflow.db
+    data = load_experiment(["a", "b"], tracking_uri="http://127.0.0.1:5000", refresh=False)
+    data.load_info                                        # what was fetched, by which reader
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import pandas as pd
+
+from analysis.cache import cache_path, read_cache, write_cache
+from analysis.frames import RUN_COLUMNS, TAG_REPORT, ExperimentData, empty_metrics, empty_runs, normalize_metrics
+from analysis.sources import FetchRequest, pick_source
+
+Refresh = bool | Literal["full"]
+
+
+class ExperimentNotFoundError(LookupError):
+    """No MLflow experiment of the requested name."""
+
+
+def _client(tracking_uri: str):
+    from mlflow import MlflowClient
+
+    return MlflowClient(tracking_uri)
+
+
+def resolve_experiment(client, name: str):
+    """The MLflow experiment named ``name``; the error lists the experiments that exist."""
+    exp = client.get_experiment_by_name(name)
+    if exp is None:
+        names = sorted(e.name for e in client.search_experiments())
+        raise ExperimentNotFoundError(
+            f"no MLflow experiment named {name!r} in {client.tracking_uri}; existing: {', '.join(names) or '(none)'}"
+        )
+    return exp
+
+
+def list_runs(client, experiment) -> tuple[pd.DataFrame, dict[str, dict[str, tuple[int, int]]]]:
+    """All active runs of ``experiment``: (runs frame, {run_id: {metric: (latest step, timestamp)}})."""
+    records, latest = [], {}
+    token = None
+    while True:
+        page = client.search_runs([experiment.experiment_id], max_results=1000, page_token=token)
+        for run in page:
+            info, data = run.info, run.data
+            rec = {
+                "run_id": info.run_id,
+                "experiment": experiment.name,
+                "experiment_id": str(experiment.experiment_id),
+                "run_name": info.run_name,
+                "status": info.status,
+                "start_time": info.start_time,
+                "end_time": info.end_time,
+            }
+            rec.update({f"tags.{k}": v for k, v in data.tags.items()})
+            rec.update({f"params.{k}": v for k, v in data.params.items()})
+            records.append(rec)
+            latest[info.run_id] = {m.key: (int(m.step), int(m.timestamp)) for m in data._metric_objs}
+        token = page.token
+        if not token:
+            break
+    runs = pd.DataFrame.from_records(records) if records else empty_runs()
+    for col in RUN_COLUMNS:
+        if col not in runs:
+            runs[col] = None
+    # creation order, so tables and legends list methods in the order the sweep launched them
+    runs = runs.sort_values(["start_time", "run_id"], kind="stable").reset_index(drop=True)
+    return runs, latest
+
+
+def _cached_latest(metrics: pd.DataFrame) -> dict[str, dict[str, tuple[int, int]]]:
+    """{run_id: {metric: (max step, max timestamp at that step)}} of a metric frame."""
+    if not len(metrics):
+        return {}
+    m = metrics[["run_id", "metric", "step", "timestamp"]].copy()
+    m["run_id"], m["metric"] = m["run_id"].astype(str), m["metric"].astype(str)
+    top = m.sort_values(["step", "timestamp"]).drop_duplicates(["run_id", "metric"], keep="last")
+    out: dict[str, dict[str, tuple[int, int]]] = {}
+    for rid, key, step, ts in top.itertuples(index=False):
+        out.setdefault(rid, {})[key] = (int(step), int(ts))
+    return out
+
+
+def plan_fetch(
+    latest: dict[str, dict[str, tuple[int, int]]],
+    cached: dict[str, dict[str, tuple[int, int]]],
+    experiment_id: str,
+) -> list[FetchRequest]:
+    """What to read for each run (see module docstring); runs with nothing new are left out."""
+    requests = []
+    for run_id, keys in latest.items():
+        have = cached.get(run_id)
+        if have is None:
+            if keys:
+                requests.append(FetchRequest(run_id, experiment_id, {k: s for k, (s, _) in keys.items()}))
+            continue
+        stale = {k: v for k, v in keys.items() if k not in have or v > have[k]}
+        if not stale:
+            continue
+        new_keys = [k for k in stale if k not in have]
+        from_step = None if new_keys else min(have[k][0] for k in stale)
+        requests.append(FetchRequest(run_id, experiment_id, {k: s for k, (s, _) in stale.items()}, from_step))
+    return requests
+
+
+def _load_one(client, tracking_uri: str, name: str, refresh: Refresh, cache_root: Path | None, bulk: bool, progress):
+    path = cache_path(cache_root, tracking_uri, name) if cache_root is not None else None
+    if refresh is False and path is not None:
+        runs_c, metrics_c, state = read_cache(path, None)
+        if state:
+            return runs_c, metrics_c, {"experiment": name, "source": "cache", "runs_fetched": 0, "rows_fetched": 0}
+    exp = resolve_experiment(client, name)
+    exp_id = str(exp.experiment_id)
+    runs_c, metrics_c, state = (
+        read_cache(path, exp_id) if path is not None and refresh != "full" else (empty_runs(), empty_metrics(), {})
+    )
+
+    runs, latest = list_runs(client, exp)
+    present = set(runs["run_id"])
+    if len(metrics_c):
+        metrics_c = metrics_c[metrics_c["run_id"].astype(str).isin(present)]
+    requests = plan_fetch(latest, _cached_latest(metrics_c), exp_id)
+    source = pick_source(client, tracking_uri, bulk=bulk)
+    fetched = source.fetch(requests, progress=progress) if requests else empty_metrics()
+    if len(fetched) and len(metrics_c):
+        merged = pd.concat(
+            [metrics_c.astype({"run_id": str, "metric": str}), fetched.astype({"run_id": str, "metric": str})]
+        )
+        if any(r.from_step is not None for r in requests):
+            merged = merged.drop_duplicates(["run_id", "metric", "step", "timestamp", "value"])
+        metrics = normalize_metrics(merged)
+    else:
+        metrics = fetched if len(fetched) else normalize_metrics(metrics_c) if len(metrics_c) else empty_metrics()
+    metrics = metrics.sort_values(["run_id", "metric", "step", "timestamp"], kind="stable").reset_index(drop=True)
+    if path is not None and (requests or not state or len(runs_c) != len(runs)):
+        write_cache(
+            path,
+            runs,
+            metrics,
+            {"tracking_uri": tracking_uri, "experiment": name, "experiment_id": exp_id, "source": source.name},
+        )
+    info = {
+        "experiment": name,
+        "source": source.name,
+        "runs_fetched": len(requests),
+        "rows_fetched": len(fetched),
+        "partial_runs": sum(r.from_step is not None for r in requests),
+    }
+    return runs, metrics, info
+
+
+def load_experiment(
+    experiments: str | list[str],
+    tracking_uri: str | None = None,
+    *,
+    refresh: Refresh = True,
+    cache_dir: str | Path | None = "default",
+    bulk: bool = True,
+    include_reports: bool = False,
+    progress: bool | None = None,
+) -> ExperimentData:
+    """Load one or more MLflow experiments (by name) into ``ExperimentData``.
+
+    refresh: True = fetch what is new (incremental); False = use the cache without contacting the
+    store when a cache exists; "full" = ignore the cache and re-read everything.
+    cache_dir: "default" = ``runners.paths.analysis_cache_dir()``; None = no cache.
+    bulk: False forces the per-run per-metric client loop (the benchmark's baseline).
+    """
+    from runners.paths import analysis_cache_dir, default_tracking_uri
+
+    names = [experiments] if isinstance(experiments, str) else list(experiments)
+    if not names:
+        raise ValueError("load_experiment needs at least one experiment name")
+    uri = tracking_uri or default_tracking_uri()
+    root = analysis_cache_dir() if cache_dir == "default" else (Path(cache_dir) if cache_dir is not None else None)
+    client = _client(uri)
+    all_runs, all_metrics, infos = [], [], []
+    for name in names:
+        runs, metrics, info = _load_one(client, uri, name, refresh, root, bulk, progress)
+        all_runs.append(runs)
+        all_metrics.append(metrics)
+        infos.append(info)
+    runs = pd.concat(all_runs, ignore_index=True) if len(all_runs) > 1 else all_runs[0]
+    metrics = normalize_metrics(pd.concat(all_metrics, ignore_index=True)) if len(all_metrics) > 1 else all_metrics[0]
+    if not include_reports and f"tags.{TAG_REPORT}" in runs:
+        report_ids = set(runs.loc[runs[f"tags.{TAG_REPORT}"].notna(), "run_id"])
+        runs = runs[~runs["run_id"].isin(report_ids)].reset_index(drop=True)
+        metrics = metrics[~metrics["run_id"].astype(str).isin(report_ids)].reset_index(drop=True)
+    return ExperimentData(
+        runs=runs.reset_index(drop=True), metrics=metrics, load_info={"tracking_uri": uri, "experiments": infos}
+    )

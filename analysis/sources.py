@@ -1,0 +1,264 @@
+"""Bulk readers of MLflow metric histories, one per kind of tracking store.
+
+Design: MLflow's Python client only offers ``get_metric_history(run_id, key)``, one request per run
+per metric (100 runs x 10 metrics = 1000 round trips). Each store has a bulk path instead:
+
+- ``sqlite:`` stores: one SQL query on the store's ``metrics`` table (columns ``run_uuid, key,
+  value, timestamp, step, is_nan``, stable since MLflow 1.x), opened read-only. Legitimate because
+  the sqlite file *is* the store; if the schema ever differs the loader falls back to the client.
+- ``http(s):`` servers: the tracking server's ``/ajax-api/2.0/mlflow/metrics/get-history-bulk-interval``
+  endpoint (the one the MLflow UI uses): one metric key for up to 100 runs per request. It samples
+  at most 2500 rows per run inside ``[start_step, end_step]``, so windows of 2500 steps are
+  requested; a run that returns a full window (several values per step) is re-read in halves.
+- ``file:`` stores (maintenance mode in MLflow 3, needs ``MLFLOW_ALLOW_FILE_STORE=true``): the
+  ``<root>/<experiment_id>/<run_id>/metrics/<key>`` files ("timestamp value step" lines), read directly.
+- anything else: the per-run per-metric client loop (also the benchmark's naive baseline).
+
+Every reader takes ``FetchRequest``s (run, metric keys with their latest step, first step wanted)
+and returns a frame with ``analysis.frames.METRIC_COLUMNS``.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import unquote, urlparse
+
+import pandas as pd
+from tqdm.auto import tqdm
+
+from analysis.frames import METRIC_COLUMNS, empty_metrics, normalize_metrics
+
+BULK_INTERVAL_ENDPOINT = "/ajax-api/2.0/mlflow/metrics/get-history-bulk-interval"
+MAX_RUNS_PER_REQUEST = 100  # mlflow.server.handlers.MAX_RUNS_GET_METRIC_HISTORY_BULK
+MAX_ROWS_PER_RUN = 2500  # mlflow.server.handlers.MAX_RESULTS_PER_RUN
+SQL_CHUNK = 500  # run ids per IN (...) clause (sqlite's variable limit is >= 999)
+
+
+@dataclass
+class FetchRequest:
+    """Points wanted from one run: ``keys`` maps metric -> latest logged step; steps >= from_step."""
+
+    run_id: str
+    experiment_id: str
+    keys: dict[str, int] = field(default_factory=dict)
+    from_step: int | None = None  # None: whole history
+
+
+def _frame(rows: list[tuple] | pd.DataFrame) -> pd.DataFrame:
+    if isinstance(rows, pd.DataFrame):
+        return normalize_metrics(rows) if len(rows) else empty_metrics()
+    if not rows:
+        return empty_metrics()
+    return normalize_metrics(pd.DataFrame(rows, columns=METRIC_COLUMNS))
+
+
+class SqliteSource:
+    """Reads the ``metrics`` table of a ``sqlite:`` store directly (read-only connection)."""
+
+    name = "sqlite-sql"
+
+    def __init__(self, db_path: str | Path) -> None:
+        self.db_path = Path(db_path)
+        if not self.db_path.exists():
+            raise FileNotFoundError(f"MLflow sqlite store {self.db_path} does not exist")
+
+    def _connect(self) -> sqlite3.Connection:
+        return sqlite3.connect(f"file:{self.db_path}?mode=ro", uri=True)
+
+    def fetch(self, requests: list[FetchRequest], progress: bool | None = None) -> pd.DataFrame:
+        sql = (
+            "SELECT run_uuid AS run_id, key AS metric, step, "
+            "CASE WHEN is_nan THEN NULL ELSE value END AS value, timestamp FROM metrics "
+        )
+        full = [r.run_id for r in requests if r.from_step is None]
+        partial = [r for r in requests if r.from_step is not None]
+        chunks: list[tuple[str, list]] = []
+        for i in range(0, len(full), SQL_CHUNK):
+            ids = full[i : i + SQL_CHUNK]
+            chunks.append((sql + f"WHERE run_uuid IN ({','.join('?' * len(ids))})", ids))
+        for r in partial:
+            chunks.append((sql + "WHERE run_uuid = ? AND step >= ?", [r.run_id, int(r.from_step)]))
+        frames = []
+        with self._connect() as con:
+            for query, args in tqdm(chunks, desc="sqlite metrics", unit="query", disable=_quiet(progress, len(chunks))):
+                frames.append(pd.read_sql_query(query, con, params=args))
+        return _frame(pd.concat(frames, ignore_index=True)) if frames else empty_metrics()
+
+
+class FileStoreSource:
+    """Reads a ``file:`` store's metric files ("timestamp value step" per line) directly."""
+
+    name = "file-store"
+
+    def __init__(self, root: str | Path) -> None:
+        self.root = Path(root)
+
+    def fetch(self, requests: list[FetchRequest], progress: bool | None = None) -> pd.DataFrame:
+        frames = []
+        total = sum(len(r.keys) for r in requests)
+        with tqdm(total=total, desc="metric files", unit="file", disable=_quiet(progress, total)) as bar:
+            for r in requests:
+                base = self.root / r.experiment_id / r.run_id / "metrics"
+                for key in r.keys:
+                    path = base / key
+                    bar.update(1)
+                    if not path.exists():
+                        continue
+                    df = pd.read_csv(path, sep=" ", header=None, names=["timestamp", "value", "step"])
+                    if r.from_step is not None:
+                        df = df[df["step"] >= r.from_step]
+                    df["run_id"], df["metric"] = r.run_id, key
+                    frames.append(df)
+        return _frame(pd.concat(frames, ignore_index=True)) if frames else empty_metrics()
+
+
+class RestSource:
+    """Reads a tracking server through its bulk-interval endpoint (see module docstring)."""
+
+    name = "rest-bulk-interval"
+
+    def __init__(self, get_host_creds, workers: int = 4) -> None:
+        self.get_host_creds = get_host_creds
+        self.workers = workers
+
+    def _get(self, run_ids: list[str], key: str, start: int, end: int) -> list[dict]:
+        from mlflow.utils.rest_utils import http_request_safe
+
+        params = {
+            "run_ids": run_ids,
+            "metric_key": key,
+            "start_step": start,
+            "end_step": end,
+            "max_results": MAX_ROWS_PER_RUN,
+        }
+        response = http_request_safe(self.get_host_creds(), BULK_INTERVAL_ENDPOINT, "GET", params=params)
+        return response.json().get("metrics", [])
+
+    def _fetch_window(self, run_ids: list[str], key: str, start: int, end: int) -> list[dict]:
+        """All points of ``key`` with start <= step <= end, re-reading runs whose window was full."""
+        rows = self._get(run_ids, key, start, end)
+        counts: dict[str, int] = {}
+        for row in rows:
+            counts[row["run_id"]] = counts.get(row["run_id"], 0) + 1
+        full = [rid for rid, n in counts.items() if n >= MAX_ROWS_PER_RUN]
+        if not full:
+            return rows
+        if start == end:
+            raise RuntimeError(
+                f"metric {key!r} has more than {MAX_ROWS_PER_RUN} values at step {start} in runs {full}; "
+                "the bulk endpoint cannot return them all (use a sqlite store or the client reader)"
+            )
+        rows = [row for row in rows if row["run_id"] not in set(full)]
+        mid = (start + end) // 2
+        return rows + self._fetch_window(full, key, start, mid) + self._fetch_window(full, key, mid + 1, end)
+
+    def _jobs(self, requests: list[FetchRequest]) -> list[tuple[list[str], str, int, int]]:
+        groups: dict[tuple[str, int], list[tuple[str, int]]] = {}
+        for r in requests:
+            for key, last in r.keys.items():
+                groups.setdefault((key, r.from_step or 0), []).append((r.run_id, int(last)))
+        jobs = []
+        for (key, first), runs in groups.items():
+            for i in range(0, len(runs), MAX_RUNS_PER_REQUEST):
+                batch = runs[i : i + MAX_RUNS_PER_REQUEST]
+                last = max(step for _, step in batch)
+                ids = [rid for rid, _ in batch]
+                for start in range(first, last + 1, MAX_ROWS_PER_RUN):
+                    jobs.append((ids, key, start, min(start + MAX_ROWS_PER_RUN - 1, last)))
+        return jobs
+
+    def fetch(self, requests: list[FetchRequest], progress: bool | None = None) -> pd.DataFrame:
+        jobs = self._jobs(requests)
+        rows: list[dict] = []
+        with ThreadPoolExecutor(max_workers=self.workers) as pool:
+            results = pool.map(lambda job: self._fetch_window(*job), jobs)
+            for part in tqdm(
+                results, total=len(jobs), desc="bulk metric requests", unit="req", disable=_quiet(progress, len(jobs))
+            ):
+                rows.extend(part)
+        if not rows:
+            return empty_metrics()
+        df = pd.DataFrame(rows).rename(columns={"key": "metric"})
+        df["value"] = [float(v) for v in df["value"]]  # "NaN"/"Infinity" strings from protobuf JSON
+        return _frame(df[METRIC_COLUMNS])
+
+
+class ClientSource:
+    """The naive reader: ``MlflowClient.get_metric_history`` once per run per metric."""
+
+    name = "client-per-metric"
+
+    def __init__(self, client) -> None:
+        self.client = client
+
+    def fetch(self, requests: list[FetchRequest], progress: bool | None = None) -> pd.DataFrame:
+        rows: list[tuple] = []
+        total = sum(len(r.keys) for r in requests)
+        with tqdm(total=total, desc="metric histories", unit="metric", disable=_quiet(progress, total)) as bar:
+            for r in requests:
+                for key in r.keys:
+                    for m in self.client.get_metric_history(r.run_id, key):
+                        if r.from_step is None or m.step >= r.from_step:
+                            rows.append((r.run_id, key, m.step, m.value, m.timestamp))
+                    bar.update(1)
+        return _frame(rows)
+
+
+def sqlite_path(tracking_uri: str) -> Path | None:
+    """The database file of a ``sqlite:///path`` URI (relative or ``sqlite:////abs``), else None."""
+    if not tracking_uri.startswith("sqlite:///"):
+        return None
+    path = tracking_uri[len("sqlite:///") :].split("?", 1)[0]
+    if path in ("", ":memory:"):
+        return None
+    return Path(unquote(path)).resolve()
+
+
+def file_store_root(tracking_uri: str) -> Path | None:
+    """The root directory of a ``file:`` (or plain path) tracking URI, else None."""
+    parsed = urlparse(tracking_uri)
+    if parsed.scheme == "file":
+        return Path(unquote(parsed.path))
+    if parsed.scheme == "" and tracking_uri:
+        return Path(tracking_uri).resolve()
+    return None
+
+
+def pick_source(client, tracking_uri: str, bulk: bool = True):
+    """The fastest reader for ``tracking_uri`` (``bulk=False``: the per-metric client loop)."""
+    if not bulk:
+        return ClientSource(client)
+    db = sqlite_path(tracking_uri)
+    if db is not None and db.exists() and _has_metrics_table(db):
+        return SqliteSource(db)
+    if urlparse(tracking_uri).scheme in ("http", "https"):
+        store = client._tracking_client.store  # RestStore; its host creds carry auth and TLS settings
+        if hasattr(store, "get_host_creds"):
+            return RestSource(store.get_host_creds, workers=int(os.environ.get("TRUSTBENCH_LOAD_WORKERS", 4)))
+    root = file_store_root(tracking_uri)
+    if root is not None and root.is_dir():
+        return FileStoreSource(root)
+    return ClientSource(client)
+
+
+def _has_metrics_table(db: Path) -> bool:
+    try:
+        con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+        try:
+            cols = {row[1] for row in con.execute("PRAGMA table_info(metrics)")}
+        finally:
+            con.close()
+    except sqlite3.Error:
+        return False
+    return {"run_uuid", "key", "value", "timestamp", "step", "is_nan"} <= cols
+
+
+def _quiet(progress: bool | None, n: int) -> bool | None:
+    """tqdm's ``disable``: explicit choice, else quiet for tiny loads and non-terminals."""
+    if progress is not None:
+        return not progress
+    return True if n < 20 else None

@@ -1,0 +1,335 @@
+"""Synthetic sweeps logged into a real MLflow store, for tests, benchmarks and report previews.
+
+Design: every curve is a closed-form function of the step plus seeded Gaussian noise, so a test can
+recompute any table entry with numpy from the arrays returned by ``log_synthetic_experiment``
+(they are exactly what was logged) without calling the analysis code. Runs use the metric names
+and tags of ``runners.schema`` and are tagged ``trustbench.synthetic=1`` (reports show a banner).
+``profile(name)`` gives a sweep shaped like each registered report (``reports.registry``).
+
+    python -m analysis.synthetic troll_table1 --tracking-uri sqlite:///$PWD/.trustbench/mlflow.db
+    trustbench report troll_table1
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+import pandas as pd
+
+from analysis.frames import ExperimentData, normalize_metrics
+from runners import schema
+
+TAG_SYNTHETIC = "trustbench.synthetic"
+# response-length buckets of the TRM acceptance metrics and TV position buckets
+LENGTH_BUCKETS = ((0, 256), (256, 1024), (1024, 4096), (4096, 8192))
+POSITION_BUCKETS = ((0, 64), (64, 256), (256, 1024), (1024, 4096))
+
+
+@dataclass
+class SyntheticMethod:
+    """One method of a synthetic sweep: tags, the curve parameters and method-specific params."""
+
+    label: str
+    tags: dict[str, str]
+    final: float = 0.6  # asymptotic training success
+    rate: float = 0.05  # learning speed per step
+    entropy0: float = 0.8  # initial token entropy (nats)
+    entropy_decay: float = 0.01  # entropy ~ entropy0 * exp(-decay * t)
+    violation_p: float = 1e-4  # TRM per-token violation probability (acceptance by length)
+    params: dict[str, object] = field(default_factory=dict)
+
+
+@dataclass
+class SyntheticSpec:
+    experiment: str
+    methods: list[SyntheticMethod]
+    seeds: tuple[int, ...] = (0, 1, 2)
+    steps: int = 60
+    eval_every: int = 10
+    eval_sets: tuple[str, ...] = ("dapo_eval",)
+    model: str = "qwen3-8b"
+    dataset: str = "dapo_math"
+    families: frozenset[str] = frozenset({"core", "timing", "perf"})  # + "troll", "trm", "roofline"
+    noise: float = 0.02
+
+
+def _rng(*keys: object) -> np.random.Generator:
+    digest = hashlib.sha256("|".join(map(str, keys)).encode()).digest()
+    return np.random.default_rng(int.from_bytes(digest[:8], "little"))
+
+
+def generate_run(spec: SyntheticSpec, method: SyntheticMethod, seed: int) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """All curves of one run: {metric: (steps [S] int, values [S] float)} (steps start at 1)."""
+    rng = _rng(spec.experiment, method.label, seed)
+    steps = np.arange(1, spec.steps + 1)
+    t = steps.astype(float)
+    learn = 1.0 - np.exp(-method.rate * t)
+
+    def noisy(x: np.ndarray, scale: float = spec.noise, lo: float = 0.0, hi: float = np.inf) -> np.ndarray:
+        return np.clip(x + rng.normal(0.0, scale, size=x.shape), lo, hi)
+
+    out: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    out[schema.SCORE_MEAN] = (steps, noisy(method.final * learn, hi=1.0))
+    eval_steps = np.unique(np.r_[0, steps[steps % spec.eval_every == 0]])
+    for k, data in enumerate(spec.eval_sets):
+        scale = 0.95 - 0.08 * k
+        x = method.final * scale * (1.0 - np.exp(-method.rate * eval_steps)) + 0.05
+        out[schema.val_acc_mean(data, 1)] = (eval_steps, noisy(x, hi=1.0))
+    out[schema.ENTROPY] = (steps, noisy(method.entropy0 * np.exp(-method.entropy_decay * t), 0.01, lo=1e-3))
+    out[schema.RESPONSE_LENGTH_MEAN] = (steps, noisy(200.0 + 150.0 * learn, 5.0, lo=1.0))
+    objective = method.tags.get(schema.TAG_OBJECTIVE, "clip")
+    if objective == "troll":
+        out[schema.TROLL_PROJECTED_FRAC] = (steps, noisy(np.full_like(t, 2e-3) * (1 + t / spec.steps), 2e-4, lo=0.0))
+        out[schema.TROLL_KEPT_TOKENS] = (steps, noisy(np.full_like(t, 7.0), 0.5, lo=1.0))
+    else:
+        out[schema.PG_CLIPFRAC] = (steps, noisy(np.full_like(t, 1.5e-3), 2e-4, lo=0.0))
+    if "timing" in spec.families:
+        critic = method.tags.get(schema.TAG_ESTIMATOR) in ("gae", "egae")
+        truncated = method.tags.get(schema.TAG_ALGORITHM) == "tppo"
+        phases = {
+            schema.TIMING_GEN: 12.0 / (2.5 if truncated else 1.0),
+            schema.TIMING_OLD_LOG_PROB: 2.0,
+            schema.TIMING_UPDATE_ACTOR: 5.0 + (1.0 if objective == "troll" else 0.0),
+            schema.TIMING_UPDATE_CRITIC: 3.0 if critic else 0.0,
+        }
+        total = np.zeros_like(t)
+        for name, mean in phases.items():
+            if mean > 0:
+                vals = noisy(np.full_like(t, mean), 0.3, lo=0.01)
+                out[name] = (steps, vals)
+                total += vals
+        out[schema.TIMING_STEP] = (steps, total + noisy(np.full_like(t, 0.5), 0.05, lo=0.0))
+    if "perf" in spec.families:
+        base = 25.0 + (1.8 if objective == "troll" else 0.0) + (-0.6 if "chunk" in method.label.lower() else 0.0)
+        out[schema.MAX_MEMORY_ALLOCATED_GB] = (steps, noisy(np.full_like(t, base), 0.2, lo=0.1))
+    if "roofline" in spec.families:
+        ai = 250.0 if method.tags.get(schema.TAG_ALGORITHM) == "tppo" else 85.0
+        out[schema.ROLLOUT_ARITHMETIC_INTENSITY] = (steps, noisy(np.full_like(t, ai), 5.0, lo=1.0))
+        out[schema.ROLLOUT_TFLOPS] = (steps, noisy(np.full_like(t, ai * 3.35 * 0.6), 10.0, lo=1.0))
+    if "trm" in spec.families:
+        p = method.violation_p
+        accept_buckets = []
+        for lo, hi in LENGTH_BUCKETS:
+            mid = 0.5 * (lo + hi)
+            vals = noisy(np.full_like(t, (1.0 - p) ** mid), 0.01, hi=1.0)
+            out[schema.trm_accept_rate_bucket(lo, hi)] = (steps, vals)
+            accept_buckets.append(vals)
+        out[schema.TRM_ACCEPT_RATE] = (steps, np.mean(accept_buckets, axis=0))
+        out[schema.TRM_PPL_GAP] = (steps, noisy(np.full_like(t, 0.01 + 50 * p), 0.002, lo=0.0))
+        out[schema.TRM_MAX_KL] = (steps, noisy(np.full_like(t, 2e-4 + p), 1e-5, lo=0.0))
+        out[schema.TRM_MEAN_KL] = (steps, noisy(np.full_like(t, 1e-5 + p / 10), 1e-6, lo=0.0))
+        for lo, hi in POSITION_BUCKETS:
+            out[schema.trm_tv_position_bucket(lo, hi)] = (
+                steps,
+                noisy(np.full_like(t, 2e-3 / (1 + lo / 256)), 1e-4, lo=0.0, hi=1.0),
+            )
+    return out
+
+
+def run_params(spec: SyntheticSpec, method: SyntheticMethod, seed: int) -> dict[str, object]:
+    """The flattened config params a synthetic run logs (what differs between methods shows in the config diff)."""
+    return {
+        "seed": seed,
+        "model.name": spec.model,
+        "dataset.name": spec.dataset,
+        "trainer.total_steps": spec.steps,
+        "trainer.test_freq": spec.eval_every,
+        "algorithm.name": method.tags.get(schema.TAG_ALGORITHM, method.label),
+        "algorithm.objective": method.tags.get(schema.TAG_OBJECTIVE, "clip"),
+        "algorithm.mask": method.tags.get(schema.TAG_MASK, "none"),
+        "optim.lr": 1e-6,
+        **method.params,
+    }
+
+
+def log_synthetic_experiment(tracking_uri: str, spec: SyntheticSpec) -> dict[tuple[str, int], dict]:
+    """Log ``spec`` into ``tracking_uri``; returns {(method label, seed): {"run_id", "curves"}}."""
+    from mlflow import MlflowClient
+    from mlflow.entities import Metric, Param
+
+    client = MlflowClient(tracking_uri)
+    exp = client.get_experiment_by_name(spec.experiment)
+    if exp is None:
+        from runners.paths import artifact_root
+
+        exp_id = client.create_experiment(
+            spec.experiment, artifact_location=(artifact_root() / spec.experiment).as_uri()
+        )
+    else:
+        exp_id = exp.experiment_id
+    truth = {}
+    for method in spec.methods:
+        for seed in spec.seeds:
+            tags = {
+                schema.TAG_METHOD: method.label,
+                schema.TAG_MODEL: spec.model,
+                schema.TAG_DATASET: spec.dataset,
+                schema.TAG_SEED: str(seed),
+                schema.TAG_SWEEP: spec.experiment,
+                schema.TAG_BACKEND: "synthetic",
+                TAG_SYNTHETIC: "1",
+                **method.tags,
+            }
+            run = client.create_run(exp_id, run_name=f"{method.label}-s{seed}", tags=tags)
+            run_id = run.info.run_id
+            params = run_params(spec, method, seed)
+            client.log_batch(run_id, params=[Param(k, str(v)) for k, v in params.items()])
+            curves = generate_run(spec, method, seed)
+            points = [
+                Metric(key, float(v), 1_700_000_000_000 + int(s) * 1000, int(s))
+                for key, (steps, values) in curves.items()
+                for s, v in zip(steps, values)
+            ]
+            for i in range(0, len(points), 1000):
+                client.log_batch(run_id, metrics=points[i : i + 1000])
+            client.set_terminated(run_id)
+            truth[(method.label, seed)] = {"run_id": run_id, "curves": curves}
+    return truth
+
+
+def synthetic_data(spec: SyntheticSpec) -> tuple[ExperimentData, dict[tuple[str, int], dict]]:
+    """The frames ``load_experiment`` would return for ``spec`` once logged, built in memory
+    (for tests of tables and reports that do not exercise MLflow); run ids are "<label>-s<seed>"."""
+    runs, points, truth = [], [], {}
+    for i, method in enumerate(spec.methods):
+        for seed in spec.seeds:
+            run_id = f"{method.label}-s{seed}"
+            tags = {
+                schema.TAG_METHOD: method.label,
+                schema.TAG_MODEL: spec.model,
+                schema.TAG_DATASET: spec.dataset,
+                schema.TAG_SEED: str(seed),
+                schema.TAG_SWEEP: spec.experiment,
+                TAG_SYNTHETIC: "1",
+                **method.tags,
+            }
+            runs.append(
+                {
+                    "run_id": run_id,
+                    "experiment": spec.experiment,
+                    "experiment_id": "0",
+                    "run_name": run_id,
+                    "status": "FINISHED",
+                    "start_time": i,
+                    "end_time": i + 1,
+                    **{f"tags.{k}": v for k, v in tags.items()},
+                    **{f"params.{k}": str(v) for k, v in run_params(spec, method, seed).items()},
+                }
+            )
+            curves = generate_run(spec, method, seed)
+            for key, (steps, values) in curves.items():
+                points.append(
+                    pd.DataFrame(
+                        {"run_id": run_id, "metric": key, "step": steps, "value": values, "timestamp": steps * 1000}
+                    )
+                )
+            truth[(method.label, seed)] = {"run_id": run_id, "curves": curves}
+    metrics = normalize_metrics(pd.concat(points, ignore_index=True))
+    return ExperimentData(runs=pd.DataFrame(runs), metrics=metrics), truth
+
+
+def _m(label: str, algorithm: str, objective: str = "clip", estimator: str | None = None, **kw) -> SyntheticMethod:
+    tags = {schema.TAG_ALGORITHM: algorithm, schema.TAG_OBJECTIVE: objective}
+    tags[schema.TAG_ESTIMATOR] = estimator or {"ppo": "gae", "tppo": "egae", "gspo": "grpo"}.get(algorithm, algorithm)
+    for key in (schema.TAG_MASK, schema.TAG_ENTROPY_CONTROL):
+        if key in kw:
+            tags[key] = kw.pop(key)
+    return SyntheticMethod(label, tags, **kw)
+
+
+def profile(experiment: str, steps: int = 60, seeds: tuple[int, ...] = (0, 1, 2)) -> SyntheticSpec:
+    """A synthetic sweep shaped like the report registered for ``experiment`` (generic otherwise)."""
+    math7 = ("aime24", "aime25", "amc", "math500", "omni_math", "olympiadbench", "minerva")
+    specs = {
+        "demo": SyntheticSpec(
+            "demo",
+            [_m("GRPO", "grpo", final=0.5), _m("GRPO+TROLL", "grpo", "troll", final=0.6, rate=0.08)],
+            eval_sets=("embedded_test",),
+            model="tiny-qwen2",
+            dataset="embedded",
+        ),
+        "troll_table1": SyntheticSpec(
+            "troll_table1",
+            [
+                _m("GRPO", "grpo", final=0.62),
+                _m("GRPO+TROLL", "grpo", "troll", final=0.7, rate=0.08),
+                _m("Dr.GRPO", "drgrpo", final=0.64),
+                _m("Dr.GRPO+TROLL", "drgrpo", "troll", final=0.7, rate=0.08),
+                _m("GSPO", "gspo", final=0.2),
+                _m("GSPO+TROLL", "gspo", "troll", final=0.7, rate=0.08),
+            ],
+            eval_sets=("dapo_eval", "math_eval"),
+            families=frozenset({"core", "timing", "perf"}),
+        ),
+        "troll_table4": SyntheticSpec(
+            "troll_table4",
+            [_m("GRPO", "grpo", final=0.55), _m("GRPO+TROLL", "grpo", "troll", final=0.62, rate=0.08)],
+            eval_sets=math7,
+        ),
+        "troll_table5": SyntheticSpec(
+            "troll_table5",
+            [
+                _m("GRPO", "grpo"),
+                _m("GRPO+TROLL", "grpo", "troll"),
+                _m("GRPO+TROLL (chunked)", "grpo", "troll", params={"algorithm.troll.chunk_size": 1024}),
+            ],
+            model="qwen3-1.7b",
+            dataset="gsm8k",
+            eval_sets=("gsm8k",),
+        ),
+        "entropy_tables": SyntheticSpec(
+            "entropy_tables",
+            [
+                _m("RLOO", "rloo", final=0.5, entropy_decay=0.002),
+                _m("GRPO", "grpo", final=0.47, entropy_decay=0.02),
+                _m("DAPO", "dapo", final=0.45, entropy_decay=-0.01),
+                _m("ADAPO", "adapo", final=0.46, entropy_decay=0.0, entropy_control="adapo"),
+                _m("REPO-R", "repo_r", final=0.48, entropy_decay=-0.003, entropy_control="repo_r"),
+            ],
+            eval_sets=("aime24", "aime25"),
+            dataset="dapo_math",
+        ),
+        "tppo_table1": SyntheticSpec(
+            "tppo_table1",
+            [_m("PPO", "ppo", final=0.5), _m("T-PPO", "tppo", final=0.6, rate=0.07)],
+            eval_sets=("aime24",),
+            model="qwen2.5-32b",
+            families=frozenset({"core", "timing", "perf", "roofline"}),
+        ),
+        "trm_acceptance": SyntheticSpec(
+            "trm_acceptance",
+            [
+                _m("Token-IS", "token_is", "token_is", mask="none", violation_p=1e-3),
+                _m("PPO-Clip", "grpo", "clip", mask="none", violation_p=1e-3),
+                _m("TRM-Max", "grpo", "token_is", mask="trm_max", violation_p=1e-4),
+                _m("TRM-Avg", "grpo", "token_is", mask="trm_avg", violation_p=2e-4),
+            ],
+            eval_sets=("aime25",),
+            model="qwen3-8b-base",
+            families=frozenset({"core", "timing", "trm"}),
+        ),
+    }
+    spec = specs.get(experiment) or replace(specs["demo"], experiment=experiment)
+    return replace(spec, steps=steps, seeds=seeds)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Log a synthetic sweep shaped like a registered report.")
+    parser.add_argument("experiment")
+    parser.add_argument("--tracking-uri", default=None)
+    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--seeds", type=int, default=3)
+    args = parser.parse_args(argv)
+    from runners.paths import default_tracking_uri
+
+    uri = args.tracking_uri or default_tracking_uri()
+    truth = log_synthetic_experiment(uri, profile(args.experiment, args.steps, tuple(range(args.seeds))))
+    print(f"logged {len(truth)} synthetic runs into experiment {args.experiment!r} at {uri}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
