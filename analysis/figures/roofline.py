@@ -1,0 +1,97 @@
+"""Roofline of the rollout phase (tppo.txt Figure 5) and the analytical decode arithmetic intensity.
+
+Left: ceilings ``min(peak, AI x bandwidth)`` of every accelerator in ``analysis/data/hardware.csv``,
+the paper's two points (T-PPO 249, PPO 84 FLOP/byte on an H800) and our runs' measured points
+(``perf/rollout_arithmetic_intensity``, ``perf/rollout_tflops``; median over steps) when logged.
+Right: analytical AI (ALGORITHMS.md section 9) vs batch for several contexts of one model config.
+"""
+
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+import numpy as np
+
+from analysis.aggregate import per_run
+from analysis.figures.style import PALETTE, Figure, method_styles, render, setup
+from analysis.frames import ExperimentData
+from analysis.paper_data import model_configs, paper_table
+from analysis.roofline import attainable_tflops, decode_arithmetic_intensity, hardware_table
+from runners import schema
+
+
+def roofline_figure(
+    data: ExperimentData | None = None, model: str = "Qwen2.5-32B", contexts: tuple[int, ...] = (0, 2048, 8192, 24576)
+) -> Figure:
+    setup()
+    hw = hardware_table()
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(10, 3.9))
+    ai = np.geomspace(1, 1e4, 300)
+    for i, row in hw.iterrows():
+        ax.plot(
+            ai,
+            attainable_tflops(ai, row["bf16_dense_tflops"], row["mem_bw_tbs"]),
+            color=PALETTE[i],
+            lw=1.3,
+            label=f"{row['name']} (ridge {row['ridge']:.0f})",
+        )
+    h800 = hw[hw["name"] == "H800"].iloc[0]
+    for _, p in paper_table("tppo_roofline").iterrows():
+        x = float(p["arithmetic_intensity_flop_per_byte"])
+        y = float(attainable_tflops(x, h800["bf16_dense_tflops"], h800["mem_bw_tbs"]))
+        ax.scatter([x], [y], marker="*", s=90, color="black", zorder=5)
+        ax.annotate(f"paper {p['method']} ({x:.0f})", (x, y), textcoords="offset points", xytext=(4, -12), fontsize=7)
+    measured = ""
+    if data is not None and {schema.ROLLOUT_ARITHMETIC_INTENSITY, schema.ROLLOUT_TFLOPS} <= set(data.metric_names()):
+        x = per_run(data, schema.ROLLOUT_ARITHMETIC_INTENSITY, "median").set_index("run_id")
+        y = per_run(data, schema.ROLLOUT_TFLOPS, "median").set_index("run_id")["value"]
+        styles = method_styles(data.labels())
+        for method, g in x.groupby(schema.TAG_METHOD, sort=False):
+            ax.scatter(
+                g["value"],
+                y.reindex(g.index),
+                marker="o",
+                s=28,
+                color=styles.get(method, {}).get("color"),
+                edgecolor="black",
+                lw=0.5,
+                zorder=6,
+                label=f"ours: {method}",
+            )
+        measured = " Circles: our runs (median over steps per run)."
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("arithmetic intensity (FLOP/byte)")
+    ax.set_ylabel("attainable BF16 performance (TFLOP/s)")
+    ax.set_title("Roofline (dense BF16)", fontsize=9)
+    ax.legend(fontsize=6, loc="lower right")
+    cfg = model_configs()[model]
+    B = np.arange(1, 1025)
+    for j, c in enumerate(contexts):
+        ax2.plot(
+            B,
+            decode_arithmetic_intensity(
+                B, c, cfg["params"], cfg["layers"], cfg["q_heads"], cfg["kv_heads"], cfg["head_dim"]
+            ),
+            color=PALETTE[j],
+            label=f"context {c}",
+        )
+    ax2.axhline(h800["ridge"], color="0.4", ls=":", lw=1)
+    ax2.annotate(f"H800 ridge {h800['ridge']:.0f}", (1.2, h800["ridge"] * 1.08), fontsize=7)
+    ax2.set_xscale("log")
+    ax2.set_yscale("log")
+    ax2.set_xlabel("decode batch size B (sequences)")
+    ax2.set_ylabel("arithmetic intensity (FLOP/byte)")
+    ax2.set_title(f"Analytical decode intensity, {model} (bf16)", fontsize=9)
+    ax2.legend(fontsize=7)
+    fig.tight_layout()
+    return render(
+        fig,
+        "roofline",
+        "Roofline of the rollout phase",
+        "Left: roofline ceilings of the accelerators in analysis/data/hardware.csv, with the arithmetic intensity tppo.txt reports for "
+        "policy rollout on an H800 (stars: T-PPO 249, PPO 84 FLOP/byte)."
+        + measured
+        + " Right: decode arithmetic intensity "
+        "AI = B(2P + 4 L n_q d c) / (2P + B c 4 L n_kv d) (ALGORITHMS.md section 9); without context AI = B.",
+        reproduces="tppo.txt Figure 5",
+    )

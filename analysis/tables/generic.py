@@ -1,0 +1,105 @@
+"""Tables for any experiment: run overview, final value of every metric per method, config diff."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from analysis.aggregate import per_run, summarize
+from analysis.frames import ExperimentData
+from analysis.skip import SkipItem
+from analysis.tables.base import MISSING, Table, fmt_mean_std
+from runners import schema
+
+# params that always differ between runs and say nothing about the compared methods
+_IGNORED_PARAMS = ("seed",)
+
+
+def overview_table(data: ExperimentData) -> Table:
+    """Runs per method: seeds, status counts, last step logged."""
+    labels = data.labels()
+    if not len(labels):
+        raise SkipItem("the experiment has no runs")
+    last = data.metrics.astype({"run_id": str}).groupby("run_id")["step"].max()
+    labels["last_step"] = labels["run_id"].map(last)
+    rows = []
+    for method, g in labels.groupby(schema.TAG_METHOD, sort=False):
+        rows.append(
+            {
+                "Method": method,
+                "runs": len(g),
+                "seeds": ", ".join(str(s) for s in sorted(g[schema.TAG_SEED]) if s >= 0) or MISSING,
+                "model": ", ".join(sorted(g[schema.TAG_MODEL].dropna().astype(str).unique())) or MISSING,
+                "dataset": ", ".join(sorted(g[schema.TAG_DATASET].dropna().astype(str).unique())) or MISSING,
+                "status": ", ".join(f"{k}×{v}" for k, v in g["status"].value_counts().items()),
+                "last step": int(g["last_step"].max()) if g["last_step"].notna().any() else -1,
+            }
+        )
+    frame = pd.DataFrame(rows).set_index("Method")
+    return Table(
+        key="overview",
+        title="Runs",
+        caption="Runs of the experiment grouped by method (the run's 'method' tag): seeds, model, data set, MLflow status, last logged step.",
+        values=frame,
+        display=frame.astype(str),
+    )
+
+
+def final_metrics_table(
+    data: ExperimentData, metrics: list[str] | None = None, last_n: int = 3, max_metrics: int = 12
+) -> Table:
+    """Mean ± std over seeds of each run's final value (mean of last ``last_n`` points) per metric."""
+    names = metrics or data.metric_names()
+    names = [m for m in names if m in set(data.metric_names())][:max_metrics]
+    if not names:
+        raise SkipItem("no metrics logged")
+    methods = list(dict.fromkeys(data.labels()[schema.TAG_METHOD]))
+    values = pd.DataFrame(np.nan, index=pd.Index(methods, name="Method"), columns=pd.Index(names, name="metric"))
+    std = values.copy()
+    display = pd.DataFrame(MISSING, index=values.index, columns=values.columns)
+    for m in names:
+        s = summarize(per_run(data, m, "final", last_n), ci=False).set_index(schema.TAG_METHOD)
+        for method in methods:
+            if method in s.index:
+                values.loc[method, m], std.loc[method, m] = s.at[method, "mean"], s.at[method, "std"]
+                display.loc[method, m] = fmt_mean_std(s.at[method, "mean"], s.at[method, "std"], 3)
+    return Table(
+        key="final_metrics",
+        title="Final values",
+        caption=f"Mean ± std over seeds of each run's final value (mean of its last {last_n} logged points).",
+        values=values,
+        display=display,
+        aux={"std": std},
+    )
+
+
+def config_diff_table(data: ExperimentData, max_rows: int = 40) -> Table:
+    """Params that differ between runs, one column per method ("a | b" where seeds of a method differ)."""
+    runs = data.runs
+    pcols = [c for c in runs.columns if c.startswith("params.") and c[7:] not in _IGNORED_PARAMS]
+    differing = [c for c in pcols if runs[c].astype(str).nunique(dropna=False) > 1]
+    if not differing:
+        raise SkipItem("all runs share the same params (apart from the seed)")
+    labels = data.labels()
+    methods = list(dict.fromkeys(labels[schema.TAG_METHOD]))
+    by_method = {m: runs[labels[schema.TAG_METHOD].to_numpy() == m] for m in methods}
+    notes = []
+    if len(differing) > max_rows:
+        notes.append(f"{len(differing) - max_rows} more differing params not shown")
+    rows = differing[:max_rows]
+    display = pd.DataFrame(
+        MISSING, index=pd.Index([c[7:] for c in rows], name="param"), columns=pd.Index(methods, name="Method")
+    )
+    for c in rows:
+        for m, g in by_method.items():
+            vals = sorted({str(v) if pd.notna(v) else MISSING for v in g[c]})
+            display.loc[c[7:], m] = " | ".join(vals)
+    return Table(
+        key="config_diff",
+        title="Config differences",
+        caption="Resolved-config params (MLflow params, dotted keys) that differ between the compared runs; "
+        "params equal in every run are omitted, and so is the seed.",
+        values=display.copy(),
+        display=display,
+        notes=notes,
+    )
