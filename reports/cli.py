@@ -1,0 +1,133 @@
+"""``trustbench report`` and ``trustbench bounds``: argparse subcommands the main CLI mounts.
+
+    trustbench report troll_table1                       # .trustbench/reports/troll_table1/report.{html,pdf}
+    trustbench report demo --no-pdf --out /tmp/r         # HTML only, elsewhere
+    trustbench bounds --T 4096 --delta 1e-4 --d-seq 0.01 --out bounds.svg
+
+``runners/cli.py`` calls ``add_report_parser(subparsers)`` and ``add_bounds_parser(subparsers)``;
+each sets ``func`` to a function of the parsed args returning the exit code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def add_report_parser(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "report",
+        help="build an experiment's report (HTML + PDF) from its MLflow runs",
+        description="Load the runs of EXPERIMENT from MLflow (cached, refreshed incrementally), build the tables and "
+        "figures registered for it (reports/registry.py; unknown experiments get a generic report) and write "
+        "report.html (self-contained), report.pdf (headless Chromium), Markdown and LaTeX tables.",
+    )
+    p.add_argument("experiment", help="MLflow experiment (= sweep) name, e.g. troll_table1")
+    p.add_argument(
+        "--tracking-uri",
+        default=None,
+        help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI or .trustbench/mlflow.db)",
+    )
+    p.add_argument("--out", default=None, help="output directory (default: .trustbench/reports/EXPERIMENT)")
+    p.add_argument("--no-pdf", action="store_true", help="skip the PDF (no Chromium needed)")
+    p.add_argument("--no-mlflow", action="store_true", help="do not log the report as MLflow artifacts")
+    refresh = p.add_mutually_exclusive_group()
+    refresh.add_argument(
+        "--offline", action="store_true", help="use the local cache only when it exists (no store access)"
+    )
+    refresh.add_argument("--full-refresh", action="store_true", help="ignore the cache and re-read every run")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.set_defaults(func=run_report)
+    return p
+
+
+def run_report(args: argparse.Namespace) -> int:
+    from analysis.load import ExperimentNotFoundError
+    from reports.build import build_report
+    from reports.chromium import ChromiumMissingError
+
+    refresh = False if args.offline else ("full" if args.full_refresh else True)
+    try:
+        result = build_report(
+            args.experiment,
+            tracking_uri=args.tracking_uri,
+            out_dir=args.out,
+            pdf=not args.no_pdf,
+            log_to_mlflow=not args.no_mlflow,
+            refresh=refresh,
+            progress=False if args.quiet else None,
+        )
+    except ExperimentNotFoundError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except ChromiumMissingError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 3
+    ok = sum(1 for i in result.items if i.status == "ok")
+    print(f"report {result.spec.name!r} for experiment {args.experiment!r}: {ok}/{len(result.items)} items")
+    for item in result.items:
+        if item.status != "ok":
+            print(f"  {item.status}: {item.kind} {item.key}: {item.reason.splitlines()[0]}")
+    print(f"  html: {result.html}")
+    if result.pdf:
+        print(f"  pdf:  {result.pdf}")
+    if result.mlflow_run_id:
+        print(f"  mlflow: artifacts of run {result.mlflow_run_id} (report/)")
+    return 1 if result.failures else 0
+
+
+def add_bounds_parser(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "bounds",
+        help="print TRM error bounds for a sequence length and divergence (trm.txt section 4)",
+        description="Print the classical, linear, Pinsker-Marginal, Mixed (with --d-seq) and unified bounds on "
+        "|J(theta) - J(roll) - L(theta)| for sequence length T and max token KL delta; --out also plots them vs T.",
+    )
+    p.add_argument("--T", type=int, required=True, help="sequence length in tokens")
+    p.add_argument("--delta", type=float, required=True, help="max per-token KL divergence (rollout -> training)")
+    p.add_argument("--d-seq", type=float, default=None, help="sequence-level KL D_seq (enables the Mixed bound)")
+    p.add_argument("--no-cap", action="store_true", help="uncapped forms (the paper's 'without caps' column)")
+    p.add_argument("--out", default=None, help="write a plot of the bounds vs T (svg, png or pdf by extension)")
+    p.add_argument("--t-max", type=int, default=None, help="largest T of the plot (default: 4 x --T)")
+    p.set_defaults(func=run_bounds)
+    return p
+
+
+def format_bounds(T: int, delta: float, d_seq: float | None, cap: bool = True) -> str:
+    from runners.algorithms.bounds import error_bounds
+
+    b = error_bounds(T, delta, d_seq=d_seq, cap=cap)
+    labels = {
+        "classical": "Classical (TRPO), T(T-1)δ",
+        "linear": "Linear, 4T·min(1,√(δ/2))",
+        "pinsker_marginal": "Pinsker-Marginal",
+        "mixed": "Mixed" + (f" (D_seq={d_seq:g})" if d_seq is not None else " (needs --d-seq)"),
+        "best": "Unified (min of PM, Mixed)",
+    }
+    lines = [f"TRM error bounds on |J(θ) − J(roll) − L(θ)|, T = {T}, δ = {delta:g}" + ("" if cap else " (uncapped)")]
+    for key, label in labels.items():
+        value = b[key]
+        text = "n/a" if value != value else (f"{value:.4g}" if abs(value) >= 1e5 else f"{value:.1f}")
+        lines.append(f"  {label:<36} {text:>12}")
+    return "\n".join(lines)
+
+
+def run_bounds(args: argparse.Namespace) -> int:
+    if args.T < 1:
+        print(f"error: --T must be >= 1, got {args.T}", file=sys.stderr)
+        return 2
+    try:
+        print(format_bounds(args.T, args.delta, args.d_seq, cap=not args.no_cap))
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if args.out:
+        from analysis.figures.bounds import plot_bounds
+
+        fig = plot_bounds([args.delta], d_seq=args.d_seq, t_max=args.t_max or 4 * args.T)
+        ax = fig.axes[0]
+        ax.axvline(args.T, color="0.3", lw=0.8, ls="--")
+        ax.annotate(f"T = {args.T}", (args.T, ax.get_ylim()[0]), textcoords="offset points", xytext=(3, 5), fontsize=7)
+        fig.savefig(args.out, bbox_inches="tight")
+        print(f"plot: {args.out}")
+    return 0

@@ -1,0 +1,188 @@
+"""Which tables and figures each experiment's report contains.
+
+Design: a report is an ordered list of ``Item``s, each a lazy ``"module:attr"`` builder (imported only
+when the report is built, so listing reports stays cheap) called with the loaded ``ExperimentData``
+(or with nothing for items that need no runs, e.g. the paper's bound table). Experiments are the
+sweep names of ``sweeps/`` (one MLflow experiment per sweep); an unknown experiment gets the
+``generic`` report of whatever metrics are present. Registering a name twice raises.
+
+    from reports.registry import get_report, register_report
+    spec = get_report("troll_table1")        # ReportSpec(name, title, description, items)
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+
+@dataclass(frozen=True)
+class Item:
+    """One table or figure: ``target`` is ``"module:attr"``; ``uses_data=False`` builders take no runs."""
+
+    kind: Literal["table", "figure"]
+    target: str
+    options: dict[str, Any] = field(default_factory=dict)
+    uses_data: bool = True
+
+    def builder(self):
+        module, attr = self.target.split(":", 1)
+        return getattr(importlib.import_module(module), attr)
+
+    def build(self, data):
+        fn = self.builder()
+        return fn(data, **self.options) if self.uses_data else fn(**self.options)
+
+
+@dataclass(frozen=True)
+class ReportSpec:
+    name: str
+    title: str
+    description: str
+    items: tuple[Item, ...]
+
+    def count(self, kind: str) -> int:
+        return sum(1 for i in self.items if i.kind == kind)
+
+
+_REPORTS: dict[str, ReportSpec] = {}
+
+
+def register_report(spec: ReportSpec) -> ReportSpec:
+    if spec.name in _REPORTS:
+        raise ValueError(f"report {spec.name!r} is already registered")
+    for item in spec.items:
+        if item.kind not in ("table", "figure") or ":" not in item.target:
+            raise ValueError(f"report {spec.name!r}: bad item {item!r} (kind table|figure, target 'module:attr')")
+    _REPORTS[spec.name] = spec
+    return spec
+
+
+def get_report(experiment: str) -> ReportSpec:
+    """The report registered for ``experiment``; the generic report for unknown names."""
+    return _REPORTS.get(experiment, _REPORTS["generic"])
+
+
+def report_names() -> list[str]:
+    return sorted(_REPORTS)
+
+
+def _t(target: str, uses_data: bool = True, **options) -> Item:
+    return Item("table", f"analysis.tables.{target}", options, uses_data)
+
+
+def _f(target: str, uses_data: bool = True, **options) -> Item:
+    return Item("figure", f"analysis.figures.{target}", options, uses_data)
+
+
+OVERVIEW = _t("generic:overview_table")
+CONFIG_DIFF = _t("generic:config_diff_table")
+SUCCESS = _f("curves:success_figure")
+ENTROPY = _f("curves:entropy_figure")
+LENGTH = _f("curves:response_length_figure")
+CLIP = _f("curves:clip_projection_figure")
+TIMING = _f("timing:timing_figure")
+
+register_report(
+    ReportSpec(
+        "generic",
+        "Experiment report",
+        "No dedicated report is registered for this experiment: final values and curves of every logged metric.",
+        (OVERVIEW, _t("generic:final_metrics_table"), _f("curves:all_metrics_figure"), CONFIG_DIFF),
+    )
+)
+register_report(
+    ReportSpec(
+        "demo",
+        "Demo sweep: GRPO with Clip vs TROLL on the embedded task",
+        "The embedded default run end to end (tiny model, generated arithmetic task): success, entropy, response length, "
+        "clipped vs projected tokens and time per phase.",
+        (
+            OVERVIEW,
+            _t(
+                "generic:final_metrics_table",
+                metrics=["critic/score/mean", "actor/entropy", "response_length/mean", "timing_s/step"],
+            ),
+            SUCCESS,
+            ENTROPY,
+            LENGTH,
+            CLIP,
+            TIMING,
+            CONFIG_DIFF,
+        ),
+    )
+)
+register_report(
+    ReportSpec(
+        "troll_table1",
+        "TROLL vs Clip across advantage estimators",
+        "Reproduces troll.txt Table 1 (final train/eval success per estimator, Clip vs TROLL), its training curves "
+        "(Figures 8-9), the token statistics of Figure 18 and the overhead of Table 5.",
+        (
+            OVERVIEW,
+            _t("troll:troll_table1"),
+            _t("troll:troll_table5"),
+            SUCCESS,
+            CLIP,
+            LENGTH,
+            ENTROPY,
+            TIMING,
+            CONFIG_DIFF,
+        ),
+    )
+)
+register_report(
+    ReportSpec(
+        "troll_table4",
+        "TROLL vs Clip on the individual MATH benchmarks",
+        "Reproduces troll.txt Table 4 (AIME24, AIME25, AMC, MATH500, Omni-Math, OlympiadBench, Minerva).",
+        (OVERVIEW, _t("troll:troll_table4"), SUCCESS, CONFIG_DIFF),
+    )
+)
+register_report(
+    ReportSpec(
+        "troll_table5",
+        "Memory and runtime overhead of TROLL",
+        "Reproduces troll.txt Table 5 (peak memory and time per iteration of Clip, TROLL and chunked TROLL).",
+        (OVERVIEW, _t("troll:troll_table5"), TIMING, CONFIG_DIFF),
+    )
+)
+register_report(
+    ReportSpec(
+        "entropy_tables",
+        "Entropy-preserving policy updates",
+        "Reproduces entropy.txt Tables 1-4 (score at the best checkpoint, best score, entropy change) and the entropy "
+        "dynamics of Figures 1 and 6.",
+        (OVERVIEW, _t("entropy:entropy_table"), ENTROPY, SUCCESS, LENGTH, CONFIG_DIFF),
+    )
+)
+register_report(
+    ReportSpec(
+        "tppo_table1",
+        "Truncated PPO: accuracy and efficiency",
+        "Reproduces tppo.txt Table 1 (AIME24 avg@N), the per-phase time breakdown of Figure 4, the Roofline of Figure 5 "
+        "and the response-length dynamics of Figure 6.",
+        (OVERVIEW, _t("tppo:tppo_table1"), TIMING, _f("roofline:roofline_figure"), LENGTH, SUCCESS, CONFIG_DIFF),
+    )
+)
+register_report(
+    ReportSpec(
+        "trm_acceptance",
+        "Trust Region Masking: acceptance, PPL gap and error bounds",
+        "Reproduces trm.txt Table D.1 (acceptance vs length), the bound comparison of Table 1 / section 6.3, the monitoring "
+        "curves of Figures 1-3, and evaluates the bounds at the runs' measured divergence.",
+        (
+            OVERVIEW,
+            _t("trm:trm_table_d1", uses_data=False),
+            _t("trm:trm_acceptance_table"),
+            _t("trm:trm_bounds_table", uses_data=False),
+            _t("trm:trm_run_bounds_table"),
+            _f("trm:acceptance_figure"),
+            _f("trm:acceptance_by_length_figure"),
+            _f("bounds:bounds_figure"),
+            SUCCESS,
+            CONFIG_DIFF,
+        ),
+    )
+)
