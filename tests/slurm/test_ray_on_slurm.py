@@ -1,0 +1,126 @@
+"""slurm/ray_on_slurm.sh: the Ray-on-Slurm bootstrap the verl backend runs inside its allocation.
+
+The slurm-marked test runs the real bootstrap on the test cluster (2 fake GPUs) with a command that
+prints ``ray.cluster_resources()``, and checks the Ray cluster against the Slurm allocation: as many
+Ray nodes as allocated nodes, as many Ray GPUs as allocated GPUs, the command's exit status passed
+through, and no Ray process left once the job ends. The other tests check the script's pure parts
+(GPU counting, refusing to run outside an allocation) without a cluster.
+
+Run:  pytest tests/slurm/test_ray_on_slurm.py      (the slurm test needs the cluster; ~35 s)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[2] / "slurm" / "ray_on_slurm.sh"
+
+PROBE = """
+import json, os, ray
+ray.init()
+alive = [n for n in ray.nodes() if n["Alive"]]
+print("RAY_PROBE " + json.dumps({"resources": ray.cluster_resources(), "alive_nodes": len(alive),
+      "slurm_nodes": int(os.environ["SLURM_JOB_NUM_NODES"])}), flush=True)
+raise SystemExit(5)
+"""
+
+
+def _free_ports(count: int) -> list[int]:
+    sockets = [socket.socket() for _ in range(count)]
+    for s in sockets:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in sockets]
+    for s in sockets:
+        s.close()
+    return ports
+
+
+def _processes_mentioning(text: str) -> list[int]:
+    """Pids whose command line contains ``text``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if text.encode() in (entry / "cmdline").read_bytes():
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+def _script(*args: str, **env: str) -> subprocess.CompletedProcess:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "CUDA_VISIBLE"))}
+    return subprocess.run(
+        ["bash", str(SCRIPT), *args], env={**clean, **env}, capture_output=True, text=True, timeout=30
+    )
+
+
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [
+        ({"CUDA_VISIBLE_DEVICES": "0,1,3"}, 3),
+        ({"CUDA_VISIBLE_DEVICES": "2", "SLURM_GPUS_ON_NODE": "4"}, 1),
+        ({"SLURM_GPUS_ON_NODE": "2"}, 2),
+        ({"CUDA_VISIBLE_DEVICES": "NoDevFiles"}, 0),
+        ({}, 0),
+    ],
+)
+def test_count_gpus_follows_the_step_environment(env, expected):
+    """A node counts the GPUs its Slurm step can see: CUDA_VISIBLE_DEVICES first (what CUDA will
+    use), else SLURM_GPUS_ON_NODE, else none."""
+    proc = _script("--count-gpus", **env)
+    assert proc.returncode == 0, proc.stderr
+    assert int(proc.stdout) == expected
+
+
+def test_refuses_to_run_outside_an_allocation():
+    """Without SLURM_JOB_ID / SLURM_JOB_NODELIST the bootstrap stops with exit 2 and says why."""
+    proc = _script("python", "-c", "print('never')")
+    assert proc.returncode == 2
+    assert "not inside a Slurm allocation" in proc.stderr
+    assert "never" not in proc.stdout
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_bootstrap_builds_ray_cluster_matching_allocation(slurm_cluster, tmp_path):
+    """On a 1-node allocation with 2 (fake) GPUs the Ray cluster has 1 alive node and 2 GPUs, the
+    command runs with RAY_ADDRESS set and its exit status (5) becomes the job's, and no process of
+    this Ray cluster outlives the job."""
+    if slurm_cluster.gpus < 2:
+        pytest.skip(f"slurm: the test cluster has {slurm_cluster.gpus} GPUs, this test needs 2")
+    gcs_port, client_port, agent_port = _free_ports(3)
+    python_dir = os.path.dirname(sys.executable)
+    body = f"""export PATH={python_dir}:$PATH
+export TB_RAY_PORT={gcs_port} TB_RAY_CLIENT_PORT={client_port} TB_RAY_OBJECT_STORE_MB=100 TB_RAY_WAIT_S=90
+export TB_RAY_PYTHON={sys.executable}
+export TB_RAY_START_ARGS="--dashboard-agent-listen-port={agent_port}"
+bash {SCRIPT} {sys.executable} -c '{PROBE}'"""
+    job = slurm_cluster.sbatch(body, "--gpus=2", f"--cpus-per-task={min(2, slurm_cluster.cpus)}", cwd=tmp_path)
+    temp_dir = f"/tmp/ray-{job}"
+    try:
+        info = slurm_cluster.wait_job(job, timeout=150)
+        output = (tmp_path / f"slurm-{job}.out").read_text()
+        probes = [line for line in output.splitlines() if line.startswith("RAY_PROBE ")]
+        assert probes, f"the command printed no RAY_PROBE line; job output:\n{output[-4000:]}"
+        probe = json.loads(probes[-1].removeprefix("RAY_PROBE "))
+        assert probe["resources"].get("GPU") == 2.0
+        assert probe["alive_nodes"] == probe["slurm_nodes"] == 1
+        assert probe["resources"]["object_store_memory"] == 100 * 1024 * 1024
+        assert info["JobState"] == "FAILED"
+        assert info["ExitCode"] == "5:0"
+        deadline = time.monotonic() + 10  # the job ends when its steps do; give stragglers a moment
+        while _processes_mentioning(temp_dir) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert _processes_mentioning(temp_dir) == []
+    finally:
+        shutil.rmtree(temp_dir, ignore_errors=True)
