@@ -38,7 +38,7 @@ import torch
 from torch import Tensor
 
 from runners import schema
-from runners.algorithms.troll_solver import categorical_kl, project, project_with_info, solve_dual
+from runners.algorithms.troll_solver import categorical_kl, log_normalize, project, project_with_info, solve_dual
 from runners.algorithms.troll_sparse import (
     chunked_logsumexp,
     dense_storage_bytes,
@@ -48,6 +48,8 @@ from runners.algorithms.troll_sparse import (
     theorem_a2_bound,
 )
 from runners.algorithms.types import ObjectiveOutput, PolicyInputs
+
+LOG_RATIO_CLAMP = 20.0  # |log r_proj| bound before exp, as verl (and objectives.py) clamp log-ratios
 
 __all__ = [
     "dense_storage_bytes",
@@ -97,7 +99,7 @@ def troll_objective(
     pos = _sampled_slot(inp, rows, None if dense else index.reshape(-1, index.shape[-1]), old_r)
     if dense:
         logq = torch.log_softmax(flat.index_select(0, rows), -1)
-        logo = torch.log_softmax(old_r.float(), -1).to(logq.dtype)
+        logo = log_normalize(old_r.to(torch.promote_types(old_r.dtype, torch.float32))).to(logq.dtype)
         kept = torch.full_like(rows, vocab)
         kept_logits = None
     else:
@@ -109,6 +111,7 @@ def troll_objective(
 
     dtype = torch.promote_types(logits.dtype, torch.float32)  # loss dtype: float32, or float64 for checks
     log_ratio = (lp.gather(-1, pos) - logo.gather(-1, pos)).squeeze(-1).to(dtype)  # [R]
+    log_ratio = log_ratio.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)  # -inf where q_proj(y) = 0
     reg = torch.zeros_like(log_ratio)
     proj_rows = info.projected.nonzero().squeeze(-1)
     if proj_rows.numel():

@@ -33,6 +33,8 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
+from runners.algorithms.troll_solver import log_normalize
+
 __all__ = [
     "SparseBound",
     "chunked_logsumexp",
@@ -163,11 +165,11 @@ def reduce_on_kept_set(
     log_tail = torch.where(tail > 0, tail.log(), -math.inf)
     log_rest = torch.log1p(-tail)
     old = torch.where(valid, old_logp.double(), -math.inf)
-    logo = torch.cat([log_rest + torch.log_softmax(old, -1), log_tail], dim=-1)
+    logo = torch.cat([log_rest + log_normalize(old), log_tail], dim=-1)
     new = torch.where(valid, logits_at_kept.double(), -math.inf)
     has_mass = (new > -math.inf).any(-1, keepdim=True)
     new_safe = torch.where(has_mass, new, torch.where(valid, 0.0, -math.inf))
-    logq_kept = torch.where(has_mass, log_rest + torch.log_softmax(new_safe, -1), -math.inf)
+    logq_kept = torch.where(has_mass, log_rest + log_normalize(new_safe), -math.inf)
     logq = torch.cat([logq_kept, torch.where(has_mass, log_tail, 0.0)], dim=-1)
     return ReducedPair(logq, logo, kept)
 
