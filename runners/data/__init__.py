@@ -5,8 +5,9 @@
   ``EMBEDDED_ALPHABET`` for the character tokenizer).
 - ``datasets``: presets (``DATASET_PRESETS``) and ``load_examples(preset, split=...)`` from a local
   file or the hub.
-- ``rewards``: ``REWARDS`` registry of ``fn(response, gold, **kw) -> float`` with strict answer
-  extraction; ``sandbox``: untrusted code execution for code rewards.
+- ``rewards``: ``REWARDS`` registry of ``fn(response, gold, **kw) -> float``; ``answers``: strict
+  final-answer extraction and equivalence; ``code_tests`` + ``sandbox``: test-case code rewards
+  with untrusted programs run in a limited subprocess.
 - ``prompts``: plain and chat-template prompts; ``verl_format``: verl's parquet records.
 
 Importing this package imports neither torch, ``datasets`` nor math-verify.

@@ -149,10 +149,7 @@ def is_echo(answer: str, prompt: str, gold: str) -> bool:
 
     a = squash(answer)
     return (
-        len(a) >= 3
-        and re.search(r"[-+*/^=<>]|\\[a-zA-Z]", a) is not None
-        and a in squash(prompt)
-        and a != squash(gold)
+        len(a) >= 3 and re.search(r"[-+*/^=<>]|\\[a-zA-Z]", a) is not None and a in squash(prompt) and a != squash(gold)
     )
 
 

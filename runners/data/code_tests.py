@@ -99,7 +99,9 @@ def value_matches(value: Any, expected: Any) -> bool:
     return isinstance(expected, list) and len(expected) == 1 and value == expected[0]
 
 
-def run_test_cases(code: str, cases: TestCases, *, max_tests: int = 10, config: SandboxConfig | None = None) -> list[str]:
+def run_test_cases(
+    code: str, cases: TestCases, *, max_tests: int = 10, config: SandboxConfig | None = None
+) -> list[str]:
     """Per-case outcome, one of ``pass``, ``fail``, ``timeout``, ``error`` (at most ``max_tests``)."""
     outcomes = []
     for raw_in, raw_out in list(zip(cases.inputs, cases.outputs))[:max_tests]:
@@ -109,8 +111,9 @@ def run_test_cases(code: str, cases: TestCases, *, max_tests: int = 10, config: 
         else:
             result = run_python(code, stdin=_text(raw_in), config=config)
             passed = result.ok and stdout_matches(result.stdout, _text(raw_out))
-        outcomes.append("pass" if passed else "timeout" if result.status == "timeout" else
-                        "fail" if result.ok else "error")
+        outcomes.append(
+            "pass" if passed else "timeout" if result.status == "timeout" else "fail" if result.ok else "error"
+        )
         if result.status == "timeout":
             break  # the reward is 0 anyway: do not spend 10 s per remaining case
     return outcomes
@@ -124,8 +127,9 @@ def code_reward(
     cases = parse_test_cases(gold)
     if code is None or len(cases) == 0:
         return 0.0
-    outcomes = run_test_cases(code, cases, max_tests=max_tests,
-                              config=SandboxConfig(timeout_s=timeout_s, memory_mb=memory_mb))
+    outcomes = run_test_cases(
+        code, cases, max_tests=max_tests, config=SandboxConfig(timeout_s=timeout_s, memory_mb=memory_mb)
+    )
     if "timeout" in outcomes:
         return 0.0
     return outcomes.count("pass") / len(outcomes)

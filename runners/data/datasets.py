@@ -135,25 +135,55 @@ def _ability_is(value: str) -> Callable[[dict], bool]:
 
 
 # -- presets -------------------------------------------------------------------------------------
-register_preset(DatasetPreset(
-    name="embedded", hub_id=None, hub_splits={"train": "train", "test": "test"},
-    reward_fn="embedded_int", prompt_style=None, ability="arithmetic",
-    question_fields=("prompt",), solution_fields=("solution",),
-    options={"digits": 3, "ops": "+-*", "test_fraction": 0.1, "train_size": 20000, "test_size": 512,
-             "eval_seed": 0},
-))
-register_preset(DatasetPreset(
-    name="gsm8k", hub_id="openai/gsm8k", hub_config="main", hub_splits={"train": "train", "test": "test"},
-    reward_fn="gsm8k", prompt_style="gsm8k", question_fields=("question",), answer_fields=("answer",),
-    solution_fields=("answer",), clean_answer=gsm8k_gold,
-))
-register_preset(DatasetPreset(
-    name="dapo_math", hub_id="BytedTsinghua-SIA/DAPO-Math-17k", hub_splits={"train": "train", "test": "train"},
-    reward_fn="math", prompt_style="boxed",
-    question_fields=("prompt", "problem", "question"), answer_fields=("reward_model.ground_truth", "answer"),
-    meta_fields=("data_source", "extra_info"), clean_question=clean_dapo_question, holdout=1024,
-    options={"holdout": 1024},
-))
+register_preset(
+    DatasetPreset(
+        name="embedded",
+        hub_id=None,
+        hub_splits={"train": "train", "test": "test"},
+        reward_fn="embedded_int",
+        prompt_style=None,
+        ability="arithmetic",
+        question_fields=("prompt",),
+        solution_fields=("solution",),
+        options={
+            "digits": 3,
+            "ops": "+-*",
+            "test_fraction": 0.1,
+            "train_size": 20000,
+            "test_size": 512,
+            "eval_seed": 0,
+        },
+    )
+)
+register_preset(
+    DatasetPreset(
+        name="gsm8k",
+        hub_id="openai/gsm8k",
+        hub_config="main",
+        hub_splits={"train": "train", "test": "test"},
+        reward_fn="gsm8k",
+        prompt_style="gsm8k",
+        question_fields=("question",),
+        answer_fields=("answer",),
+        solution_fields=("answer",),
+        clean_answer=gsm8k_gold,
+    )
+)
+register_preset(
+    DatasetPreset(
+        name="dapo_math",
+        hub_id="BytedTsinghua-SIA/DAPO-Math-17k",
+        hub_splits={"train": "train", "test": "train"},
+        reward_fn="math",
+        prompt_style="boxed",
+        question_fields=("prompt", "problem", "question"),
+        answer_fields=("reward_model.ground_truth", "answer"),
+        meta_fields=("data_source", "extra_info"),
+        clean_question=clean_dapo_question,
+        holdout=1024,
+        options={"holdout": 1024},
+    )
+)
 for _name, _hub_id, _split, _config, _meta in [
     ("math500", "HuggingFaceH4/MATH-500", "test", None, ("subject", "level", "unique_id")),
     ("amc23", "math-ai/amc23", "test", None, ("id", "url")),
@@ -163,23 +193,50 @@ for _name, _hub_id, _split, _config, _meta in [
     ("olympiadbench", "Hothan/OlympiadBench", "train", "OE_TO_maths_en_COMP", ("id", "subfield", "unit")),
     ("omni_math", "KbsdJames/Omni-MATH", "test", None, ("domain", "difficulty", "source")),
 ]:
-    register_preset(DatasetPreset(
-        name=_name, hub_id=_hub_id, hub_config=_config, hub_splits={"test": _split},
-        reward_fn="math", prompt_style="boxed", question_fields=("problem", "question"),
-        answer_fields=("answer", "final_answer"), solution_fields=("solution",), meta_fields=_meta,
-    ))
-register_preset(DatasetPreset(
-    name="eurus2_math", hub_id="PRIME-RL/Eurus-2-RL-Data", hub_splits={"train": "train", "test": "validation"},
-    reward_fn="math", prompt_style="boxed", question_fields=("prompt",),
-    answer_fields=("reward_model.ground_truth",), solution_fields=(), meta_fields=("data_source", "extra_info"),
-    row_filter=_ability_is("math"), clean_question=clean_eurus_math_question,
-))
-register_preset(DatasetPreset(
-    name="eurus2_code", hub_id="PRIME-RL/Eurus-2-RL-Data", hub_splits={"train": "train", "test": "validation"},
-    reward_fn="code", prompt_style="code", ability="code", question_fields=("prompt",),
-    answer_fields=("reward_model.ground_truth",), solution_fields=(), meta_fields=("data_source", "extra_info"),
-    row_filter=_ability_is("code"),
-))
+    register_preset(
+        DatasetPreset(
+            name=_name,
+            hub_id=_hub_id,
+            hub_config=_config,
+            hub_splits={"test": _split},
+            reward_fn="math",
+            prompt_style="boxed",
+            question_fields=("problem", "question"),
+            answer_fields=("answer", "final_answer"),
+            solution_fields=("solution",),
+            meta_fields=_meta,
+        )
+    )
+register_preset(
+    DatasetPreset(
+        name="eurus2_math",
+        hub_id="PRIME-RL/Eurus-2-RL-Data",
+        hub_splits={"train": "train", "test": "validation"},
+        reward_fn="math",
+        prompt_style="boxed",
+        question_fields=("prompt",),
+        answer_fields=("reward_model.ground_truth",),
+        solution_fields=(),
+        meta_fields=("data_source", "extra_info"),
+        row_filter=_ability_is("math"),
+        clean_question=clean_eurus_math_question,
+    )
+)
+register_preset(
+    DatasetPreset(
+        name="eurus2_code",
+        hub_id="PRIME-RL/Eurus-2-RL-Data",
+        hub_splits={"train": "train", "test": "validation"},
+        reward_fn="code",
+        prompt_style="code",
+        ability="code",
+        question_fields=("prompt",),
+        answer_fields=("reward_model.ground_truth",),
+        solution_fields=(),
+        meta_fields=("data_source", "extra_info"),
+        row_filter=_ability_is("code"),
+    )
+)
 
 
 # -- reading -------------------------------------------------------------------------------------
@@ -245,8 +302,14 @@ def row_to_example(preset: DatasetPreset, row: dict, *, split: str, index: int) 
             meta[name if name != "data_source" else "source"] = value
     if isinstance(question, list) or hasattr(question, "tolist"):
         meta["source_prompt"] = question.tolist() if hasattr(question, "tolist") else question
-    return Example(prompt=text, answer=gold, data_source=preset.name, reward_fn=preset.reward_fn,
-                   solution=None if solution is None else str(solution), meta=meta)
+    return Example(
+        prompt=text,
+        answer=gold,
+        data_source=preset.name,
+        reward_fn=preset.reward_fn,
+        solution=None if solution is None else str(solution),
+        meta=meta,
+    )
 
 
 def read_rows(path: str | Path) -> list[dict]:
@@ -273,7 +336,9 @@ def read_rows(path: str | Path) -> list[dict]:
 
 
 def _hub_rows(preset: DatasetPreset, hub_split: str) -> list[dict]:
-    where = f"{preset.hub_id}" + (f" (config {preset.hub_config})" if preset.hub_config else "") + f", split {hub_split!r}"
+    where = (
+        f"{preset.hub_id}" + (f" (config {preset.hub_config})" if preset.hub_config else "") + f", split {hub_split!r}"
+    )
     try:
         import datasets
     except ImportError as exc:
@@ -348,5 +413,11 @@ def load_examples(
 def _generate(p: DatasetPreset, split: str, limit: int | None, seed: int, opts: dict[str, Any]) -> list[Example]:
     n = limit if limit is not None else opts[f"{split}_size"]
     gen_seed = seed if split == "train" else opts["eval_seed"]
-    return generate_embedded(n, split=split, seed=gen_seed, digits=int(opts["digits"]), ops=str(opts["ops"]),
-                             test_fraction=float(opts["test_fraction"]))
+    return generate_embedded(
+        n,
+        split=split,
+        seed=gen_seed,
+        digits=int(opts["digits"]),
+        ops=str(opts["ops"]),
+        test_fraction=float(opts["test_fraction"]),
+    )

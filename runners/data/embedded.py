@@ -75,7 +75,9 @@ def solution_lines(a: int, op: str, b: int) -> tuple[list[str], int]:
     if op not in OPS:
         raise ValueError(f"unknown embedded op {op!r}; valid ops: {OPS!r}")
     if a < 0 or b < 0 or (op == "-" and a < b) or (op == "*" and b > 9):
-        raise ValueError(f"embedded problem {a}{op}{b} is outside the task (need a, b >= 0, a >= b for -, b <= 9 for *)")
+        raise ValueError(
+            f"embedded problem {a}{op}{b} is outside the task (need a, b >= 0, a >= b for -, b <= 9 for *)"
+        )
     top = str(a)[::-1]
     bottom = str(b)[::-1]
     width = len(top) if op == "*" else max(len(top), len(bottom))

@@ -38,7 +38,7 @@ TROLL_SYSTEM_PROMPT = (
     "This involves analyzing, summarizing, exploring, reassessing, and refining your thought process through "
     "multiple iterations. Structure your response into two sections: Thought and Solution. In the Thought "
     'section, present your reasoning using the format: "<think>\n {thoughts} </think>\n". Each thought should '
-    "include detailed analysis, brainstorming, verification, and refinement of ideas. After \"</think>\n,\" in "
+    'include detailed analysis, brainstorming, verification, and refinement of ideas. After "</think>\n," in '
     "the Solution section, provide the final, logical, and accurate answer, clearly derived from the "
     "exploration in the Thought section."
 )

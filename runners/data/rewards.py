@@ -24,6 +24,7 @@ same ``**kw`` to every reward.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from typing import Any
 
 from runners.algorithms.registry import Registry
@@ -62,9 +63,7 @@ def math_answer_line_reward(
 
 
 @REWARDS.register("gsm8k")
-def gsm8k_reward(
-    response: str, gold: str, *, allow_boxed: bool = True, prompt: str | None = None, **_: Any
-) -> float:
+def gsm8k_reward(response: str, gold: str, *, allow_boxed: bool = True, prompt: str | None = None, **_: Any) -> float:
     """1.0 iff the last ``#### N`` (else, with ``allow_boxed``, the last box) equals the gold number.
 
     ``gold`` may be the bare number or GSM8K's full solution ending in ``#### N``.
@@ -82,3 +81,31 @@ REWARDS.register("code", "runners.data.code_tests:code_reward")
 def compute_reward(name: str, response: str, gold: str, **kw: Any) -> float:
     """``REWARDS[name](response, gold, **kw)`` as a float."""
     return float(REWARDS.get(name)(response, gold, **kw))
+
+
+# rewards whose cost is waiting on a subprocess: worth running concurrently from threads
+_CONCURRENT = frozenset({"code"})
+
+
+def compute_rewards(
+    names: Sequence[str], responses: Sequence[str], golds: Sequence[str], *, max_workers: int = 4, **kw: Any
+) -> list[float]:
+    """Rewards of a batch, in order. Code rewards run ``max_workers`` at a time (each waits on
+    sandbox subprocesses); the others run in the calling thread, where math-verify's signal
+    timeout works without the worker-process fallback."""
+    if not len(names) == len(responses) == len(golds):
+        raise ValueError(f"compute_rewards needs equal lengths, got {len(names)}, {len(responses)}, {len(golds)}")
+    scores: list[float] = [0.0] * len(names)
+    concurrent = [i for i, name in enumerate(names) if name in _CONCURRENT]
+    if concurrent and max_workers > 1:
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(max_workers=max_workers) as pool:
+            futures = {i: pool.submit(compute_reward, names[i], responses[i], golds[i], **kw) for i in concurrent}
+            for i in range(len(names)):
+                if i not in futures:
+                    scores[i] = compute_reward(names[i], responses[i], golds[i], **kw)
+            for i, future in futures.items():
+                scores[i] = future.result()
+        return scores
+    return [compute_reward(n, r, g, **kw) for n, r, g in zip(names, responses, golds)]

@@ -111,8 +111,14 @@ def _pick_python(requested: str | None) -> str:
     for python in candidates:
         if not python or not os.path.exists(python):
             continue
-        result = _run(python, "import json, collections, heapq, math\nprint(6*7)", stdin="", mode="stdin",
-                      config=SandboxConfig(timeout_s=20), extra={})
+        result = _run(
+            python,
+            "import json, collections, heapq, math\nprint(6*7)",
+            stdin="",
+            mode="stdin",
+            config=SandboxConfig(timeout_s=20),
+            extra={},
+        )
         if result.status == "ok" and result.stdout.strip() == "42":
             return python
     raise RuntimeError(
@@ -196,14 +202,21 @@ def _run(python: str, code: str, *, stdin: str, mode: str, config: SandboxConfig
             **extra,
         }
         cmd = [*(prefix or ()), python, "-I", "-c", _BOOT.read_text(encoding="utf-8"), json.dumps(cfg)]
-        env = {"PATH": _CLEAN_PATH, "LANG": "C.UTF-8", "HOME": str(workdir), "TMPDIR": str(workdir),
-               "PYTHONIOENCODING": "utf-8", "OMP_NUM_THREADS": "1"}
+        env = {
+            "PATH": _CLEAN_PATH,
+            "LANG": "C.UTF-8",
+            "HOME": str(workdir),
+            "TMPDIR": str(workdir),
+            "PYTHONIOENCODING": "utf-8",
+            "OMP_NUM_THREADS": "1",
+        }
         out_path, err_path = workdir / "stdout.txt", workdir / "stderr.txt"
         start = time.monotonic()
         timed_out = False
         with open(workdir / "stdin.txt", "rb") as fin, open(out_path, "wb") as fout, open(err_path, "wb") as ferr:
-            proc = subprocess.Popen(cmd, stdin=fin, stdout=fout, stderr=ferr, cwd=workdir, env=env,
-                                    start_new_session=True, close_fds=True)
+            proc = subprocess.Popen(
+                cmd, stdin=fin, stdout=fout, stderr=ferr, cwd=workdir, env=env, start_new_session=True, close_fds=True
+            )
             try:
                 proc.wait(timeout=config.timeout_s)
             except subprocess.TimeoutExpired:

@@ -34,7 +34,12 @@ def _ability(example: Example) -> str:
 
 
 def to_verl_record(
-    example: Example, index: int, *, split: str | None = None, style: str | None = "preset", system_prompt: str | None = None
+    example: Example,
+    index: int,
+    *,
+    split: str | None = None,
+    style: str | None = "preset",
+    system_prompt: str | None = None,
 ) -> dict[str, Any]:
     """One verl row (see the module docstring); ``split`` defaults to ``example.meta["split"]``."""
     extra: dict[str, Any] = {

@@ -20,7 +20,15 @@ FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "datasets"
 CASES = [
     ("gsm8k", "gsm8k.jsonl", "train", {}, ["26", "6", "5000"], "36 - 10 = 26\n#### 26", "#### 36"),
     ("dapo_math", "dapo_math.jsonl", "train", {"holdout": 1}, None, None, None),
-    ("math500", "math500.jsonl", "test", {}, ["5\\sqrt{2}", "\\frac{1}{2}"], "\\boxed{5\\sqrt{2}}", "\\boxed{\\sqrt{50}/2}"),
+    (
+        "math500",
+        "math500.jsonl",
+        "test",
+        {},
+        ["5\\sqrt{2}", "\\frac{1}{2}"],
+        "\\boxed{5\\sqrt{2}}",
+        "\\boxed{\\sqrt{50}/2}",
+    ),
     ("amc23", "amc23.jsonl", "test", {}, ["54", "23"], "so \\boxed{54}", "\\boxed{30}"),
     ("aime24", "aime24.jsonl", "test", {}, ["22"], "\\boxed{022}", "\\boxed{25}"),
     ("aime25", "aime25.jsonl", "test", {}, ["43"], "\\boxed{43}", "\\boxed{3^5}"),
@@ -129,7 +137,9 @@ def test_hub_failure_is_a_clear_error(monkeypatch):
 
 def test_limit_random_for_train_first_n_for_eval():
     path = FIXTURES / "gsm8k.jsonl"
-    subsets = {tuple(e.answer for e in load_examples("gsm8k", split="train", path=path, limit=2, seed=s)) for s in range(12)}
+    subsets = {
+        tuple(e.answer for e in load_examples("gsm8k", split="train", path=path, limit=2, seed=s)) for s in range(12)
+    }
     assert len(subsets) > 1  # the seed picks the training subset
     for s in range(5):
         assert [e.answer for e in load_examples("gsm8k", split="test", path=path, limit=2, seed=s)] == ["26", "6"]
@@ -159,8 +169,20 @@ def test_every_preset_is_complete():
     from runners.data.prompts import INSTRUCTIONS
     from runners.data.rewards import REWARDS
 
-    expected = {"gsm8k", "dapo_math", "math500", "amc23", "aime24", "aime25", "minerva", "olympiadbench",
-                "omni_math", "eurus2_math", "eurus2_code", "embedded"}
+    expected = {
+        "gsm8k",
+        "dapo_math",
+        "math500",
+        "amc23",
+        "aime24",
+        "aime25",
+        "minerva",
+        "olympiadbench",
+        "omni_math",
+        "eurus2_math",
+        "eurus2_code",
+        "embedded",
+    }
     assert set(PRESETS) == expected
     for preset in PRESETS.values():
         assert preset.reward_fn in REWARDS

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from runners.data import answers
 from runners.data.answers import extract_answer_line, extract_gsm8k_answer, extract_last_boxed, to_number
-from runners.data.rewards import REWARDS, compute_reward
+from runners.data.rewards import REWARDS, compute_reward, compute_rewards
 
 # (reward, response, gold, expected) -- verdicts computed by hand
 ADVERSARIAL = [
@@ -158,3 +158,37 @@ def test_registry_lists_every_reward_and_rejects_unknown_names():
     assert {"embedded_int", "math", "math_answer_line", "gsm8k", "code"} <= set(REWARDS.names())
     with pytest.raises(KeyError, match="valid names"):
         REWARDS.get("nope")
+
+
+def test_batch_rewards_match_one_by_one():
+    import json
+
+    cases = json.dumps({"inputs": ["2\n"], "outputs": ["4\n"]})
+    names = ["math", "code", "gsm8k", "code", "embedded_int"]
+    responses = [
+        r"\boxed{90}",
+        "```python\nprint(int(input()) * 2)\n```",
+        "#### 7",
+        "```python\nprint(5)\n```",
+        r"\boxed{3}",
+    ]
+    golds = ["90", cases, "8", cases, "3"]
+    expected = [compute_reward(n, r, g) for n, r, g in zip(names, responses, golds)]
+    assert expected == [1.0, 1.0, 0.0, 0.0, 1.0]
+    assert compute_rewards(names, responses, golds, max_workers=3) == expected
+    with pytest.raises(ValueError, match="equal lengths"):
+        compute_rewards(["math"], [], [])
+
+
+def test_importing_the_data_package_stays_light():
+    """The CLI and analysis import runners.data: no torch, datasets, math-verify or pandas at import."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, runners.data, runners.data.rewards, runners.data.datasets, runners.data.prompts, "
+        "runners.data.verl_format\n"
+        "heavy = [m for m in ('torch', 'datasets', 'math_verify', 'pandas') if m in sys.modules]\n"
+        "assert not heavy, heavy"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)

@@ -28,8 +28,12 @@ def test_correct_and_wrong_programs():
 def test_function_call_mode_top_level_and_solution_method():
     res = run_python("def f(xs, k):\n    return sorted(xs)[:k], k", fn_name="f", args=[[3, 1, 2], 2], config=FAST)
     assert res.ok and res.value == [[1, 2], 2]
-    res = run_python("class Solution:\n    def g(self, s):\n        print('noise')\n        return s[::-1]",
-                     fn_name="g", args=["abc"], config=FAST)
+    res = run_python(
+        "class Solution:\n    def g(self, s):\n        print('noise')\n        return s[::-1]",
+        fn_name="g",
+        args=["abc"],
+        config=FAST,
+    )
     assert res.ok and res.value == "cba" and "noise" in res.stdout
     missing = run_python("x = 1", fn_name="g", args=[], config=FAST)
     assert missing.status == "error" and "NameError" in missing.stderr
@@ -46,14 +50,18 @@ def test_sleeping_child_processes_are_killed_with_the_group():
     assert res.status == "timeout"
 
 
-@pytest.mark.parametrize("code", ["x = bytearray(4 * 1024**3)", "xs = []\nwhile True:\n    xs.append(bytearray(10**7))"])
+@pytest.mark.parametrize(
+    "code", ["x = bytearray(4 * 1024**3)", "xs = []\nwhile True:\n    xs.append(bytearray(10**7))"]
+)
 def test_memory_bomb_hits_the_memory_limit(code):
     res = run_python(code, config=FAST)
     assert res.status == "memory"
 
 
 def test_huge_output_is_capped():
-    res = run_python("while True:\n    print('x' * 1000)", config=SandboxConfig(timeout_s=5.0, max_output_bytes=1 << 20))
+    res = run_python(
+        "while True:\n    print('x' * 1000)", config=SandboxConfig(timeout_s=5.0, max_output_bytes=1 << 20)
+    )
     assert res.status == "output_limit"
     assert len(res.stdout) <= 1 << 20
 

@@ -47,7 +47,10 @@ def test_parquet_round_trip_with_pandas(tmp_path):
         assert row["reward_model"]["ground_truth"] == example.answer
         # the stored ground truth still verifies through our reward registry
         if example.reward_fn == "embedded_int":
-            assert compute_reward(row["extra_info"]["reward_fn"], example.solution, row["reward_model"]["ground_truth"]) == 1.0
+            assert (
+                compute_reward(row["extra_info"]["reward_fn"], example.solution, row["reward_model"]["ground_truth"])
+                == 1.0
+            )
     assert list(frame["extra_info"].map(lambda x: x["index"])) == list(range(len(examples)))
     with pytest.raises(ValueError, match="empty"):
         write_verl_parquet(tmp_path / "empty.parquet", [])
@@ -70,8 +73,15 @@ def test_verl_rlhf_dataset_reads_our_parquet(tmp_path):
     )
     examples = _examples()
     path = write_verl_parquet(tmp_path / "train.parquet", examples)
-    cfg = OmegaConf.create({"prompt_key": "prompt", "max_prompt_length": 4096, "filter_overlong_prompts": True,
-                            "filter_overlong_prompts_workers": 1, "cache_dir": str(tmp_path / "cache")})
+    cfg = OmegaConf.create(
+        {
+            "prompt_key": "prompt",
+            "max_prompt_length": 4096,
+            "filter_overlong_prompts": True,
+            "filter_overlong_prompts_workers": 1,
+            "cache_dir": str(tmp_path / "cache"),
+        }
+    )
     dataset = RLHFDataset(str(path), tok, cfg)
     assert len(dataset) == len(examples)
     for i, example in enumerate(examples):
