@@ -49,7 +49,7 @@ stop_group() {
 }
 
 # slurmstepd processes (Debian names the binary slurmstepd-wlm) holding files open under $D (the
-# slurmd log), and all their descendants (the job's processes), whatever became of slurmd.
+# slurmd logs), and all their descendants (the job's processes), whatever became of slurmd.
 leftover_job_pids() {
     local pid stepds=()
     for pid in $(find /proc/[0-9]*/fd -maxdepth 1 -lname "$D/*" 2>/dev/null | cut -d/ -f3 | sort -u); do
@@ -72,7 +72,8 @@ if [[ -f $SLURM_CONF ]] && live_pid "$D/run/slurmctld.pid" >/dev/null; then
 fi
 # slurmctld keeps accounting records slurmdbd has not acknowledged in its state (dbd.messages), so
 # slurmdbd may stop together with it; MariaDB and munged must outlive slurmdbd.
-stop_group slurmd slurmctld slurmdbd
+mapfile -t slurmds < <(cd "$D/run" 2>/dev/null && ls slurmd-*.pid 2>/dev/null | sed 's/\.pid$//')
+stop_group "${slurmds[@]}" slurmctld slurmdbd
 for pid in $(leftover_job_pids); do
     kill -KILL "$pid" 2>/dev/null && log "killed leftover job process (pid $pid)"
 done

@@ -5,8 +5,8 @@
 #   10 not configured ($SLURM_CONF missing: run up.sh)
 #   11 munge does not answer
 #   12 slurmctld does not answer (scontrol ping)
-#   13 no node idle (sinfo)
-#   14 `srun hostname` failed
+#   13 a node is not up (sinfo: not idle, mixed or allocated)
+#   14 `srun hostname` on every node failed
 #   15 slurmdbd / sacct does not answer
 #
 #   bash slurm/testcluster/health.sh; echo $?
@@ -19,9 +19,10 @@ fail() { log "FAIL: $2"; exit "$1"; }
 munge -n -S "$MUNGE_SOCKET" 2>/dev/null | unmunge -S "$MUNGE_SOCKET" >/dev/null 2>&1 \
     || fail 11 "munged on $MUNGE_SOCKET does not answer"
 timeout 15 scontrol ping 2>/dev/null | grep -q 'is UP' || fail 12 "slurmctld does not answer scontrol ping"
-idle=$(timeout 15 sinfo -h -t idle,mixed -o %D 2>/dev/null | awk '{s += $1} END {print s + 0}')
-((idle > 0)) || fail 13 "no node idle or mixed: $(sinfo -h -N -o '%N %t %E' 2>&1 | tr '\n' ';')"
-out=$(timeout 30 srun --quiet --ntasks=1 --time=1 --job-name=tb-health hostname 2>&1) \
-    || fail 14 "srun hostname failed: $out"
+nodes=$(timeout 15 sinfo -h -N -o %N 2>/dev/null | sort -u | wc -l)
+up=$(timeout 15 sinfo -h -N -t idle,mixed,allocated -o %N 2>/dev/null | sort -u | wc -l)
+((nodes > 0 && up == nodes)) || fail 13 "$up of $nodes node(s) idle/mixed/allocated: $(sinfo -h -N -o '%N %t %E' 2>&1 | sort -u | tr '\n' ';')"
+out=$(timeout 30 srun --quiet --nodes="$nodes" --ntasks-per-node=1 --time=1 --job-name=tb-health hostname 2>&1) \
+    || fail 14 "srun hostname on $nodes node(s) failed: $out"
 timeout 15 sacct -n -X -S now-1hours -o JobID >/dev/null 2>&1 || fail 15 "sacct does not answer (slurmdbd)"
-log "healthy: slurmctld up, $idle node(s) idle, srun on $out, sacct answers"
+log "healthy: slurmctld up, $nodes node(s) up, srun ran on all, sacct answers"

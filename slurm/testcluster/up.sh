@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# Bring up the single-node trustbench test Slurm cluster on this machine, as root, without systemd.
+# Bring up the trustbench test Slurm cluster on this machine, as root, without systemd.
 #
-# Starts private instances of munged, MariaDB, slurmdbd, slurmctld and slurmd with every config,
-# socket, pid file, log and state file under $TB_SLURM_DIR (default /tmp/trustbench-slurm). The
-# configs are rendered from the *.in templates beside this script with this machine's hostname, CPU
-# layout and memory (`slurmd -C`) and $TB_SLURM_GPUS fake GPUs (character devices, gres "gpu").
+# Starts private instances of munged, MariaDB, slurmdbd, slurmctld and $TB_SLURM_NODES slurmd (one
+# per emulated node, default 2; 1 gives a strictly single-node cluster) with every config, socket,
+# pid file, log and state file under $TB_SLURM_DIR (default /tmp/trustbench-slurm). The configs are
+# rendered from the *.in templates beside this script with this machine's hostname, CPU layout and
+# memory (`slurmd -C`) and $TB_SLURM_GPUS fake GPUs per node (character devices, gres "gpu").
 # Idempotent: a healthy cluster is left alone, a daemon already running is not started twice. The
 # MariaDB data directory and Slurm's state survive down.sh (fast restart); `down.sh --purge` wipes them.
 #
@@ -26,12 +27,15 @@ if [[ -f $SLURM_CONF ]] && bash "$TESTCLUSTER_SRC/health.sh" >/dev/null 2>&1; th
 fi
 
 D=$TB_SLURM_DIR
-mkdir -p "$D"/{etc,munge,mysql,spool/ctld,spool/d,log,run,dev}
+mkdir -p "$D"/{etc,munge,mysql,spool/ctld,log,run,dev}
 chmod 755 "$D"
 chmod 755 "$D/munge"  # munged: socket dir must be searchable by all; the key stays 0600
 
 # ---- configuration: this machine's layout, rendered into $D/etc --------------------------------
-HOST=$(hostname -s)
+if ((TB_SLURM_NODES < 1 || TB_SLURM_NODES > 8)); then
+    log "TB_SLURM_NODES=$TB_SLURM_NODES: expected 1 to 8 emulated nodes"
+    exit 2
+fi
 hw=$(slurmd -C | head -1)
 hw_field() { sed -n "s/.* $1=\([0-9]*\).*/\1/p" <<<"$hw"; }
 # Leave 5% of memory (at least 512 MB) to the OS so slurmd's registration check never fails.
@@ -45,21 +49,30 @@ if ((TB_SLURM_GPUS < 1)); then
     log "TB_SLURM_GPUS=$TB_SLURM_GPUS: need at least one fake GPU"
     exit 2
 fi
+nodes=()
+node_lines=""
+for ((i = 0; i < TB_SLURM_NODES; i++)); do
+    nodes+=("$(node_name "$i")")
+    node_lines+="NodeName=$(node_name "$i") NodeHostname=$HOST NodeAddr=$TB_SLURM_ADDR Port=$(node_port "$i") \
+CPUs=$(hw_field CPUs) Boards=$(hw_field Boards) SocketsPerBoard=$(hw_field SocketsPerBoard) \
+CoresPerSocket=$(hw_field CoresPerSocket) ThreadsPerCore=$(hw_field ThreadsPerCore) RealMemory=$mem \
+Gres=gpu:$TB_SLURM_GPUS State=UNKNOWN"$'\n'
+done
+node_csv=$(IFS=,; echo "${nodes[*]}")
+printf '%s' "$node_lines" >"$D/etc/node_lines.tmp"
 render() {  # render TEMPLATE DEST
     sed -e "s|@DIR@|$D|g" -e "s|@HOST@|$HOST|g" -e "s|@ADDR@|$TB_SLURM_ADDR|g" \
-        -e "s|@CTLD_PORT@|$CTLD_PORT|g" -e "s|@SLURMD_PORT@|$SLURMD_PORT|g" \
-        -e "s|@DBD_PORT@|$DBD_PORT|g" -e "s|@MYSQL_PORT@|$MYSQL_PORT|g" \
-        -e "s|@MYSQL_PASS@|$(cat "$D/mysql/pass")|g" \
-        -e "s|@CPUS@|$(hw_field CPUs)|g" -e "s|@BOARDS@|$(hw_field Boards)|g" \
-        -e "s|@SOCKETS@|$(hw_field SocketsPerBoard)|g" -e "s|@CORES@|$(hw_field CoresPerSocket)|g" \
-        -e "s|@THREADS@|$(hw_field ThreadsPerCore)|g" -e "s|@MEMORY_MB@|$mem|g" \
+        -e "s|@CTLD_PORT@|$CTLD_PORT|g" -e "s|@SLURMD_PORT@|$SLURMD_PORT|g" -e "s|@DBD_PORT@|$DBD_PORT|g" -e "s|@MYSQL_PORT@|$MYSQL_PORT|g" \
+        -e "s|@MYSQL_PASS@|$(cat "$D/mysql/pass")|g" -e "s|@NODES@|$node_csv|g" \
         -e "s|@GPUS@|$TB_SLURM_GPUS|g" -e "s|@LAST_GPU@|$((TB_SLURM_GPUS - 1))|g" \
+        -e "/@NODE_LINES@/{r $D/etc/node_lines.tmp" -e "d}" \
         "$TESTCLUSTER_SRC/$1" >"$D/etc/$2"
 }
 render slurm.conf.in slurm.conf
 render gres.conf.in gres.conf
 render slurmdbd.conf.in slurmdbd.conf
 chmod 600 "$D/etc/slurmdbd.conf"
+rm -f "$D/etc/node_lines.tmp"
 cat >"$D/etc/env.sh" <<ENV
 # Source this to use the trustbench test cluster: . $D/etc/env.sh
 export SLURM_CONF=$SLURM_CONF
@@ -117,17 +130,20 @@ if ! live_pid "$D/run/slurmctld.pid" >/dev/null; then
     slurmctld -i
 fi
 wait_for 30 "slurmctld" scontrol ping
-if ! live_pid "$D/run/slurmd.pid" >/dev/null; then
-    slurmd
-fi
+for node in "${nodes[@]}"; do
+    if ! live_pid "$D/run/slurmd-$node.pid" >/dev/null; then
+        mkdir -p "$D/spool/d-$node"
+        slurmd -N "$node"
+    fi
+done
 # Jobs restored from the saved state of a cluster that was not brought down cleanly (or that left
 # the cluster unhealthy) have no processes any more: cancel them so the node comes back idle.
 if [[ -n $(squeue -h -o %i) ]]; then
     log "cancelling jobs left from a previous run: $(squeue -h -o %i | tr '\n' ' ')"
     scancel --quiet $(squeue -h -o %i) || true
 fi
-node_idle() { [[ $(sinfo -h -n "$HOST" -o %t) == idle ]]; }
-wait_for 30 "node $HOST idle" node_idle || { sinfo -N -l >&2; exit 1; }
+all_idle() { (($(sinfo -h -N -t idle -o %N | sort -u | wc -l) == TB_SLURM_NODES)); }
+wait_for 30 "$TB_SLURM_NODES node(s) idle" all_idle || { sinfo -N -l >&2; exit 1; }
 
 if bash "$TESTCLUSTER_SRC/health.sh"; then
     log "cluster up in $((SECONDS - start_time)) s: . $D/etc/env.sh"

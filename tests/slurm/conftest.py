@@ -43,11 +43,11 @@ class SlurmCluster:
     state_dir: Path
     # environment for Slurm commands (SLURM_CONF set)
     env: dict[str, str]
-    # the single node's name (this machine's short hostname)
-    node: str
-    # fake GPUs configured on the node (gres gpu)
+    # node names; the first is this machine's short hostname, others are extra slurmd on it
+    nodes: list[str]
+    # fake GPUs configured per node (gres gpu)
     gpus: int
-    # CPUs of the node
+    # CPUs per node
     cpus: int
     # partitions: the default one and the one that preempts it
     default_partition: str = "debug"
@@ -151,17 +151,15 @@ def _script(name: str, env: dict[str, str], timeout: float, *args: str) -> subpr
 
 
 def _describe(env: dict[str, str], state_dir: Path, started: bool) -> SlurmCluster:
-    node_line = subprocess.run(
-        ["scontrol", "show", "node", "-o"], env=env, capture_output=True, text=True, check=True
-    ).stdout.splitlines()[0]
-    fields = dict(re.findall(r"(\w+)=(\S*)", node_line))
-    gpus = re.search(r"gpu(?::[^:,(]+)?:(\d+)", fields.get("Gres", ""))
+    out = subprocess.run(["scontrol", "show", "node", "-o"], env=env, capture_output=True, text=True, check=True)
+    nodes = [dict(re.findall(r"(\w+)=(\S*)", line)) for line in out.stdout.splitlines() if line.strip()]
+    gpus = re.search(r"gpu(?::[^:,(]+)?:(\d+)", nodes[0].get("Gres", ""))
     return SlurmCluster(
         state_dir=state_dir,
         env=env,
-        node=fields["NodeName"],
+        nodes=[n["NodeName"] for n in nodes],
         gpus=int(gpus.group(1)) if gpus else 0,
-        cpus=int(fields["CPUTot"]),
+        cpus=int(nodes[0]["CPUTot"]),
         started_here=started,
     )
 

@@ -1,4 +1,4 @@
-"""The single-node test Slurm cluster behaves like the GPU clusters trustbench sweeps run on.
+"""The test Slurm cluster behaves like the GPU clusters trustbench sweeps run on.
 
 Each test checks Slurm's observable behaviour -- what a job sees, what sacct records, what the
 controller refuses -- against what the job script did, so a broken daemon, a missing plugin or a
@@ -40,7 +40,9 @@ def test_job_completes_and_sacct_records_it(slurm_cluster, tmp_path):
 
     assert slurm_cluster.wait_job(ok)["JobState"] == "COMPLETED"
     assert slurm_cluster.wait_job(bad)["JobState"] == "FAILED"
-    assert (tmp_path / "out.txt").read_text().split() == ["ran", str(ok), "on", slurm_cluster.node]
+    ran, job_id, on, node = (tmp_path / "out.txt").read_text().split()
+    assert (ran, job_id, on) == ("ran", str(ok), "on")
+    assert node in slurm_cluster.nodes
     [ok_record] = slurm_cluster.wait_sacct(ok, lambda r: r[-1]["State"] == "COMPLETED")
     [bad_record] = slurm_cluster.wait_sacct(bad, lambda r: r[-1]["State"] == "FAILED")
     assert ok_record["ExitCode"] == "0:0"
@@ -63,12 +65,13 @@ def test_gpu_job_sees_its_devices(slurm_cluster, tmp_path, option, count):
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        (lambda c: [f"--gpus={c.gpus + 1}"], "Requested node configuration is not available"),
-        (lambda c: ["--nodes=2"], "Node count specification invalid"),
+        (lambda c: [f"--gpus-per-node={c.gpus + 1}"], "Requested node configuration is not available"),
+        (lambda c: [f"--gpus={c.gpus * len(c.nodes) + 1}"], "Requested node configuration is not available"),
+        (lambda c: [f"--nodes={len(c.nodes) + 1}"], "Node count specification invalid"),
         (lambda c: ["--time=30"], "Requested time limit is invalid"),
         (lambda c: ["--partition=no_such_partition"], "Invalid partition name specified"),
     ],
-    ids=["too-many-gpus", "too-many-nodes", "over-partition-max-time", "unknown-partition"],
+    ids=["too-many-gpus-per-node", "too-many-gpus", "too-many-nodes", "over-partition-max-time", "unknown-partition"],
 )
 def test_unsatisfiable_request_is_refused_at_submission(slurm_cluster, tmp_path, options, message):
     """Requests the cluster can never satisfy are rejected by sbatch itself (not left pending
@@ -108,12 +111,13 @@ if [ "${{SLURM_RESTART_COUNT:-0}}" = 0 ]; then scontrol requeue "$SLURM_JOB_ID";
 
 
 def test_preemption_requeues_lower_tier_job(slurm_cluster, tmp_path):
-    """A job in the preempting partition that needs a GPU held by a default-partition job makes the
-    controller requeue that job (PreemptMode=REQUEUE); it then runs again with SLURM_RESTART_COUNT=1
+    """A job in the preempting partition that needs a GPU while a default-partition job holds all
+    of them makes the controller requeue that job (PreemptMode=REQUEUE); it then runs again with SLURM_RESTART_COUNT=1
     after the preemptor finished."""
     body = f"""echo "${{SLURM_RESTART_COUNT:-0}}" >> runs.txt
 if [ "${{SLURM_RESTART_COUNT:-0}}" = 0 ]; then touch holding; {IDLE}; fi"""
-    low = slurm_cluster.sbatch(body, f"--gpus={slurm_cluster.gpus}", cwd=tmp_path, name="low")
+    every_gpu = [f"--nodes={len(slurm_cluster.nodes)}", f"--gpus-per-node={slurm_cluster.gpus}"]
+    low = slurm_cluster.sbatch(body, *every_gpu, cwd=tmp_path, name="low")
     slurm_cluster.wait_file(tmp_path / "holding", 30)
     high = slurm_cluster.sbatch(
         "echo $SLURM_JOB_PARTITION > high.txt", f"--partition={slurm_cluster.preempting_partition}", "--gpus=1",

@@ -1,6 +1,7 @@
 """slurm/ray_on_slurm.sh: the Ray-on-Slurm bootstrap the verl backend runs inside its allocation.
 
-The slurm-marked test runs the real bootstrap on the test cluster (2 fake GPUs) with a command that
+The slurm-marked test runs the real bootstrap on the test cluster (2 fake GPUs, on 2 emulated nodes
+when the cluster has them) with a command that
 prints ``ray.cluster_resources()``, and checks the Ray cluster against the Slurm allocation: as many
 Ray nodes as allocated nodes, as many Ray GPUs as allocated GPUs, the command's exit status passed
 through, and no Ray process left once the job ends. The other tests check the script's pure parts
@@ -93,19 +94,26 @@ def test_refuses_to_run_outside_an_allocation():
 @pytest.mark.slurm
 @pytest.mark.slow
 def test_bootstrap_builds_ray_cluster_matching_allocation(slurm_cluster, tmp_path):
-    """On a 1-node allocation with 2 (fake) GPUs the Ray cluster has 1 alive node and 2 GPUs, the
-    command runs with RAY_ADDRESS set and its exit status (5) becomes the job's, and no process of
-    this Ray cluster outlives the job."""
-    if slurm_cluster.gpus < 2:
-        pytest.skip(f"slurm: the test cluster has {slurm_cluster.gpus} GPUs, this test needs 2")
+    """On an allocation of 2 (fake) GPUs -- one per node on 2 nodes when the test cluster emulates
+    several, else 2 on one node -- the Ray cluster has as many alive nodes as Slurm allocated and 2
+    GPUs, the command runs with RAY_ADDRESS set and its exit status (5) becomes the job's, and no
+    process of this Ray cluster outlives the job."""
+    # Two GPUs in all: one per node on two nodes when the cluster emulates several, else both on one.
+    if len(slurm_cluster.nodes) >= 2 and slurm_cluster.gpus >= 1:
+        nodes, allocation = 2, ["--nodes=2", "--gpus-per-node=1"]
+    elif slurm_cluster.gpus >= 2:
+        nodes, allocation = 1, ["--nodes=1", "--gpus=2"]
+    else:
+        pytest.skip(f"slurm: the test cluster has {slurm_cluster.gpus} GPU(s) per node, this test needs 2 in all")
     gcs_port, client_port, agent_port = _free_ports(3)
     python_dir = os.path.dirname(sys.executable)
     body = f"""export PATH={python_dir}:$PATH
-export TB_RAY_PORT={gcs_port} TB_RAY_CLIENT_PORT={client_port} TB_RAY_OBJECT_STORE_MB=100 TB_RAY_WAIT_S=90
+export TB_RAY_PORT={gcs_port} TB_RAY_CLIENT_PORT={client_port} TB_RAY_OBJECT_STORE_MB=100 TB_RAY_WAIT_S=120
 export TB_RAY_PYTHON={sys.executable}
 export TB_RAY_START_ARGS="--dashboard-agent-listen-port={agent_port}"
 bash {SCRIPT} {sys.executable} -c '{PROBE}'"""
-    job = slurm_cluster.sbatch(body, "--gpus=2", f"--cpus-per-task={min(2, slurm_cluster.cpus)}", cwd=tmp_path)
+    cpus = f"--cpus-per-task={min(2, slurm_cluster.cpus)}"
+    job = slurm_cluster.sbatch(body, *allocation, "--ntasks-per-node=1", cpus, cwd=tmp_path)
     temp_dir = f"/tmp/ray-{job}"
     try:
         info = slurm_cluster.wait_job(job, timeout=150)
@@ -114,8 +122,8 @@ bash {SCRIPT} {sys.executable} -c '{PROBE}'"""
         assert probes, f"the command printed no RAY_PROBE line; job output:\n{output[-4000:]}"
         probe = json.loads(probes[-1].removeprefix("RAY_PROBE "))
         assert probe["resources"].get("GPU") == 2.0
-        assert probe["alive_nodes"] == probe["slurm_nodes"] == 1
-        assert probe["resources"]["object_store_memory"] == 100 * 1024 * 1024
+        assert probe["alive_nodes"] == probe["slurm_nodes"] == nodes
+        assert probe["resources"]["object_store_memory"] == nodes * 100 * 1024 * 1024
         assert info["JobState"] == "FAILED"
         assert info["ExitCode"] == "5:0"
         deadline = time.monotonic() + 10  # the job ends when its steps do; give stragglers a moment
