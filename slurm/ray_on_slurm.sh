@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# shellcheck disable=SC2317  # stop_tree, stop_ray and forward run from traps
 # Ray-on-Slurm bootstrap for the verl backend: start a Ray cluster over the nodes of the current Slurm
 # allocation, wait until every node and GPU has joined, run one command against it, stop Ray.
 #
@@ -116,7 +117,7 @@ stop_tree() {
 case "${1:-}" in
     --node-start) shift; start_node "$@"; exit ;;
     --count-gpus) count_gpus; exit 0 ;;
-    "" | -h | --help) sed -n '2,/^set -euo/p' "$SELF" | sed '$d' | sed 's/^# \{0,1\}//'; exit 0 ;;
+    "" | -h | --help) sed -n '3,/^set -euo/p' "$SELF" | sed '$d' | sed 's/^# \{0,1\}//'; exit 0 ;;
 esac
 [[ ${1:-} == -- ]] && shift
 
@@ -143,7 +144,7 @@ log "job $SLURM_JOB_ID: $num_nodes node(s) [${nodes[*]}], head $head at $RAY_ADD
 
 step_pids=()
 stop_ray() {
-    local pid i
+    local i
     ((${#step_pids[@]})) || return 0
     log "stopping Ray (srun steps ${step_pids[*]})"
     kill -TERM "${step_pids[@]}" 2>/dev/null || true

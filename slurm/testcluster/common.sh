@@ -1,3 +1,4 @@
+# shellcheck shell=bash disable=SC2034  # sourced: the variables are used by up/down/health.sh
 # Shared settings of the trustbench test cluster scripts (sourced by up.sh, down.sh, health.sh).
 #
 # One directory holds everything: $TB_SLURM_DIR (default /tmp/trustbench-slurm) with etc/ (rendered

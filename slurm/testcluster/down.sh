@@ -9,6 +9,7 @@
 #
 #   sudo bash slurm/testcluster/down.sh [--purge]
 set -uo pipefail
+# shellcheck source-path=SCRIPTDIR source=common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 start_time=$SECONDS
 purge=0
@@ -64,7 +65,8 @@ leftover_job_pids() {
 }
 
 if [[ -f $SLURM_CONF ]] && live_pid "$D/run/slurmctld.pid" >/dev/null; then
-    scancel --quiet $(squeue -h -o %i) 2>/dev/null || true
+    mapfile -t jobs < <(squeue -h -o %i 2>/dev/null)
+    ((${#jobs[@]} == 0)) || scancel --quiet "${jobs[@]}" 2>/dev/null || true
     for ((i = 0; i < 50; i++)); do
         [[ -z $(squeue -h -o %i 2>/dev/null) ]] && break
         sleep 0.2
@@ -72,7 +74,10 @@ if [[ -f $SLURM_CONF ]] && live_pid "$D/run/slurmctld.pid" >/dev/null; then
 fi
 # slurmctld keeps accounting records slurmdbd has not acknowledged in its state (dbd.messages), so
 # slurmdbd may stop together with it; MariaDB and munged must outlive slurmdbd.
-mapfile -t slurmds < <(cd "$D/run" 2>/dev/null && ls slurmd-*.pid 2>/dev/null | sed 's/\.pid$//')
+slurmds=()
+for pidfile in "$D"/run/slurmd-*.pid; do
+    [[ -e $pidfile ]] && slurmds+=("$(basename "$pidfile" .pid)")
+done
 stop_group "${slurmds[@]}" slurmctld slurmdbd
 for pid in $(leftover_job_pids); do
     kill -KILL "$pid" 2>/dev/null && log "killed leftover job process (pid $pid)"

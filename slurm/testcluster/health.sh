@@ -11,6 +11,7 @@
 #
 #   bash slurm/testcluster/health.sh; echo $?
 set -uo pipefail
+# shellcheck source-path=SCRIPTDIR source=common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
 fail() { log "FAIL: $2"; exit "$1"; }

@@ -11,8 +11,10 @@
 #
 #   sudo bash slurm/testcluster/up.sh && . /tmp/trustbench-slurm/etc/env.sh && sinfo
 set -euo pipefail
+# shellcheck source-path=SCRIPTDIR source=common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
-start_time=$SECONDS
+t0=${EPOCHREALTIME/./}
+stage() { log "$(printf '%6.1f' "$(((${EPOCHREALTIME/./} - t0) / 1000))e-3") s  $*"; }
 
 if [[ $(id -u) -ne 0 ]]; then
     log "must run as root (the daemons run as root in the test cluster)"
@@ -94,6 +96,7 @@ if ! live_pid "$D/run/munged.pid" >/dev/null; then
         --log-file="$D/log/munged.log" --seed-file="$D/munge/munged.seed" --num-threads=2
 fi
 wait_for 10 "munged" bash -c "munge -n -S '$MUNGE_SOCKET' | unmunge -S '$MUNGE_SOCKET'"
+stage "munged answers"
 
 # ---- MariaDB (slurmdbd's store), TCP on $TB_SLURM_ADDR:$MYSQL_PORT only -----------------------------
 if ! live_pid "$D/run/mariadbd.pid" >/dev/null; then
@@ -111,6 +114,7 @@ if ! live_pid "$D/run/mariadbd.pid" >/dev/null; then
         --performance-schema=OFF </dev/null >/dev/null 2>&1 &
 fi
 wait_for 30 "MariaDB" mariadb-admin --no-defaults --socket="$MYSQL_SOCKET" ping
+stage "MariaDB answers"
 pass=$(cat "$D/mysql/pass")
 mariadb --no-defaults --socket="$MYSQL_SOCKET" -u root <<SQL
 CREATE USER IF NOT EXISTS 'slurm'@'$TB_SLURM_ADDR' IDENTIFIED BY '$pass';
@@ -123,6 +127,7 @@ if ! live_pid "$D/run/slurmdbd.pid" >/dev/null; then
     slurmdbd
 fi
 wait_for 60 "slurmdbd" sacctmgr -n list cluster
+stage "slurmdbd answers"
 if [[ -z $(sacctmgr -n -P list cluster format=cluster where cluster=trustbench) ]]; then
     sacctmgr -i add cluster trustbench >/dev/null
 fi
@@ -130,6 +135,7 @@ if ! live_pid "$D/run/slurmctld.pid" >/dev/null; then
     slurmctld -i
 fi
 wait_for 30 "slurmctld" scontrol ping
+stage "slurmctld answers"
 for node in "${nodes[@]}"; do
     if ! live_pid "$D/run/slurmd-$node.pid" >/dev/null; then
         mkdir -p "$D/spool/d-$node"
@@ -140,13 +146,15 @@ done
 # the cluster unhealthy) have no processes any more: cancel them so the node comes back idle.
 if [[ -n $(squeue -h -o %i) ]]; then
     log "cancelling jobs left from a previous run: $(squeue -h -o %i | tr '\n' ' ')"
-    scancel --quiet $(squeue -h -o %i) || true
+    mapfile -t jobs < <(squeue -h -o %i)
+    scancel --quiet "${jobs[@]}" || true
 fi
 all_idle() { (($(sinfo -h -N -t idle -o %N | sort -u | wc -l) == TB_SLURM_NODES)); }
 wait_for 30 "$TB_SLURM_NODES node(s) idle" all_idle || { sinfo -N -l >&2; exit 1; }
+stage "$TB_SLURM_NODES node(s) idle"
 
 if bash "$TESTCLUSTER_SRC/health.sh"; then
-    log "cluster up in $((SECONDS - start_time)) s: . $D/etc/env.sh"
+    stage "healthy; use it with: . $D/etc/env.sh"
 else
     rc=$?
     log "cluster started but health.sh failed (exit $rc); logs in $D/log"
