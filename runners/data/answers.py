@@ -13,15 +13,16 @@ strictly, by the dataset's own convention only:
 then *compared* with ``answers_match``: when the gold is a plain number (integer, decimal, fraction,
 with units, ``$``, ``%``, thousands separators) the answer must itself be a number literal and equal
 exactly (so an unevaluated expression such as ``66 + 24`` is never credited); otherwise both are
-parsed by math-verify and compared symbolically under a timeout that is safe in any thread.
+parsed by math-verify and compared symbolically under a timeout that is safe in any thread
+(``verify_worker.py``).
 """
 
 from __future__ import annotations
 
-import atexit
 import re
-import threading
 from fractions import Fraction
+
+from runners.data.verify_worker import math_verify_equal
 
 # answers longer than this are rejected before any symbolic work (sympy can hang on huge inputs)
 MAX_ANSWER_CHARS = 512
@@ -166,69 +167,3 @@ def answers_match(answer: str | None, gold: str, *, timeout_s: float = 5.0, prom
     if prompt is not None and is_echo(answer, prompt, gold):
         return False
     return math_verify_equal(gold, answer, timeout_s=timeout_s)
-
-
-# -- math-verify with a timeout that works in any thread ----------------------------------------
-_POOL = None
-_POOL_LOCK = threading.Lock()
-
-
-def _math_verify_compare(gold: str, answer: str, timeout: int | None) -> bool:
-    from math_verify import LatexExtractionConfig, parse, verify
-
-    if timeout is None:  # the pool's caller enforces the timeout; silence math-verify's warning
-        import logging
-
-        logging.getLogger("math_verify").setLevel(logging.ERROR)
-    config = [LatexExtractionConfig(boxed_match_priority=0)]
-    g = parse(f"\\boxed{{{gold}}}", extraction_config=config, parsing_timeout=timeout)
-    a = parse(f"\\boxed{{{answer}}}", extraction_config=config, parsing_timeout=timeout)
-    return bool(g) and bool(a) and bool(verify(g, a, timeout_seconds=timeout))
-
-
-def math_verify_equal(gold: str, answer: str, *, timeout_s: float = 5.0) -> bool:
-    """math-verify equivalence of two LaTeX answers, False on timeout or error.
-
-    math-verify's own timeout uses ``signal.alarm``, which only works in the main thread. There it is
-    used directly; from any other thread (reward worker pools) the comparison runs in a one-process
-    ``spawn`` pool whose worker is terminated when it exceeds ``timeout_s``.
-    """
-    seconds = max(1, int(round(timeout_s)))
-    if threading.current_thread() is threading.main_thread():
-        try:
-            return _math_verify_compare(gold, answer, seconds)
-        except Exception:
-            return False
-    return _compare_in_pool(gold, answer, timeout_s)
-
-
-def _compare_in_pool(gold: str, answer: str, timeout_s: float) -> bool:
-    result = run_in_pool(_math_verify_compare, (gold, answer, None), timeout_s)
-    return bool(result) if result is not _TIMED_OUT else False
-
-
-_TIMED_OUT = object()
-
-
-def run_in_pool(fn, args: tuple, timeout_s: float):
-    """``fn(*args)`` in the shared one-process spawn pool; ``_TIMED_OUT`` (worker killed) or None on error."""
-    import multiprocessing
-
-    global _POOL
-    with _POOL_LOCK:
-        if _POOL is None:
-            _POOL = multiprocessing.get_context("spawn").Pool(1)
-            atexit.register(_POOL.terminate)
-            # start-up (interpreter + math-verify import) must not count against the first timeout
-            _POOL.apply_async(_math_verify_compare, ("1", "1", None)).get(timeout=120)
-        pool = _POOL
-    try:
-        return pool.apply_async(fn, args).get(timeout=timeout_s)
-    except multiprocessing.TimeoutError:
-        with _POOL_LOCK:
-            if _POOL is pool:
-                _POOL = None
-        pool.terminate()
-        return _TIMED_OUT
-    except Exception:
-        return None
