@@ -187,10 +187,14 @@ def value_at(series: pd.Series, step: int) -> float:
 
 
 def entropy_change(entropy: pd.Series, step: int) -> tuple[float, float]:
-    """(absolute, relative) change of entropy from the first logged step to ``step``."""
+    """(absolute, relative) change of entropy from the first logged step to ``step``.
+
+    A checkpoint before the first logged entropy (e.g. the evaluation at step 0) is the initial
+    policy: change 0.
+    """
     s = entropy.dropna().sort_index()
     if not len(s):
         return float("nan"), float("nan")
     h0 = float(s.iloc[0])
-    d = value_at(s, step) - h0
+    d = value_at(s, max(step, int(s.index[0]))) - h0
     return d, d / h0 if h0 != 0 else float("nan")

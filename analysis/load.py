@@ -122,12 +122,13 @@ def plan_fetch(
     return requests
 
 
-def _load_one(client, tracking_uri: str, name: str, refresh: Refresh, cache_root: Path | None, bulk: bool, progress):
+def _load_one(get_client, tracking_uri: str, name: str, refresh: Refresh, cache_root: Path | None, bulk: bool, progress):
     path = cache_path(cache_root, tracking_uri, name) if cache_root is not None else None
     if refresh is False and path is not None:
         runs_c, metrics_c, state = read_cache(path, None)
         if state:
             return runs_c, metrics_c, {"experiment": name, "source": "cache", "runs_fetched": 0, "rows_fetched": 0}
+    client = get_client()
     exp = resolve_experiment(client, name)
     exp_id = str(exp.experiment_id)
     runs_c, metrics_c, state = (
@@ -141,6 +142,9 @@ def _load_one(client, tracking_uri: str, name: str, refresh: Refresh, cache_root
     requests = plan_fetch(latest, _cached_latest(metrics_c), exp_id)
     source = pick_source(client, tracking_uri, bulk=bulk)
     fetched = source.fetch(requests, progress=progress) if requests else empty_metrics()
+    reread = {r.run_id for r in requests if r.from_step is None}  # whole history fetched again
+    if reread and len(metrics_c):
+        metrics_c = metrics_c[~metrics_c["run_id"].astype(str).isin(reread)]
     if len(fetched) and len(metrics_c):
         merged = pd.concat(
             [metrics_c.astype({"run_id": str, "metric": str}), fetched.astype({"run_id": str, "metric": str})]
@@ -192,10 +196,16 @@ def load_experiment(
         raise ValueError("load_experiment needs at least one experiment name")
     uri = tracking_uri or default_tracking_uri()
     root = analysis_cache_dir() if cache_dir == "default" else (Path(cache_dir) if cache_dir is not None else None)
-    client = _client(uri)
+    clients: list = []
+
+    def get_client():  # created on first need: an offline load from the cache never touches the store
+        if not clients:
+            clients.append(_client(uri))
+        return clients[0]
+
     all_runs, all_metrics, infos = [], [], []
     for name in names:
-        runs, metrics, info = _load_one(client, uri, name, refresh, root, bulk, progress)
+        runs, metrics, info = _load_one(get_client, uri, name, refresh, root, bulk, progress)
         all_runs.append(runs)
         all_metrics.append(metrics)
         infos.append(info)

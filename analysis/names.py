@@ -26,7 +26,7 @@ _TV_BUCKET = re.compile(
 
 # canonical benchmark key -> aliases (normalised on use)
 EVAL_ALIASES: dict[str, tuple[str, ...]] = {
-    "dapo_eval": ("dapo_eval", "dapo-eval", "dapo_math_eval", "dapo_test", "dapo"),
+    "dapo_eval": ("dapo_eval", "dapo-eval", "dapo_math_eval", "dapo_test", "dapo", "dapo_math"),
     "math_eval": ("math_eval", "math-eval", "matheval"),
     "aime24": ("aime24", "aime_24", "aime2024", "aime_2024"),
     "aime25": ("aime25", "aime_25", "aime2025", "aime_2025"),

@@ -10,7 +10,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from analysis.figures.style import PALETTE, Figure, render, setup
+from analysis.figures.style import PALETTE, Figure, render, set_log, setup
 from analysis.frames import ExperimentData
 from analysis.skip import SkipItem
 from runners.algorithms.bounds import error_bounds
@@ -56,8 +56,7 @@ def plot_bounds(deltas: list[float], d_seq: float | None = 0.01, t_max: int = 16
         ax.set_title("runs: measured δ and Dbar", fontsize=9)
         ax.legend(fontsize=6, loc="upper left")
     for ax in axes[0]:
-        ax.set_xscale("log")
-        ax.set_yscale("log")
+        set_log(ax, x=True, y=True)
         ax.set_xlabel("sequence length T (tokens)")
     axes[0][0].set_ylabel("bound on |J − J_roll − L| (reward units)")
     axes[0][0].legend(fontsize=6, loc="upper left")

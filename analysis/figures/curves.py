@@ -14,7 +14,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from analysis.aggregate import seed_curves
-from analysis.figures.style import RAW_ALPHA, Figure, method_styles, render, setup
+from analysis.figures.style import RAW_ALPHA, Figure, method_styles, render, set_log, setup
 from analysis.frames import ExperimentData
 from analysis.names import eval_metrics
 from analysis.skip import SkipItem
@@ -63,7 +63,7 @@ def panels_figure(
         ax.set_xlabel("training step")
         ax.set_ylabel(ylabel)
         if logy:
-            ax.set_yscale("log")
+            set_log(ax, y=True)
     for ax in list(axes.flat)[len(panels) :]:
         ax.set_visible(False)
     seen: dict[str, object] = {}

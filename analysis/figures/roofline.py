@@ -12,7 +12,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from analysis.aggregate import per_run
-from analysis.figures.style import PALETTE, Figure, method_styles, render, setup
+from analysis.figures.style import PALETTE, Figure, method_styles, render, set_log, setup
 from analysis.frames import ExperimentData
 from analysis.paper_data import model_configs, paper_table
 from analysis.roofline import attainable_tflops, decode_arithmetic_intensity, hardware_table
@@ -58,8 +58,7 @@ def roofline_figure(
                 label=f"ours: {method}",
             )
         measured = " Circles: our runs (median over steps per run)."
-    ax.set_xscale("log")
-    ax.set_yscale("log")
+    set_log(ax, x=True, y=True)
     ax.set_xlabel("arithmetic intensity (FLOP/byte)")
     ax.set_ylabel("attainable BF16 performance (TFLOP/s)")
     ax.set_title("Roofline (dense BF16)", fontsize=9)
@@ -77,8 +76,7 @@ def roofline_figure(
         )
     ax2.axhline(h800["ridge"], color="0.4", ls=":", lw=1)
     ax2.annotate(f"H800 ridge {h800['ridge']:.0f}", (1.2, h800["ridge"] * 1.08), fontsize=7)
-    ax2.set_xscale("log")
-    ax2.set_yscale("log")
+    set_log(ax2, x=True, y=True)
     ax2.set_xlabel("decode batch size B (sequences)")
     ax2.set_ylabel("arithmetic intensity (FLOP/byte)")
     ax2.set_title(f"Analytical decode intensity, {model} (bf16)", fontsize=9)

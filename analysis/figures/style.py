@@ -54,6 +54,16 @@ def setup() -> None:
     )
 
 
+def set_log(ax, x: bool = False, y: bool = False) -> None:
+    """Log scale with major (decade) ticks only: minor log ticks cost ~0.5 s per figure to lay out."""
+    from matplotlib.ticker import NullLocator
+
+    for on, axis, set_scale in ((x, ax.xaxis, ax.set_xscale), (y, ax.yaxis, ax.set_yscale)):
+        if on:
+            set_scale("log")
+            axis.set_minor_locator(NullLocator())
+
+
 def render(fig, key: str, title: str, caption: str, reproduces: str = "") -> Figure:
     """Encode and close ``fig`` (SVG unless too large, then PNG)."""
     buf = io.BytesIO()
@@ -68,20 +78,25 @@ def render(fig, key: str, title: str, caption: str, reproduces: str = "") -> Fig
 
 
 def method_styles(labels: pd.DataFrame) -> dict[str, dict]:
-    """{method label: matplotlib kwargs}: colour by algorithm tag, dashed unless objective is troll."""
-    algos = []
+    """{method label: matplotlib kwargs}: colour per algorithm tag and, when the experiment mixes TROLL
+    and other objectives, solid lines for TROLL and dashed for the rest (troll.txt's convention);
+    otherwise one colour per method, all solid."""
+    first = labels.drop_duplicates(schema.TAG_METHOD)
+    objectives = first[schema.TAG_OBJECTIVE].astype(str)
+    troll = objectives.str.startswith("troll")
+    algos = [
+        a if isinstance(a, str) and a else m for a, m in zip(first[schema.TAG_ALGORITHM], first[schema.TAG_METHOD])
+    ]
+    paired = troll.any() and (~troll).any() and len(set(algos)) < len(first)
     styles = {}
-    for _, row in labels.drop_duplicates(schema.TAG_METHOD).iterrows():
-        algo = row[schema.TAG_ALGORITHM] if pd.notna(row[schema.TAG_ALGORITHM]) else row[schema.TAG_METHOD]
-        objectives = labels[schema.TAG_OBJECTIVE].dropna().unique()
-        if algo not in algos:
-            algos.append(algo)
-        color = PALETTE[algos.index(algo) % len(PALETTE)]
-        dashed = "troll" in set(objectives) and row[schema.TAG_OBJECTIVE] != "troll"
-        styles[row[schema.TAG_METHOD]] = {"color": color, "linestyle": "--" if dashed else "-"}
-    if len(set(map(lambda s: tuple(s["color"]), styles.values()))) < len(styles) and "troll" not in set(
-        labels[schema.TAG_OBJECTIVE].dropna()
-    ):
-        # several methods share an algorithm but not by objective: give each its own colour
-        styles = {m: {"color": PALETTE[i % len(PALETTE)], "linestyle": "-"} for i, m in enumerate(styles)}
+    if paired:
+        order = list(dict.fromkeys(algos))
+        for method, algo, is_troll in zip(first[schema.TAG_METHOD], algos, troll):
+            styles[method] = {
+                "color": PALETTE[order.index(algo) % len(PALETTE)],
+                "linestyle": "-" if is_troll else "--",
+            }
+    else:
+        for i, method in enumerate(first[schema.TAG_METHOD]):
+            styles[method] = {"color": PALETTE[i % len(PALETTE)], "linestyle": "-"}
     return styles

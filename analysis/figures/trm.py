@@ -12,7 +12,7 @@ import numpy as np
 
 from analysis.aggregate import per_run
 from analysis.figures.curves import TRAIN_WINDOW, panels_figure
-from analysis.figures.style import Figure, method_styles, render, setup
+from analysis.figures.style import Figure, method_styles, render, set_log, setup
 from analysis.frames import ExperimentData
 from analysis.names import accept_rate_buckets
 from analysis.skip import SkipItem
@@ -66,7 +66,7 @@ def acceptance_by_length_figure(data: ExperimentData) -> Figure:
             lw=1,
             label=f"i.i.d. model (1-p)^T, p={p:g}",
         )
-    ax.set_xscale("log")
+    set_log(ax, x=True)
     ax.set_xlabel("response length T (tokens, bucket midpoint)")
     ax.set_ylabel("acceptance rate")
     ax.set_ylim(-0.02, 1.02)

@@ -56,6 +56,11 @@ def paper_cell(value: object, digits: int = 3) -> tuple[float, str]:
     return x, fmt_num(x, digits)
 
 
+def is_troll(objective: object) -> bool:
+    """True for the TROLL objectives (``troll`` and its sequence variant ``troll_seq``)."""
+    return str(objective).startswith("troll")
+
+
 def objective_column(objective: object) -> str:
     """troll.txt's column name for a run's objective tag."""
-    return "TROLL" if str(objective) == "troll" else "Clip"
+    return "TROLL" if is_troll(objective) else "Clip"

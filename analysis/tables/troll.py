@@ -18,7 +18,7 @@ from analysis.names import find_eval, paper_method
 from analysis.paper_data import paper_source, paper_table
 from analysis.skip import SkipItem
 from analysis.tables.base import MISSING, Table, fmt_num
-from analysis.tables.common import objective_column, paper_cell, paper_model, resolve_eval, seed_cell
+from analysis.tables.common import is_troll, objective_column, paper_cell, paper_model, resolve_eval, seed_cell
 from runners import schema
 
 PAPER_METHODS = ["GRPO", "Dr.GRPO", "PPO", "GSPO", "RF++"]
@@ -185,7 +185,7 @@ def troll_table4(data: ExperimentData, last_n_eval: int = 3) -> Table:
 
 def troll_variant(label: str, objective: object, params: dict[str, object]) -> str:
     """Clip / TROLL / TROLL Chunked (a TROLL run whose method label or a ``*chunk*`` param says chunked)."""
-    if str(objective) != "troll":
+    if not is_troll(objective):
         return "Clip"
     if "chunk" in str(label).lower():
         return "TROLL Chunked"
