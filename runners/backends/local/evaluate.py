@@ -1,0 +1,187 @@
+"""Periodic evaluation: mean@n (pass@1 estimate), pass@k and maj@k on a held-out split.
+
+Every evaluation prompt gets ``n`` samples at the evaluation temperature. Per data source:
+
+- ``val-core/<data>/acc/mean_at_<n>``: mean reward over all samples (the pass@1 estimate);
+- ``val-core/<data>/acc/best_at_<k>/mean``: pass@k with the unbiased estimator
+  1 - C(n - c, k) / C(n, k) (c correct of n; Chen et al. 2021), for k = 2, 4, ... <= n;
+- ``val-core/<data>/acc/maj_at_<k>/mean``: the reward of the most frequent extracted final answer
+  among the first k samples (ties: the earliest), for the same k;
+- ``val-aux/<data>/response_length/mean`` and ``val-aux/<data>/entropy/mean``.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from collections.abc import Callable, Sequence
+from math import comb
+from typing import Any
+
+import torch
+
+from runners import schema
+from runners.algorithms.numerics import entropy_from_logits
+from runners.backends.local.policy import segment_logits
+from runners.backends.local.sampler import generate
+from runners.data.answers import extract_answer_line, extract_gsm8k_answer, extract_last_boxed
+
+ANSWER_EXTRACTORS: dict[str, Callable[[str], str | None]] = {
+    "embedded_int": extract_last_boxed,
+    "math": extract_last_boxed,
+    "math_answer_line": extract_answer_line,
+    "gsm8k": lambda text: extract_gsm8k_answer(text) or extract_last_boxed(text),
+}
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k from c correct of n samples."""
+    if n - c < k:
+        return 1.0
+    return 1.0 - comb(n - c, k) / comb(n, k)
+
+
+def ks_for(n: int) -> list[int]:
+    ks, k = [], 2
+    while k <= n:
+        ks.append(k)
+        k *= 2
+    return ks
+
+
+def majority_score(answers: Sequence[str | None], scores: Sequence[float]) -> float:
+    """Reward of the most common non-empty answer (earliest on ties); 0 when none was extracted."""
+    counted = Counter(a for a in answers if a)
+    if not counted:
+        return 0.0
+    best = max(counted.values())
+    for answer, score in zip(answers, scores):
+        if answer and counted[answer] == best:
+            return float(score)
+    return 0.0  # pragma: no cover
+
+
+class Evaluator:
+    """Samples ``n`` responses per evaluation prompt and reports the metrics above."""
+
+    def __init__(
+        self,
+        *,
+        examples: Sequence[Any],
+        encode: Callable[[Any], list[int]],
+        decode: Callable[[list[int]], str],
+        reward: Callable[[Any, str], float],
+        n: int,
+        temperature: float,
+        top_p: float,
+        max_new_tokens: int,
+        pad_token_id: int,
+        eos_token_id: int,
+        batch_size: int = 64,
+    ) -> None:
+        self.examples = list(examples)
+        self.encode = encode
+        self.decode = decode
+        self.reward = reward
+        self.n = n
+        self.temperature = temperature
+        self.top_p = top_p
+        self.max_new_tokens = max_new_tokens
+        self.pad = pad_token_id
+        self.eos = eos_token_id
+        self.batch_size = batch_size
+
+    def _batches(self, examples: Sequence[Any], n: int):
+        items = [(e, self.encode(e)) for e in examples for _ in range(n)]
+        for s in range(0, len(items), self.batch_size):
+            chunk = items[s : s + self.batch_size]
+            width = max(len(ids) for _, ids in chunk)
+            ids = torch.full((len(chunk), width), self.pad, dtype=torch.long)
+            mask = torch.zeros((len(chunk), width), dtype=torch.long)
+            for i, (_, p) in enumerate(chunk):
+                ids[i, width - len(p) :] = torch.tensor(p)
+                mask[i, width - len(p) :] = 1
+            yield [e for e, _ in chunk], ids, mask
+
+    @torch.inference_mode()
+    def evaluate(self, model, *, generator: torch.Generator) -> dict[str, float]:
+        device = next(model.parameters()).device
+        per_example: dict[int, list[tuple[float, str | None, int]]] = defaultdict(list)
+        sources: dict[int, str] = {}
+        entropies: dict[str, list[float]] = defaultdict(list)
+        for exs, ids, mask in self._batches(self.examples, self.n):
+            out = generate(
+                model,
+                ids.to(device),
+                mask.to(device),
+                max_new_tokens=self.max_new_tokens,
+                temperature=self.temperature,
+                top_p=self.top_p,
+                eos_token_id=self.eos,
+                pad_token_id=self.pad,
+                generator=generator,
+            )
+            lengths = out.response_mask.sum(-1).tolist()
+            for i, example in enumerate(exs):
+                text = self.decode(out.responses[i, : int(lengths[i])].tolist())
+                score = float(self.reward(example, text))
+                extractor = ANSWER_EXTRACTORS.get(example.reward_fn)
+                answer = extractor(text) if extractor else None
+                per_example[id(example)].append((score, answer, int(lengths[i])))
+                sources[id(example)] = example.data_source
+            ent = self._entropy(model, ids.to(device), mask.to(device), out)
+            for i, example in enumerate(exs):
+                entropies[example.data_source].append(ent[i])
+        return self._summarise(per_example, sources, entropies)
+
+    def _entropy(self, model, ids, mask, out) -> list[float]:
+        full = torch.cat([ids, out.responses], dim=1)
+        attn = torch.cat([mask, out.response_mask.long()], dim=1)
+        logits = segment_logits(model, full, attn, ids.shape[1], self.temperature)
+        ent = entropy_from_logits(logits)
+        m = out.response_mask.float()
+        return ((ent * m).sum(-1) / m.sum(-1).clamp(min=1)).tolist()
+
+    def _summarise(self, per_example, sources, entropies) -> dict[str, float]:
+        by_source: dict[str, list[list[tuple[float, str | None, int]]]] = defaultdict(list)
+        for key, samples in per_example.items():
+            by_source[sources[key]].append(samples)
+        metrics: dict[str, float] = {}
+        for data, groups in by_source.items():
+            scores = [s for g in groups for s, _, _ in g]
+            metrics[schema.val_acc_mean(data, self.n)] = sum(scores) / len(scores)
+            for k in ks_for(self.n):
+                metrics[schema.val_acc_best(data, k)] = sum(
+                    pass_at_k(len(g), sum(s >= 1.0 for s, _, _ in g), k) for g in groups
+                ) / len(groups)
+                metrics[schema.val_acc_maj(data, k)] = sum(
+                    majority_score([a for _, a, _ in g[:k]], [s for s, _, _ in g[:k]]) for g in groups
+                ) / len(groups)
+            lengths = [ln for g in groups for _, _, ln in g]
+            metrics[schema.val_response_length(data)] = sum(lengths) / len(lengths)
+            metrics[schema.val_entropy(data)] = sum(entropies[data]) / max(len(entropies[data]), 1)
+        return metrics
+
+    @torch.inference_mode()
+    def mean_entropy(self, model, examples: Sequence[Any], *, generator: torch.Generator) -> float:
+        """Mean token entropy of one sampled response per example (GTPO's H_ini)."""
+        device = next(model.parameters()).device
+        total, count = 0.0, 0.0
+        for _exs, ids, mask in self._batches(examples, 1):
+            out = generate(
+                model,
+                ids.to(device),
+                mask.to(device),
+                max_new_tokens=self.max_new_tokens,
+                temperature=self.temperature,
+                top_p=self.top_p,
+                eos_token_id=self.eos,
+                pad_token_id=self.pad,
+                generator=generator,
+            )
+            full = torch.cat([ids.to(device), out.responses], dim=1)
+            attn = torch.cat([mask.to(device), out.response_mask.long()], dim=1)
+            ent = entropy_from_logits(segment_logits(model, full, attn, ids.shape[1], self.temperature))
+            m = out.response_mask.float()
+            total += float((ent * m).sum())
+            count += float(m.sum())
+        return total / max(count, 1.0)

@@ -1,0 +1,58 @@
+"""Forward passes of the built-in trainer: segment logits, log-probs, entropy, values.
+
+The segment of a ``RolloutBatch`` starts at column ``C`` (the context length) of ``input_ids``; the
+logits that predict it sit at columns ``C-1 .. C+R-2``. Only those columns go through the LM head
+(``logits_to_keep``-style slicing of the last hidden state), which keeps memory proportional to
+the segment, not the context.
+"""
+
+from __future__ import annotations
+
+from torch import Tensor, nn
+
+
+def segment_hidden(model: nn.Module, input_ids: Tensor, attention_mask: Tensor, context_length: int) -> Tensor:
+    """Last hidden states [B, R, H] at the positions that predict the segment tokens."""
+    position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+    base = model.base_model if hasattr(model, "base_model") else model
+    out = base(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
+    hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
+    return hidden[:, context_length - 1 : -1]
+
+
+def segment_logits(
+    model: nn.Module, input_ids: Tensor, attention_mask: Tensor, context_length: int, temperature: float = 1.0
+) -> Tensor:
+    """Logits [B, R, V] (float32) predicting the segment tokens, divided by the sampling temperature."""
+    hidden = segment_hidden(model, input_ids, attention_mask, context_length)
+    logits = model.get_output_embeddings()(hidden).float()
+    if temperature != 1.0:
+        logits = logits / temperature
+    return logits
+
+
+class ValueModel(nn.Module):
+    """Critic: the policy's backbone (a copy) with a scalar head, V(s_t) per segment position."""
+
+    def __init__(self, policy: nn.Module) -> None:
+        super().__init__()
+        import copy
+
+        self.backbone = copy.deepcopy(policy.base_model)
+        hidden = policy.config.hidden_size
+        self.head = nn.Linear(hidden, 1)
+        nn.init.zeros_(self.head.weight)
+        nn.init.zeros_(self.head.bias)
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor, context_length: int) -> Tensor:
+        position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+        out = self.backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
+        # V(s_t) for the state before each segment token: use the hidden state that predicts it
+        hidden = out.last_hidden_state[:, context_length - 1 : -1]
+        return self.head(hidden).squeeze(-1).float()
+
+
+def k3_kl(logp: Tensor, ref_logp: Tensor) -> Tensor:
+    """Per-token k3 estimate of KL(pi || ref) (GRPO's KL loss): exp(ref - logp) - (ref - logp) - 1."""
+    diff = (ref_logp - logp).clamp(-20.0, 20.0)
+    return diff.exp() - diff - 1.0
