@@ -9,9 +9,10 @@ One row per example::
     reward_model  dict  {"style": "rule", "ground_truth": <gold answer string>}
     extra_info    dict  {"split", "index", "reward_fn", "question", "source"?}
 
-``extra_info.reward_fn`` names our reward so verl's custom reward function can dispatch to
-``runners.data.rewards.REWARDS`` instead of verl's data_source switch (whose string matching on
-``data_source`` would not know our preset names).
+``extra_info.reward_fn`` names our reward so verl's custom reward function (``compute_score``
+below: ``reward.custom_reward_function.path=<this file>``, ``...name=compute_score``)
+dispatches to ``runners.data.rewards.REWARDS`` instead of verl's data_source switch, whose string
+matching would not know our preset names (nor extract answers strictly).
 
     python -c "from runners.data.datasets import load_examples; from runners.data.verl_format import \\
         write_verl_parquet; write_verl_parquet('/tmp/embedded_test.parquet', load_examples('embedded', split='test'))"
@@ -70,3 +71,23 @@ def write_verl_parquet(path: str | Path, examples: list[Example], **record_kwarg
     rows = [to_verl_record(example, i, **record_kwargs) for i, example in enumerate(examples)]
     pd.DataFrame(rows).to_parquet(path, index=False)
     return path
+
+
+def compute_score(
+    data_source: str, solution_str: str, ground_truth: str, extra_info: dict | None = None, **kw: Any
+) -> float:
+    """verl's custom reward function signature: our reward by ``extra_info["reward_fn"]``, else
+    by the ``data_source`` preset's reward. Extra ``custom_reward_function.reward_kwargs`` (e.g.
+    ``timeout_s``) are passed through."""
+    from runners.data.datasets import PRESETS
+    from runners.data.rewards import compute_reward
+
+    extra_info = extra_info or {}
+    name = extra_info.get("reward_fn")
+    if not name:
+        if data_source not in PRESETS:
+            raise KeyError(
+                f"no reward_fn in extra_info and data_source {data_source!r} is not a preset; valid: {sorted(PRESETS)}"
+            )
+        name = PRESETS[data_source].reward_fn
+    return compute_reward(name, solution_str, ground_truth, prompt=extra_info.get("question"), **kw)

@@ -9,7 +9,7 @@ import pytest
 
 from runners.data.datasets import load_examples
 from runners.data.rewards import compute_reward
-from runners.data.verl_format import to_verl_record, write_verl_parquet
+from runners.data.verl_format import compute_score, to_verl_record, write_verl_parquet
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "datasets"
 
@@ -89,3 +89,26 @@ def test_verl_rlhf_dataset_reads_our_parquet(tmp_path):
         assert item["index"] == i and item["data_source"] == example.data_source
         assert item["raw_prompt"] == to_verl_record(example, i)["prompt"]
         assert item["reward_model"]["ground_truth"] == example.answer
+
+
+@pytest.mark.verl
+def test_compute_score_loads_through_verls_custom_reward_hook():
+    """verl imports compute_score from this file by path and calls it as its reward managers do."""
+    from omegaconf import OmegaConf
+    from verl.trainer.ppo.reward import get_custom_reward_fn
+
+    import runners.data.verl_format as module
+
+    hook = {"path": module.__file__, "name": "compute_score", "reward_kwargs": {"timeout_s": 5.0}}
+    fn = get_custom_reward_fn(OmegaConf.create({"reward": {"custom_reward_function": hook}}))
+    record = to_verl_record(load_examples("math500", split="test", path=FIXTURES / "math500.jsonl")[1], 0)
+    kwargs = {
+        "data_source": record["data_source"],
+        "ground_truth": record["reward_model"]["ground_truth"],
+        "extra_info": record["extra_info"],
+    }
+    assert fn(solution_str="so \\boxed{\\frac{2}{4}}", **kwargs) == 1.0
+    assert fn(solution_str="\\boxed{\\frac{3}{4}}", **kwargs) == 0.0
+    assert compute_score("gsm8k", "#### 12", "12") == 1.0  # no extra_info: the preset's reward
+    with pytest.raises(KeyError, match="not a preset"):
+        compute_score("openai/gsm8k", "#### 12", "12")
