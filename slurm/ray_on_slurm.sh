@@ -10,8 +10,9 @@
 # nodes and --gpus / --gres / --gpus-per-node requests all give the right count. The command runs on
 # the head node with RAY_ADDRESS exported, so `ray.init()` (as verl's main_ppo calls it) connects.
 #
-# Usage, inside an allocation (sbatch script or salloc):
-#   bash slurm/ray_on_slurm.sh python -m verl.trainer.main_ppo trainer.nnodes=$SLURM_NNODES ...
+# Usage, inside an allocation (sbatch script or salloc); `exec` it from a batch script so that it is
+# the batch shell, which `--signal=B:USR1@N` and `scancel --batch` signal:
+#   exec bash slurm/ray_on_slurm.sh python -m verl.trainer.main_ppo trainer.nnodes=$SLURM_NNODES ...
 # Exit status: the command's, or 3 when the Ray cluster did not come up complete in time.
 #
 # Settings (environment):

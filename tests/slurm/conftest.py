@@ -99,6 +99,10 @@ class SlurmCluster:
 
         return wait_for(probe, timeout, f"job {job_id} in {sorted(states)}")
 
+    def wait(self, probe: Callable[[], object], timeout: float, what: str):
+        """Poll ``probe`` until it returns something truthy (returned); fail the test after ``timeout`` s."""
+        return wait_for(probe, timeout, what)
+
     def wait_file(self, path: Path, timeout: float = 30) -> Path:
         """Wait until ``path`` exists (a file a running job writes: the nodes share this filesystem)."""
         return wait_for(lambda: path if path.exists() else None, timeout, f"{path} to appear")

@@ -26,12 +26,14 @@ import pytest
 SCRIPT = Path(__file__).resolve().parents[2] / "slurm" / "ray_on_slurm.sh"
 
 PROBE = """
-import json, os, ray
+import json, os, signal, sys, time, ray
 ray.init()
 alive = [n for n in ray.nodes() if n["Alive"]]
+signal.signal(signal.SIGUSR1, lambda *_: (print("GOT_USR1", flush=True), sys.exit(5)))
 print("RAY_PROBE " + json.dumps({"resources": ray.cluster_resources(), "alive_nodes": len(alive),
       "slurm_nodes": int(os.environ["SLURM_JOB_NUM_NODES"])}), flush=True)
-raise SystemExit(5)
+time.sleep(60)
+sys.exit(6)
 """
 
 
@@ -96,8 +98,9 @@ def test_refuses_to_run_outside_an_allocation():
 def test_bootstrap_builds_ray_cluster_matching_allocation(slurm_cluster, tmp_path):
     """On an allocation of 2 (fake) GPUs -- one per node on 2 nodes when the test cluster emulates
     several, else 2 on one node -- the Ray cluster has as many alive nodes as Slurm allocated and 2
-    GPUs, the command runs with RAY_ADDRESS set and its exit status (5) becomes the job's, and no
-    process of this Ray cluster outlives the job."""
+    GPUs, the command runs with RAY_ADDRESS set, gets the USR1 sent to the batch shell, and its
+    exit status (5, from its USR1 handler) becomes the job's; no process of this Ray cluster
+    outlives the job."""
     # Two GPUs in all: one per node on two nodes when the cluster emulates several, else both on one.
     if len(slurm_cluster.nodes) >= 2 and slurm_cluster.gpus >= 1:
         nodes, allocation = 2, ["--nodes=2", "--gpus-per-node=1"]
@@ -111,19 +114,30 @@ def test_bootstrap_builds_ray_cluster_matching_allocation(slurm_cluster, tmp_pat
 export TB_RAY_PORT={gcs_port} TB_RAY_CLIENT_PORT={client_port} TB_RAY_OBJECT_STORE_MB=100 TB_RAY_WAIT_S=120
 export TB_RAY_PYTHON={sys.executable}
 export TB_RAY_START_ARGS="--dashboard-agent-listen-port={agent_port}"
-bash {SCRIPT} {sys.executable} -c '{PROBE}'"""
+exec bash {SCRIPT} {sys.executable} -c '{PROBE}'"""
     cpus = f"--cpus-per-task={min(2, slurm_cluster.cpus)}"
     job = slurm_cluster.sbatch(body, *allocation, "--ntasks-per-node=1", cpus, cwd=tmp_path)
     temp_dir = f"/tmp/ray-{job}"
     try:
-        info = slurm_cluster.wait_job(job, timeout=150)
-        output = (tmp_path / f"slurm-{job}.out").read_text()
-        probes = [line for line in output.splitlines() if line.startswith("RAY_PROBE ")]
-        assert probes, f"the command printed no RAY_PROBE line; job output:\n{output[-4000:]}"
-        probe = json.loads(probes[-1].removeprefix("RAY_PROBE "))
+        output_file = tmp_path / f"slurm-{job}.out"
+
+        def probe_line() -> str | None:
+            text = output_file.read_text() if output_file.exists() else ""
+            lines = [line for line in text.splitlines() if line.startswith("RAY_PROBE ")]
+            if not lines and slurm_cluster.job_info(job).get("JobState") not in (None, "PENDING", "RUNNING"):
+                pytest.fail(f"job ended without a RAY_PROBE line; output:\n{text[-4000:]}")
+            return lines[0] if lines else None
+
+        line = slurm_cluster.wait(probe_line, 150, "the command's RAY_PROBE line")
+        # The batch shell forwards USR1 (as sent before a time limit) to the command.
+        slurm_cluster.run("scancel", "--batch", "--signal=USR1", str(job))
+        info = slurm_cluster.wait_job(job, timeout=60)
+        output = output_file.read_text()
+        probe = json.loads(line.removeprefix("RAY_PROBE "))
         assert probe["resources"].get("GPU") == 2.0
         assert probe["alive_nodes"] == probe["slurm_nodes"] == nodes
         assert probe["resources"]["object_store_memory"] == nodes * 100 * 1024 * 1024
+        assert "GOT_USR1" in output
         assert info["JobState"] == "FAILED"
         assert info["ExitCode"] == "5:0"
         deadline = time.monotonic() + 10  # the job ends when its steps do; give stragglers a moment
