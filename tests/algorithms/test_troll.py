@@ -37,7 +37,7 @@ from runners.algorithms.troll import (
     troll_objective,
 )
 from runners.algorithms.troll_solver import categorical_kl
-from runners.algorithms.troll_sparse import reduce_on_kept_set
+from runners.algorithms.troll_sparse import chunked_logsumexp, reduce_on_kept_set
 from runners.algorithms.types import PolicyInputs
 
 EPS = 0.05
@@ -216,6 +216,32 @@ def test_sparsify_chunks_and_leading_shape():
     b = sparsify(logits.reshape(15, 40), sampled.reshape(15), k=8, delta=1e-4, chunk_size=1024)
     assert a[0].shape == (3, 5, 9)
     assert torch.equal(a[0].reshape(15, 9), b[0]) and torch.equal(a[1].reshape(15, 9), b[1])
+
+
+def test_chunked_logsumexp_matches_torch():
+    """Blocked logsumexp (with and without the max shift, rows subset, -inf entries) == torch.logsumexp."""
+    g = torch.Generator().manual_seed(16)
+    x = torch.randn(37, 5000, generator=g) * 5
+    x[3] += 200.0  # forces the shifted path for its block
+    x[5, :4000] = -math.inf
+    rows = torch.tensor([0, 3, 5, 36])
+    torch.testing.assert_close(chunked_logsumexp(x, chunk_size=4), torch.logsumexp(x.double(), -1).float())
+    torch.testing.assert_close(
+        chunked_logsumexp(x, rows, chunk_size=1024), torch.logsumexp(x[rows].double(), -1).float()
+    )
+    bf16 = x.bfloat16()
+    torch.testing.assert_close(chunked_logsumexp(bf16), torch.logsumexp(bf16.double(), -1).float())
+
+
+def test_sparsify_bf16_logits():
+    """bf16 logits: same kept ids as the fp32 upcast of the same values, log-probs to fp32 accuracy."""
+    g = torch.Generator().manual_seed(17)
+    logits = (torch.randn(6, 300, generator=g) * 4).bfloat16()
+    sampled = torch.randint(0, 300, (6,), generator=g)
+    a = sparsify(logits, sampled, k=16, delta=1e-3)
+    b = sparsify(logits.float(), sampled, k=16, delta=1e-3)
+    assert torch.equal(a[0], b[0])
+    torch.testing.assert_close(a[1], b[1])
 
 
 def test_sparsify_rejects_bad_arguments():
