@@ -37,9 +37,13 @@ cleanup() { if [[ $created_policy -eq 1 ]]; then rm -f "$policy"; fi; }
 trap cleanup EXIT
 
 export DEBIAN_FRONTEND=noninteractive
-# apt lists may be missing on a fresh machine; update only when the candidates are unknown.
+# apt lists may be missing or stale on a fresh machine: update when the candidates are unknown, and
+# once more if the install fails (a stale list names package versions the mirror no longer has).
 if ! apt-cache policy "${missing[0]}" 2>/dev/null | grep -q 'Candidate: [0-9]'; then
     apt-get update -qq
 fi
-apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+if ! apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null; then
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
 echo "install.sh: installed ${missing[*]}"

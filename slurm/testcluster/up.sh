@@ -64,7 +64,8 @@ node_csv=$(IFS=,; echo "${nodes[*]}")
 printf '%s' "$node_lines" >"$D/etc/node_lines.tmp"
 render() {  # render TEMPLATE DEST
     sed -e "s|@DIR@|$D|g" -e "s|@HOST@|$HOST|g" -e "s|@ADDR@|$TB_SLURM_ADDR|g" \
-        -e "s|@CTLD_PORT@|$CTLD_PORT|g" -e "s|@SLURMD_PORT@|$SLURMD_PORT|g" -e "s|@DBD_PORT@|$DBD_PORT|g" -e "s|@MYSQL_PORT@|$MYSQL_PORT|g" \
+        -e "s|@CTLD_PORT@|$CTLD_PORT|g" -e "s|@SLURMD_PORT@|$SLURMD_PORT|g" \
+        -e "s|@DBD_PORT@|$DBD_PORT|g" -e "s|@MYSQL_PORT@|$MYSQL_PORT|g" \
         -e "s|@MYSQL_PASS@|$(cat "$D/mysql/pass")|g" -e "s|@NODES@|$node_csv|g" \
         -e "s|@GPUS@|$TB_SLURM_GPUS|g" -e "s|@LAST_GPU@|$((TB_SLURM_GPUS - 1))|g" \
         -e "/@NODE_LINES@/{r $D/etc/node_lines.tmp" -e "d}" \
@@ -81,10 +82,11 @@ export SLURM_CONF=$SLURM_CONF
 export TB_SLURM_DIR=$D
 ENV
 
-# Fake GPUs: character devices with the NVIDIA major number (195); plain files where mknod is refused.
+# Fake GPUs: character devices with the NVIDIA major number (195). Slurm rejects plain files
+# ("not a valid character or block device") and then sets no CUDA_VISIBLE_DEVICES.
 rm -f "$D"/dev/nvidia*
 for ((i = 0; i < TB_SLURM_GPUS; i++)); do
-    mknod "$D/dev/nvidia$i" c 195 "$i" 2>/dev/null || touch "$D/dev/nvidia$i"
+    mknod "$D/dev/nvidia$i" c 195 "$i" || { log "mknod $D/dev/nvidia$i refused: fake GPUs need it"; exit 1; }
 done
 
 # ---- munge ----------------------------------------------------------------------------------------
