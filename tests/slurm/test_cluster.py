@@ -2,7 +2,8 @@
 
 Each test checks Slurm's observable behaviour -- what a job sees, what sacct records, what the
 controller refuses -- against what the job script did, so a broken daemon, a missing plugin or a
-wrong slurm.conf setting fails here before it fails a launcher test. The wait for a signal before
+wrong slurm.conf setting fails here before it fails a launcher test. The last test submits through
+submitit, as the Hydra submitit launcher will. The wait for a signal before
 the time limit (~30 s: slurmctld checks time limits every 30 s) overlaps the other tests: its job is
 submitted first, by a module fixture.
 
@@ -142,3 +143,22 @@ def test_signal_before_time_limit(slurm_cluster, timelimit_job):
     elapsed = int((cwd / "signalled_after_s").read_text())
     assert info["JobState"] == "COMPLETED"
     assert 0 < elapsed < 60
+
+
+def _double_and_report(x: int) -> tuple[int, str | None, str | None]:
+    import os
+
+    return 2 * x, os.environ.get("SLURM_JOB_ID"), os.environ.get("CUDA_VISIBLE_DEVICES")
+
+
+def test_submitit_job_runs_on_the_cluster(slurm_cluster, tmp_path):
+    """submitit (the Hydra launcher's backend) reaches the cluster through the fixture's SLURM_CONF
+    alone: a pickled function runs as a Slurm job with the GPU it asked for and returns its value."""
+    submitit = pytest.importorskip("submitit")
+    executor = submitit.AutoExecutor(folder=tmp_path / "%j", cluster="slurm")
+    executor.update_parameters(timeout_min=2, slurm_partition=slurm_cluster.default_partition, gpus_per_node=1)
+    job = executor.submit(_double_and_report, 21)
+    slurm_cluster.submitted.append(int(job.job_id))
+    value, job_id, visible = job.result()
+    assert (value, job_id) == (42, job.job_id)
+    assert visible is not None and len(visible.split(",")) == 1
