@@ -3,9 +3,9 @@
 Each test checks Slurm's observable behaviour -- what a job sees, what sacct records, what the
 controller refuses -- against what the job script did, so a broken daemon, a missing plugin or a
 wrong slurm.conf setting fails here before it fails a launcher test. The last test submits through
-submitit, as the Hydra submitit launcher will. The wait for a signal before
-the time limit (~30 s: slurmctld checks time limits every 30 s) overlaps the other tests: its job is
-submitted first, by a module fixture.
+submitit, as the Hydra submitit launcher will. The wait for a signal before the time limit (~30 s:
+slurmctld checks time limits every 30 s) overlaps the other tests: a module fixture submits its
+job first.
 
 Run:  pytest -m slurm tests/slurm/test_cluster.py     (needs slurm/testcluster installed; ~45 s)
 """
