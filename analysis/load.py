@@ -122,7 +122,9 @@ def plan_fetch(
     return requests
 
 
-def _load_one(get_client, tracking_uri: str, name: str, refresh: Refresh, cache_root: Path | None, bulk: bool, progress):
+def _load_one(
+    get_client, tracking_uri: str, name: str, refresh: Refresh, cache_root: Path | None, bulk: bool, progress
+):
     path = cache_path(cache_root, tracking_uri, name) if cache_root is not None else None
     if refresh is False and path is not None:
         runs_c, metrics_c, state = read_cache(path, None)

@@ -107,7 +107,7 @@ def format_bounds(T: int, delta: float, d_seq: float | None, cap: bool = True) -
     lines = [f"TRM error bounds on |J(θ) − J(roll) − L(θ)|, T = {T}, δ = {delta:g}" + ("" if cap else " (uncapped)")]
     for key, label in labels.items():
         value = b[key]
-        text = "n/a" if value != value else (f"{value:.4g}" if abs(value) >= 1e5 else f"{value:.1f}")
+        text = "n/a" if value != value else (f"{value:.4g}" if abs(value) < 1e5 else f"{value:.3e}")
         lines.append(f"  {label:<36} {text:>12}")
     return "\n".join(lines)
 

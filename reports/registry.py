@@ -97,7 +97,7 @@ register_report(
         "demo",
         "Demo sweep: GRPO with Clip vs TROLL on the embedded task",
         "The embedded default run end to end (tiny model, generated arithmetic task): success, entropy, response length, "
-        "clipped vs projected tokens and time per phase.",
+        "clipped vs projected tokens, TRM acceptance and time per phase.",
         (
             OVERVIEW,
             _t(
@@ -108,6 +108,7 @@ register_report(
             ENTROPY,
             LENGTH,
             CLIP,
+            _f("trm:acceptance_figure"),
             TIMING,
             CONFIG_DIFF,
         ),

@@ -24,15 +24,20 @@ CURVES = (
 
 
 def plot_bounds(deltas: list[float], d_seq: float | None = 0.01, t_max: int = 16384, runs: pd.DataFrame | None = None):
-    """Figure with one panel per delta (bounds vs T), plus a panel of the runs' own bounds when given.
+    """One panel per delta (bounds vs T) and, when ``runs`` is given, a second row with the runs' bounds.
 
     runs: rows with method, delta, T, d_seq, dbar ([T] array or None) (``analysis.tables.trm.run_bound_inputs``).
     """
     setup()
-    n = len(deltas) + (1 if runs is not None and len(runs) else 0)
-    fig, axes = plt.subplots(1, n, figsize=(3.3 * n, 3.3), squeeze=False, sharey=True)
-    T = np.unique(np.geomspace(1, t_max, 200).round().astype(int))
-    for ax, delta in zip(axes[0], deltas):
+    with_runs = runs is not None and len(runs) > 0
+    n = len(deltas)
+    fig = plt.figure(figsize=(max(3.4 * n, 6.5), 3.4 + (3.0 if with_runs else 0.0)))
+    grid = fig.add_gridspec(2 if with_runs else 1, n, height_ratios=[1, 0.95] if with_runs else [1])
+    T = np.unique(np.geomspace(2, t_max, 200).round().astype(int))  # T = 1 has zero error (log axis)
+    axes = []
+    for j, delta in enumerate(deltas):
+        ax = fig.add_subplot(grid[0, j], sharey=axes[0] if axes else None)
+        axes.append(ax)
         b = error_bounds(T, delta, d_seq=d_seq)
         for i, (key, label) in enumerate(CURVES):
             if np.all(np.isnan(b[key])):
@@ -40,26 +45,28 @@ def plot_bounds(deltas: list[float], d_seq: float | None = 0.01, t_max: int = 16
             ax.plot(T, b[key], color=PALETTE[i], label=label + (f" (D_seq={d_seq:g})" if key == "mixed" else ""))
         ax.axhline(1.0, color="0.4", lw=0.8, ls=":")
         ax.set_title(f"δ = {delta:g}", fontsize=9)
-    if runs is not None and len(runs):
-        ax = axes[0][-1]
+        set_log(ax, x=True, y=True)
+        ax.set_xlabel("sequence length T (tokens)")
+    axes[0].set_ylabel("bound on |J − J_roll − L|\n(reward units)")
+    axes[0].legend(fontsize=7, loc="upper left")
+    if with_runs:
+        ax = fig.add_subplot(grid[1, :])
         for j, (_, r) in enumerate(runs.iterrows()):
             if not r["T"]:
                 continue
-            Tr = np.unique(np.geomspace(1, int(r["T"]), 80).round().astype(int))
+            Tr = np.unique(np.geomspace(2, int(r["T"]), 80).round().astype(int))
             color = PALETTE[(j + len(CURVES)) % len(PALETTE)]
             pm = error_bounds(Tr, r["delta"])["pinsker_marginal"]
-            ax.plot(Tr, pm, color=color, ls="--", lw=1, label=f"{r['method']}: Pinsker-Marginal")
+            ax.plot(Tr, pm, color=color, ls="--", lw=1, label=f"{r['method']}: Pinsker-Marginal (δ={r['delta']:.1e})")
             if r["dbar"] is not None:
                 adaptive = [error_bounds(int(t), r["delta"], dbar=r["dbar"][: int(t)])["adaptive"] for t in Tr]
-                ax.plot(Tr, adaptive, color=color, lw=1.8, label=f"{r['method']}: Adaptive")
+                ax.plot(Tr, adaptive, color=color, lw=1.8, label=f"{r['method']}: Adaptive (measured Dbar)")
         ax.axhline(1.0, color="0.4", lw=0.8, ls=":")
-        ax.set_title("runs: measured δ and Dbar", fontsize=9)
-        ax.legend(fontsize=6, loc="upper left")
-    for ax in axes[0]:
+        ax.set_title("our runs: bounds at the measured max token KL δ and per-position TV Dbar", fontsize=9)
         set_log(ax, x=True, y=True)
         ax.set_xlabel("sequence length T (tokens)")
-    axes[0][0].set_ylabel("bound on |J − J_roll − L| (reward units)")
-    axes[0][0].legend(fontsize=6, loc="upper left")
+        ax.set_ylabel("bound (reward units)")
+        ax.legend(fontsize=6.5, loc="center left", bbox_to_anchor=(1.01, 0.5))
     fig.tight_layout()
     return fig
 
@@ -80,7 +87,7 @@ def bounds_figure(data: ExperimentData | None = None, deltas: tuple[float, ...] 
         "trm_bounds",
         "TRM error bounds vs sequence length",
         "Bounds of trm.txt section 4 (rewards in [0,1], dotted line = 1) vs T for several max token KL δ; Mixed with D_seq = 0.01. "
-        "Last panel: each TRM run's Pinsker-Marginal bound at its measured δ (max over steps of trm/max_kl) and its Adaptive bound "
+        "Bottom panel: each TRM run's Pinsker-Marginal bound at its measured δ (max over steps of trm/max_kl) and its Adaptive bound "
         "from the measured per-position TV (trm/tv/pos_<lo>_<hi>)." + note,
         reproduces="trm.txt section 4 (bound comparison), Table 1",
     )

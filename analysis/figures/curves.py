@@ -14,7 +14,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from analysis.aggregate import seed_curves
-from analysis.figures.style import RAW_ALPHA, Figure, method_styles, render, set_log, setup
+from analysis.figures.style import RAW_ALPHA, Figure, method_styles, render, set_log, setup, step_axis
 from analysis.frames import ExperimentData
 from analysis.names import eval_metrics
 from analysis.skip import SkipItem
@@ -36,7 +36,7 @@ def _draw(ax, data: ExperimentData, metric: str, window: int, styles: dict, scal
 
 def panels_figure(
     data: ExperimentData,
-    panels: list[tuple[str, str, int]],
+    panels: list[tuple],
     ylabel: str,
     key: str,
     title: str,
@@ -46,7 +46,7 @@ def panels_figure(
     logy: bool = False,
     ncols: int = 3,
 ) -> Figure:
-    """One panel per (metric, panel title, smoothing window); shared legend of methods."""
+    """One panel per (metric, panel title, smoothing window[, y label]); shared legend of methods."""
     available = set(data.metric_names())
     panels = [p for p in panels if p[0] in available]
     if not panels:
@@ -57,11 +57,12 @@ def panels_figure(
     nrows = math.ceil(len(panels) / ncols)
     fig, axes = plt.subplots(nrows, ncols, figsize=(3.6 * ncols, 2.8 * nrows), squeeze=False)
     windows = []
-    for ax, (metric, panel_title, window) in zip(axes.flat, panels):
+    for ax, (metric, panel_title, window, *panel_ylabel) in zip(axes.flat, panels):
         windows.append(_draw(ax, data, metric, window, styles, scale))
         ax.set_title(panel_title, fontsize=9)
         ax.set_xlabel("training step")
-        ax.set_ylabel(ylabel)
+        ax.set_ylabel(panel_ylabel[0] if panel_ylabel else ylabel)
+        step_axis(ax)
         if logy:
             set_log(ax, y=True)
     for ax in list(axes.flat)[len(panels) :]:

@@ -26,13 +26,17 @@ def roofline_figure(
     hw = hardware_table()
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(10, 3.9))
     ai = np.geomspace(1, 1e4, 300)
-    for i, row in hw.iterrows():
+    # hardware in greys with distinct dashes (H100 and H800 share ceilings); colour is kept for our runs
+    greys = np.linspace(0.75, 0.0, len(hw))
+    dashes = ["-", "-", (0, (4, 2)), "-.", "-"]
+    for i, row in hw.reset_index(drop=True).iterrows():
         ax.plot(
             ai,
             attainable_tflops(ai, row["bf16_dense_tflops"], row["mem_bw_tbs"]),
-            color=PALETTE[i],
-            lw=1.3,
-            label=f"{row['name']} (ridge {row['ridge']:.0f})",
+            color=str(greys[i]),
+            ls=dashes[i % len(dashes)],
+            lw=1.4,
+            label=f"{row['name']} ({row['bf16_dense_tflops']:g} TFLOP/s, {row['mem_bw_tbs']:g} TB/s)",
         )
     h800 = hw[hw["name"] == "H800"].iloc[0]
     for _, p in paper_table("tppo_roofline").iterrows():
@@ -86,7 +90,7 @@ def roofline_figure(
         fig,
         "roofline",
         "Roofline of the rollout phase",
-        "Left: roofline ceilings of the accelerators in analysis/data/hardware.csv, with the arithmetic intensity tppo.txt reports for "
+        "Left: roofline ceilings (grey; H100 and H800 coincide) of the accelerators in analysis/data/hardware.csv, with the arithmetic intensity tppo.txt reports for "
         "policy rollout on an H800 (stars: T-PPO 249, PPO 84 FLOP/byte)."
         + measured
         + " Right: decode arithmetic intensity "

@@ -78,25 +78,36 @@ def render(fig, key: str, title: str, caption: str, reproduces: str = "") -> Fig
 
 
 def method_styles(labels: pd.DataFrame) -> dict[str, dict]:
-    """{method label: matplotlib kwargs}: colour per algorithm tag and, when the experiment mixes TROLL
-    and other objectives, solid lines for TROLL and dashed for the rest (troll.txt's convention);
-    otherwise one colour per method, all solid."""
+    """{method label: matplotlib kwargs}, one distinct style per method.
+
+    troll.txt's convention where it applies: a Clip method and its TROLL counterpart (same tags
+    except the objective) share a colour, TROLL solid and Clip dashed. Every other method gets its
+    own colour, solid.
+    """
     first = labels.drop_duplicates(schema.TAG_METHOD)
-    objectives = first[schema.TAG_OBJECTIVE].astype(str)
-    troll = objectives.str.startswith("troll")
-    algos = [
-        a if isinstance(a, str) and a else m for a, m in zip(first[schema.TAG_ALGORITHM], first[schema.TAG_METHOD])
-    ]
-    paired = troll.any() and (~troll).any() and len(set(algos)) < len(first)
-    styles = {}
-    if paired:
-        order = list(dict.fromkeys(algos))
-        for method, algo, is_troll in zip(first[schema.TAG_METHOD], algos, troll):
-            styles[method] = {
-                "color": PALETTE[order.index(algo) % len(PALETTE)],
-                "linestyle": "-" if is_troll else "--",
-            }
-    else:
-        for i, method in enumerate(first[schema.TAG_METHOD]):
-            styles[method] = {"color": PALETTE[i % len(PALETTE)], "linestyle": "-"}
-    return styles
+    keys = [schema.TAG_ALGORITHM, schema.TAG_ESTIMATOR, schema.TAG_MASK, schema.TAG_ENTROPY_CONTROL, schema.TAG_MODEL]
+    groups: dict[tuple, dict[str, list[str]]] = {}
+    for _, row in first.iterrows():
+        key = tuple(str(row.get(k)) for k in keys)
+        kind = "troll" if str(row[schema.TAG_OBJECTIVE]).startswith("troll") else "other"
+        groups.setdefault(key, {"troll": [], "other": []})[kind].append(row[schema.TAG_METHOD])
+    styles: dict[str, dict] = {}
+    colour = 0
+    for members in groups.values():
+        if members["troll"] and members["other"]:
+            c = PALETTE[colour % len(PALETTE)]
+            colour += 1
+            styles[members["other"][0]] = {"color": c, "linestyle": "--"}
+            styles[members["troll"][0]] = {"color": c, "linestyle": "-"}
+        for method in members["other"] + members["troll"]:
+            if method not in styles:
+                styles[method] = {"color": PALETTE[colour % len(PALETTE)], "linestyle": "-"}
+                colour += 1
+    return {m: styles[m] for m in first[schema.TAG_METHOD]}
+
+
+def step_axis(ax) -> None:
+    """Integer ticks for training-step axes."""
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))

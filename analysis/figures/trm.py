@@ -24,14 +24,19 @@ def acceptance_figure(data: ExperimentData) -> Figure:
     return panels_figure(
         data,
         [
-            (schema.TRM_ACCEPT_RATE, "sequences accepted (trm/accept_rate)", TRAIN_WINDOW),
-            (schema.TRM_PPL_GAP, "log absolute PPL gap (trm/ppl_gap)", TRAIN_WINDOW),
+            (schema.TRM_ACCEPT_RATE, "sequences accepted (trm/accept_rate)", TRAIN_WINDOW, "fraction of sequences"),
+            (
+                schema.TRM_PPL_GAP,
+                "log absolute PPL gap (trm/ppl_gap)",
+                TRAIN_WINDOW,
+                "|log PPL(train) − log PPL(roll)|",
+            ),
         ],
         "value",
         "trm_acceptance_curves",
         "TRM acceptance rate and PPL gap",
-        "Left: fraction of sequences kept by the mask (1 for unmasked methods when logged). Right: log absolute PPL gap between "
-        "rollout and training policies, mean over seeds.",
+        "Left: fraction of sequences kept by the mask (1 for unmasked methods when logged). Right: log absolute PPL gap, "
+        "the mean over sequences of |mean log-prob under the training policy − under the rollout policy|; mean over seeds.",
         reproduces="trm.txt Figures 1-3",
         ncols=2,
     )
@@ -45,8 +50,6 @@ def acceptance_by_length_figure(data: ExperimentData) -> Figure:
     styles = method_styles(data.labels())
     fig, ax = plt.subplots(figsize=(6.4, 3.6))
     mids = np.array([0.5 * (lo + hi) for lo, hi, _ in buckets])
-    for lo, hi, _ in buckets:
-        ax.axvspan(lo if lo > 0 else mids[0] / 2, hi, color="0.5", alpha=0.04, lw=0)
     methods = None
     table = {}
     for j, (_, _, metric) in enumerate(buckets):
@@ -70,12 +73,13 @@ def acceptance_by_length_figure(data: ExperimentData) -> Figure:
     ax.set_xlabel("response length T (tokens, bucket midpoint)")
     ax.set_ylabel("acceptance rate")
     ax.set_ylim(-0.02, 1.02)
-    ax.legend(fontsize=7, loc="lower left")
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
     return render(
         fig,
         "trm_acceptance_by_length",
         "TRM acceptance by response length",
-        "Mean acceptance rate (over steps and seeds) of responses per length bucket (shaded bands), against the i.i.d. "
+        "Mean acceptance rate (over steps and seeds) of the responses in each length bucket, plotted at the bucket "
+        "midpoint, against the i.i.d. "
         "per-token violation model of trm.txt eq. 75 / Table D.1 for p = 1e-3 and 1e-4.",
         reproduces="trm.txt Table D.1 (appendix D.1)",
     )

@@ -97,9 +97,12 @@ def trm_bounds_table() -> Table:
 
 
 def _g(x: float) -> str:
+    """4 significant digits (34.95, 115.9, 1,677), scientific from 1e6 (1.68e+07)."""
     if not np.isfinite(x):
         return MISSING
-    return f"{x:.3g}" if abs(x) >= 1e5 else f"{x:,.1f}"
+    if abs(x) >= 1e6:
+        return f"{x:.3g}"
+    return f"{x:,.0f}" if abs(x) >= 1000 else f"{x:.4g}"
 
 
 def fit_violation_p(lengths: np.ndarray, acceptance: np.ndarray) -> float:
