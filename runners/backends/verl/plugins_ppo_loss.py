@@ -1,0 +1,105 @@
+"""The actor's loss function on verl workers: verl's ``ppo_loss`` plus the trustbench loss inputs.
+
+Design: verl 0.9.1's ``ppo_loss(config, model_output, data)`` (``verl.workers.utils.losses``)
+converts the engine's outputs to padded [B,T] tensors and calls the registered policy loss with a
+fixed signature, then adds verl's entropy and KL terms and metric bookkeeping. ``trustbench_ppo_loss``
+keeps all of that (it calls verl's ``ppo_loss``) and only, for a ``trustbench_*`` loss mode, first
+collects the extra inputs from the micro-batch and the model outputs into ``TrustbenchInputs`` and
+makes them current (``plugins_losses.using_inputs``) for the duration of the call:
+
+- ``responses`` [B,T] and the prompt groups (``uid``) from the batch;
+- ``entropy`` [B,T] from the model outputs when the engine computed it (``calculate_entropy``);
+- ``logits`` [B,T,V] gathered from the engine's logits (``sparse_old.LOGITS_OUTPUT``, set in the
+  update pass by the trustbench trainer) and ``old_topk_index/logp`` [B,T,K+1] stored by the
+  old-log-prob pass;
+- the per-iteration ``runtime`` values (controller state, H_ini) the trainer put on the batch.
+
+Any other loss mode goes to verl's ``ppo_loss`` untouched. ``plugins_workers`` installs this
+function as the actor's loss.
+
+Tests: ``pytest tests/verl/test_plugins_engine.py``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from tensordict import TensorDict
+from torch import Tensor
+from verl.utils import tensordict_utils as tu
+from verl.workers.utils.losses import ppo_loss
+from verl.workers.utils.padding import no_padding_2_padding
+
+from runners.backends.verl.plugins_config import is_trustbench_loss, loss_settings
+from runners.backends.verl.plugins_losses import RUNTIME_KEY, TrustbenchInputs, using_inputs
+from runners.backends.verl.sparse_old import (
+    LOGIT_STARTS_OUTPUT,
+    LOGITS_OUTPUT,
+    OLD_TOPK_INDEX,
+    OLD_TOPK_LOGP,
+    padded_from_nested,
+    prompt_response_lengths,
+    response_logits,
+)
+
+
+def response_width(data: TensorDict) -> int:
+    """T of verl's padded [B,T] loss tensors (the rule of ``no_padding_2_padding``)."""
+    if not data["prompts"].is_nested:
+        return int(data["responses"].shape[1])
+    width = tu.get_non_tensor_data(data=data, key="max_response_len", default=-1)
+    if width is not None and width >= 0:
+        return int(width)
+    return int(prompt_response_lengths(data)[1].max())
+
+
+def _uids(data: TensorDict) -> Any:
+    if "uid" not in data.keys():
+        return None
+    value = tu.get(data, "uid")
+    return value if isinstance(value, Tensor) else list(value)
+
+
+def build_inputs(config: Any, model_output: dict, data: TensorDict) -> TrustbenchInputs:
+    """``TrustbenchInputs`` of one verl micro-batch (``data``) and the engine's ``model_output``."""
+    settings = loss_settings(config.policy_loss)
+    width = response_width(data)
+    _, lengths = prompt_response_lengths(data)
+    inputs = TrustbenchInputs(
+        responses=padded_from_nested(data["responses"], width, 0).long(),
+        group_index=_uids(data),
+        runtime=dict(tu.get_non_tensor_data(data=data, key=RUNTIME_KEY, default=None) or {}),
+    )
+    if model_output.get("entropy") is not None:
+        inputs.entropy = no_padding_2_padding(model_output["entropy"], data)
+    if LOGITS_OUTPUT in model_output:
+        inputs.logits = response_logits(model_output[LOGITS_OUTPUT], model_output[LOGIT_STARTS_OUTPUT], lengths, width)
+    elif settings.needs_sparse_old:
+        raise ValueError(
+            f"policy loss {settings.loss_mode!r} with mask {settings.mask!r} needs the logits in the update pass: "
+            "run verl with trainer.v1.trainer_mode=trustbench_sync (runners.backends.verl.plugins_trainer)"
+        )
+    if OLD_TOPK_INDEX in data.keys():
+        inputs.old_topk_index = padded_from_nested(data[OLD_TOPK_INDEX], width, 0).long()
+        inputs.old_topk_logp = padded_from_nested(data[OLD_TOPK_LOGP], width, float("-inf"))
+    elif settings.needs_sparse_old:
+        raise ValueError(
+            f"policy loss {settings.loss_mode!r} with mask {settings.mask!r} needs the sparse old distribution "
+            f"({OLD_TOPK_INDEX}/{OLD_TOPK_LOGP}) from the old-log-prob pass: run verl with "
+            "trainer.v1.trainer_mode=trustbench_sync and without rollout_correction.bypass_mode"
+        )
+    if settings.mask_use_rollout_log_probs and "rollout_log_probs" in data.keys():
+        inputs.rollout_log_probs = padded_from_nested(data["rollout_log_probs"], width, 0.0).to(torch.float32)
+    return inputs
+
+
+def trustbench_ppo_loss(config: Any, model_output: dict, data: TensorDict, dp_group=None):
+    """verl's ``ppo_loss`` with ``TrustbenchInputs`` current for ``trustbench_*`` loss modes."""
+    if not is_trustbench_loss(config.policy_loss):
+        return ppo_loss(config, model_output, data, dp_group)
+    with using_inputs(build_inputs(config, model_output, data)):
+        return ppo_loss(config, model_output, data, dp_group)
+
+
+__all__ = ["build_inputs", "response_width", "trustbench_ppo_loss"]

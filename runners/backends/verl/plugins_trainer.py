@@ -1,0 +1,202 @@
+"""verl's synchronous v1 trainer with the trustbench hooks, registered as ``trustbench_sync``.
+
+Design: verl 0.9.1 picks the trainer class by ``trainer.v1.trainer_mode`` from its registry
+(``register_trainer``); ``TrustbenchPPOTrainer`` is ``PPOTrainerSync`` (it behaves as mode "sync"
+everywhere verl tests the mode) plus five overrides, each a thin wrapper around verl's method:
+
+- ``_init_resource_pool_mgr``: the actor role runs ``plugins_workers.TrustbenchActorRolloutRefWorker``;
+- ``_compute_old_log_prob``: flags the batch so the engine stores the sparse old distribution
+  (``sparse_old.SPARSIFY_KEY``) when the loss needs it (TROLL, exact-KL TRM), then feeds the
+  pass's entropy to the per-iteration controllers (``controllers.IterationControl``);
+- ``_compute_advantage``: critic values (and ``finished``) for ``trustbench_gae`` / ``trustbench_egae``;
+- ``_update_actor``: attaches the controller state (``plugins_losses.RUNTIME_KEY``) and, when
+  needed, asks the engine for the logits (``sparse_old.KEEP_LOGITS_KEY``); moves the method
+  metrics verl prefixed with ``actor/`` back to their schema names (``troll/...``, ``trm/...``);
+- ``_save_checkpoint`` / ``_load_checkpoint``: the controller state as JSON in verl's
+  ``global_step_<n>`` folder.
+
+Flags are removed from the batch after each call, so the reference pass never sparsifies.
+
+    python -m verl.trainer.main_ppo trainer.v1.trainer_mode=trustbench_sync ...   # with
+    VERL_USE_EXTERNAL_MODULES=runners.backends.verl.plugins
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+import numpy as np
+import ray
+import transfer_queue as tq
+from tensordict import TensorDict
+from verl.trainer.ppo.core_algos import get_adv_estimator_fn
+from verl.trainer.ppo.utils import Role
+from verl.trainer.ppo.v1.trainer_base import register_trainer
+from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
+from verl.workers.utils.padding import response_to_nested
+
+from runners.backends.verl import METHOD_METRIC_PREFIXES, TRAINER_MODE
+from runners.backends.verl.controllers import IterationControl
+from runners.backends.verl.plugins_advantages import VALUE_ESTIMATORS
+from runners.backends.verl.plugins_config import is_trustbench_loss, loss_settings
+from runners.backends.verl.plugins_losses import RUNTIME_KEY
+from runners.backends.verl.plugins_workers import TrustbenchActorRolloutRefWorker
+from runners.backends.verl.sparse_old import KEEP_LOGITS_KEY, SPARSIFY_KEY, padded_from_nested
+
+logger = logging.getLogger(__name__)
+ACTOR_ROLES = (Role.ActorRollout, Role.ActorRolloutRef, Role.Actor)
+
+
+def strip_actor_prefix(metrics: dict[str, Any]) -> dict[str, Any]:
+    """Rename ``actor/<method>/...`` (verl's prefix on actor metrics) to ``<method>/...`` in place."""
+    for key in list(metrics):
+        if key.startswith("actor/") and key[len("actor/") :].startswith(METHOD_METRIC_PREFIXES):
+            metrics[key[len("actor/") :]] = metrics.pop(key)
+    return metrics
+
+
+def _uids(data: TensorDict) -> list:
+    value = data["uid"]
+    return value.tolist() if hasattr(value, "tolist") else list(value)
+
+
+@register_trainer(TRAINER_MODE)
+class TrustbenchPPOTrainer(PPOTrainerSync):
+    """``PPOTrainerSync`` with the trustbench hooks (module docstring)."""
+
+    # verl's __init__ assigns config.trainer.v1.trainer_mode; everywhere verl tests it, act as "sync"
+    @property
+    def trainer_mode(self) -> str:
+        return "sync"
+
+    @trainer_mode.setter
+    def trainer_mode(self, value: str) -> None:
+        pass
+
+    def __init__(self, config) -> None:
+        policy_loss = config.actor_rollout_ref.actor.policy_loss
+        self.trustbench = loss_settings(policy_loss) if is_trustbench_loss(policy_loss) else None
+        self.control = IterationControl(self.trustbench) if self.trustbench is not None else None
+        super().__init__(config)
+        self._check_trustbench_config()
+
+    def _check_trustbench_config(self) -> None:
+        cfg = self.config
+        bypass = bool((cfg.algorithm.get("rollout_correction", None) or {}).get("bypass_mode", False))
+        if self.trustbench is not None:
+            if bypass and (self.trustbench.needs_sparse_old or self.control.active):
+                raise ValueError(
+                    "algorithm.rollout_correction.bypass_mode=true skips the old-log-prob pass that trustbench "
+                    f"needs for {self.trustbench.loss_mode} / mask {self.trustbench.mask} / entropy_control "
+                    f"{self.trustbench.entropy_control}; set it to false"
+                )
+            if self.trustbench.needs_grad_entropy and not cfg.actor_rollout_ref.actor.calculate_entropy:
+                raise ValueError(
+                    f"{self.trustbench.loss_mode} with entropy_control={self.trustbench.entropy_control} needs the "
+                    "current entropy: set actor_rollout_ref.actor.calculate_entropy=true"
+                )
+        if cfg.algorithm.adv_estimator in VALUE_ESTIMATORS:
+            if not self.use_critic:
+                raise ValueError(f"algorithm.adv_estimator={cfg.algorithm.adv_estimator} needs critic.enable=true")
+            if cfg.algorithm.use_kl_in_reward:
+                raise ValueError(
+                    f"algorithm.adv_estimator={cfg.algorithm.adv_estimator} does not support use_kl_in_reward"
+                )
+
+    # -- workers ------------------------------------------------------------------------------------
+    def _init_resource_pool_mgr(self):
+        super()._init_resource_pool_mgr()
+        for role in ACTOR_ROLES:
+            if role in self.role_worker_mapping:
+                self.role_worker_mapping[role] = ray.remote(TrustbenchActorRolloutRefWorker)
+
+    # -- phases -------------------------------------------------------------------------------------
+    def _compute_old_log_prob(self, batch, metrics: dict):
+        sparse = self.trustbench is not None and self.trustbench.needs_sparse_old
+        if sparse:
+            batch.extra_info[SPARSIFY_KEY] = dict(self.trustbench.sparse)
+        try:
+            out = super()._compute_old_log_prob(batch, metrics)
+        finally:
+            batch.extra_info.pop(SPARSIFY_KEY, None)
+        if out is not batch and getattr(out, "extra_info", None) is not None:
+            out.extra_info.pop(SPARSIFY_KEY, None)
+        if self.control is not None and self.control.active:
+            data = tq.kv_batch_get(
+                keys=batch.keys, partition_id=batch.partition_id, select_fields=["entropy", "response_mask", "uid"]
+            )
+            real = [i for i, tag in enumerate(batch.tags) if not tag.get("is_padding", False)]
+            width = int(data["response_mask"].offsets().diff().max())
+            entropy = padded_from_nested(data["entropy"], width, 0.0)[real]
+            mask = padded_from_nested(data["response_mask"], width, 0)[real]
+            uids = [_uids(data)[i] for i in real]
+            metrics.update(self.control.observe(entropy, mask, uids))
+        return out
+
+    def _compute_advantage(self, batch, metrics: dict):
+        name = self.config.algorithm.adv_estimator
+        if name not in VALUE_ESTIMATORS:
+            return super()._compute_advantage(batch, metrics)
+        fields = ["uid", "response_mask", "rm_scores", "values"]
+        has_finished = "finished" in (getattr(batch, "fields", None) or [])
+        if has_finished:
+            fields.append("finished")
+        data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=fields)
+        mask_nested = data["response_mask"]
+        width = int(mask_nested.offsets().diff().max())
+        advantages, returns = get_adv_estimator_fn(name)(
+            token_level_rewards=padded_from_nested(data["rm_scores"], width, 0.0).float(),
+            response_mask=padded_from_nested(mask_nested, width, 0).float(),
+            config=self.config.algorithm,
+            index=np.array(_uids(data), dtype=object),
+            values=padded_from_nested(data["values"], width, 0.0).float(),
+            finished=data["finished"].reshape(-1).bool() if has_finished else None,
+        )
+        output = TensorDict(
+            {
+                "advantages": response_to_nested(advantages, mask_nested),
+                "returns": response_to_nested(returns, mask_nested),
+            },
+            batch_size=len(batch),
+        )
+        return tq.kv_batch_put(keys=batch.keys, partition_id=batch.partition_id, fields=output)
+
+    def _update_actor(self, batch, metrics: dict):
+        extra: dict[str, Any] = {}
+        if self.trustbench is not None:
+            extra[RUNTIME_KEY] = self.control.runtime()
+            if self.trustbench.needs_sparse_old:
+                extra[KEEP_LOGITS_KEY] = True
+        batch.extra_info.update(extra)
+        try:
+            out = super()._update_actor(batch, metrics)
+        finally:
+            for key in extra:
+                batch.extra_info.pop(key, None)
+        strip_actor_prefix(metrics)
+        return out
+
+    # -- checkpoints --------------------------------------------------------------------------------
+    def _step_folder(self) -> str:
+        trainer = self.config.trainer
+        if trainer.resume_mode == "resume_path" and trainer.resume_from_path:
+            folder = trainer.resume_from_path
+        else:
+            folder = os.path.join(trainer.default_local_dir, f"global_step_{self.global_steps}")
+        return folder if os.path.isabs(folder) else os.path.join(os.getcwd(), folder)
+
+    def _save_checkpoint(self):
+        if self.control is not None:  # before verl writes latest_checkpointed_iteration.txt
+            self.control.save(os.path.join(self.config.trainer.default_local_dir, f"global_step_{self.global_steps}"))
+        return super()._save_checkpoint()
+
+    def _load_checkpoint(self):
+        out = super()._load_checkpoint()
+        if self.control is not None and self.global_steps > 0 and not self.control.load(self._step_folder()):
+            logger.warning("no trustbench controller state in %s: controllers restart", self._step_folder())
+        return out
+
+
+__all__ = ["TrustbenchPPOTrainer", "strip_actor_prefix"]

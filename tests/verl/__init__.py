@@ -1,0 +1,1 @@
+"""Tests of the verl backend (plugins: test_plugins_*.py)."""
