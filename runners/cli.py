@@ -47,8 +47,12 @@ def cmd_run(args: argparse.Namespace) -> int:
             compose([o for o in overrides if not o.startswith("hydra.")])
         except _compose_errors() as err:
             return _config_error(err)
+    from hydra.core.global_hydra import GlobalHydra
+
     from runners.main import main
     from runners.run import RunFailed
+
+    GlobalHydra.instance().clear()
 
     sys.argv = ["trustbench run", *overrides, SEARCHPATH_OVERRIDE]
     os.environ.setdefault("HYDRA_FULL_ERROR", "0")

@@ -395,6 +395,8 @@ class LauncherConfig:
 class DebugConfig:
     # raise at this step (tests of failure handling); None = never
     fail_at_step: Optional[int] = None
+    # sleep this long after every step (tests that interrupt a run mid-way)
+    step_delay_s: float = 0.0
 
 
 @dataclass

@@ -253,6 +253,7 @@ def _check_run(c: _Checker, cfg: DictConfig) -> None:
     c.one_of("launcher.name", LAUNCHERS)
     c.non_negative("launcher.max_requeues")
     c.at_least("launcher.time_min", 1)
+    c.non_negative("debug.step_delay_s")
     if cfg.debug.fail_at_step is not None:
         c.non_negative("debug.fail_at_step")
 
