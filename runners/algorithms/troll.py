@@ -16,7 +16,9 @@ Two ways to pass the old policy in ``PolicyInputs``:
   logits ``chunk_size`` rows at a time without grad).
 - dense (exact section 3.1 projection, for small vocabularies and reference checks):
   ``old_topk_index=None`` and ``old_topk_logp`` = full old log-probs [B,T,V]. The response rows'
-  log_softmax is then materialised, as a PPO loss would.
+  log_softmax is then materialised, as a PPO loss would. Old log-probs must be finite wherever
+  the current policy has mass: a token with q_old = 0 < q_new gets q_proj = 0 and an infinite
+  regression term (the sparse path avoids this with p_default).
 
 The sampled token is located by ``inp.responses`` when given (required in dense mode); without
 it the sparse layout of ``sparsify`` is assumed (sampled token in the last slot).

@@ -105,12 +105,22 @@ def dual_objective(log_eta: Tensor, lq: Tensor, lo: Tensor, eps: float) -> Tenso
     f(eta) = eta * eps + (eta + 1) * logsumexp((lq + eta lo) / (eta + 1)), eta = exp(log_eta).
     log_eta [N,P] evaluation points, lq/lo [N,D] -> [N,P].
     """
+    return _dual_values(log_eta, *_dual_terms(lq, lo), eps)
+
+
+def _dual_terms(lq: Tensor, lo: Tensor) -> tuple[Tensor, Tensor]:
+    """(lq + eta lo) / (eta + 1) = base + diff / (eta + 1): base = lo on the common support
+    (-inf elsewhere), diff = lq - lo there (0 elsewhere). Computed once per solve; [N,D] each."""
     both = (lq > -math.inf) & (lo > -math.inf)
-    lq0 = torch.where(both, lq, torch.zeros_like(lq)).unsqueeze(1)
-    lo0 = torch.where(both, lo, torch.zeros_like(lo)).unsqueeze(1)
+    lo0 = torch.where(both, lo, torch.zeros_like(lo))
+    diff = torch.where(both, lq, torch.zeros_like(lq)) - lo0
+    return torch.where(both, lo0, torch.full_like(lo0, -math.inf)), diff
+
+
+def _dual_values(log_eta: Tensor, base: Tensor, diff: Tensor, eps: float) -> Tensor:
+    """f at log_eta [N,P] from ``_dual_terms`` -> [N,P]."""
     eta = log_eta.exp()
-    e = eta.unsqueeze(-1)
-    inner = torch.where(both.unsqueeze(1), (lq0 + e * lo0) / (e + 1), -math.inf)
+    inner = base.unsqueeze(1) + diff.unsqueeze(1) * (1 / (eta + 1)).unsqueeze(-1)
     return eta * eps + (eta + 1) * torch.logsumexp(inner, dim=-1)
 
 
@@ -170,10 +180,12 @@ def solve_dual(
     frac = torch.arange(1, num_points + 1, dtype=torch.float64, device=lq.device) / (num_points + 1)
     rows = max(1, _DUAL_EVAL_BUDGET // max(1, num_points * dim))  # rows per dual evaluation
     starts = range(0, n, rows)
+    base, diff = _dual_terms(lq, lo)
     steps = 0
-    for steps in range(1, max_steps + 1):  # noqa: B007 - steps is reported
+    while steps < max_steps:
+        steps += 1
         x = lower.unsqueeze(-1) + (upper - lower).unsqueeze(-1) * frac  # [N,P]
-        y = torch.cat([dual_objective(x[i : i + rows], lq[i : i + rows], lo[i : i + rows], eps) for i in starts])
+        y = torch.cat([_dual_values(x[i : i + rows], base[i : i + rows], diff[i : i + rows], eps) for i in starts])
         best = y.argmin(dim=-1, keepdim=True)
         left = x.gather(-1, (best - 1).clamp(min=0)).squeeze(-1)
         right = x.gather(-1, (best + 1).clamp(max=num_points - 1)).squeeze(-1)

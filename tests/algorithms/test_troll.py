@@ -222,7 +222,8 @@ def test_chunked_logsumexp_matches_torch():
     """Blocked logsumexp (with and without the max shift, rows subset, -inf entries) == torch.logsumexp."""
     g = torch.Generator().manual_seed(16)
     x = torch.randn(37, 5000, generator=g) * 5
-    x[3] += 200.0  # forces the shifted path for its block
+    x[3] += 200.0  # overflows without the max shift
+    x[7] -= 200.0  # underflows without the max shift
     x[5, :4000] = -math.inf
     rows = torch.tensor([0, 3, 5, 36])
     torch.testing.assert_close(chunked_logsumexp(x, chunk_size=4), torch.logsumexp(x.double(), -1).float())
