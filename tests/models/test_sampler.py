@@ -1,0 +1,250 @@
+"""The KV-cache sampler against independent references.
+
+- transformers' own ``model.generate`` (greedy, and sampling token for token from the same RNG);
+- a full (cache-free) forward pass: the reported logp must be its log-softmax at the sampled tokens;
+- the model's softmax for the first token (chi-square test on 4,000 draws);
+- one long greedy generation for continued (T-PPO windowed) responses;
+- hand-written cases for EOS/padding bookkeeping and re-left-padding.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from runners.backends.local.sampler import filter_top_p, generate, join_left_padded
+from runners.models.tiny import build_tiny_model
+
+V = 64
+PAD, EOS = 0, 1
+
+
+def left_padded_prompts(batch: int = 8, width: int = 7, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random prompts of lengths width, width-1, ..., left-padded with PAD (ids 3..V-1 inside)."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(3, V, (batch, width), generator=g)
+    mask = torch.ones(batch, width, dtype=torch.long)
+    for row in range(batch):
+        mask[row, : row % 4] = 0
+    return ids.masked_fill(mask == 0, PAD), mask
+
+
+@pytest.fixture(scope="module")
+def model():
+    return build_tiny_model("qwen2", vocab_size=V, seed=1)
+
+
+def full_forward_logits(model, prompt_ids, prompt_mask, responses, response_mask) -> torch.Tensor:
+    """[B,R,V] float32 logits predicting each response token, from one forward without a cache."""
+    ids = torch.cat([prompt_ids, responses], dim=1)
+    mask = torch.cat([prompt_mask, response_mask.long()], dim=1)
+    position = (mask.cumsum(dim=1) - 1).clamp(min=0)
+    with torch.no_grad():
+        logits = model(input_ids=ids, attention_mask=mask, position_ids=position).logits.float()
+    p = prompt_ids.shape[1]
+    return logits[:, p - 1 : -1]
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "qwen3", "llama"])
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+@pytest.mark.parametrize("padded", [True, False])
+def test_greedy_equals_generate(arch, attn, padded):
+    """Greedy decoding reproduces ``model.generate(do_sample=False)`` exactly."""
+    model = build_tiny_model(arch, vocab_size=V, seed=2)
+    model.set_attn_implementation(attn)
+    ids, mask = left_padded_prompts()
+    if not padded:
+        mask = torch.ones_like(mask)
+    ref = model.generate(
+        input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=30, pad_token_id=PAD, eos_token_id=EOS
+    )[:, ids.shape[1] :]
+    out = generate(model, ids, mask, max_new_tokens=30, temperature=0.0, eos_token_id=EOS, pad_token_id=PAD)
+    assert torch.equal(out.responses, ref)
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "llama"])
+@pytest.mark.parametrize("temperature,top_p", [(1.0, 1.0), (0.7, 0.9), (1.3, 0.5)])
+def test_sampling_equals_generate_token_for_token(arch, temperature, top_p):
+    """From the same global RNG state, sampling draws the same tokens as ``generate(do_sample=True)``."""
+    model = build_tiny_model(arch, vocab_size=V, seed=3)
+    ids, mask = left_padded_prompts()
+    kwargs = {"max_new_tokens": 40, "pad_token_id": PAD, "eos_token_id": EOS}
+    torch.manual_seed(11)
+    ref = model.generate(
+        input_ids=ids, attention_mask=mask, do_sample=True, top_k=0, top_p=top_p, temperature=temperature, **kwargs
+    )[:, ids.shape[1] :]
+    torch.manual_seed(11)
+    out = generate(model, ids, mask, temperature=temperature, top_p=top_p, compact=False, **kwargs)
+    assert torch.equal(out.responses, ref)
+
+
+@pytest.mark.parametrize("compact", [True, False])
+@pytest.mark.parametrize("temperature,top_p", [(1.0, 1.0), (0.6, 0.8)])
+def test_logp_equals_full_forward(model, compact, temperature, top_p):
+    """logp = log_softmax(top_p(logits / T)) of a cache-free forward at the sampled tokens.
+
+    Several EOS ids make rows finish at different steps, so ``compact=True`` really drops rows
+    from the KV cache mid-generation.
+    """
+    ids, mask = left_padded_prompts(batch=12, seed=5)
+    eos = [EOS, 2, 3, 4, 5]
+    out = generate(
+        model, ids, mask, max_new_tokens=48, temperature=temperature, top_p=top_p, eos_token_id=eos,
+        pad_token_id=PAD, generator=torch.Generator().manual_seed(0), compact=compact,
+    )
+    lengths = out.response_mask.sum(dim=1)
+    assert lengths.min() < lengths.max() // 2, "the case must exercise rows finishing early"
+    logits = full_forward_logits(model, ids, mask, out.responses, out.response_mask) / temperature
+    if top_p < 1.0:
+        logits = filter_top_p(logits.flatten(0, 1), top_p).view_as(logits)
+    ref = torch.log_softmax(logits, dim=-1).gather(-1, out.responses[..., None]).squeeze(-1)
+    real = out.response_mask.bool()
+    torch.testing.assert_close(out.logp[real], ref[real], atol=1e-4, rtol=1e-4)
+    assert torch.all(out.logp[~real] == 0)
+    assert torch.isfinite(ref[real]).all(), "a sampled token lies outside the top-p nucleus"
+
+
+def test_greedy_logp_is_untempered_model_logprob(model):
+    ids, mask = left_padded_prompts()
+    out = generate(model, ids, mask, max_new_tokens=20, temperature=0.0, eos_token_id=None, pad_token_id=PAD)
+    logits = full_forward_logits(model, ids, mask, out.responses, out.response_mask)
+    assert torch.equal(out.responses, logits.argmax(dim=-1))
+    ref = torch.log_softmax(logits, dim=-1).gather(-1, out.responses[..., None]).squeeze(-1)
+    torch.testing.assert_close(out.logp, ref, atol=1e-4, rtol=1e-4)
+
+
+def chi_square_pvalue(counts: torch.Tensor, probs: torch.Tensor) -> float:
+    """Pearson chi-square p-value of token counts [V] against probabilities [V] (cells < 5 pooled)."""
+    from scipy.stats import chisquare
+
+    expected = probs.double() * counts.sum() / probs.double().sum()
+    small = expected < 5
+    obs, exp = counts[~small].double(), expected[~small]
+    if small.any():
+        obs = torch.cat([obs, counts[small].double().sum(0, keepdim=True)])
+        exp = torch.cat([exp, expected[small].sum(0, keepdim=True)])
+    return float(chisquare(obs.numpy(), exp.numpy()).pvalue)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.1])
+def test_first_token_follows_model_distribution(model, temperature):
+    """4,000 first tokens fit softmax(logits / T) (chi-square p > 1e-3) and not the other temperature's."""
+    n = 4000
+    ids = torch.randint(3, V, (1, 6), generator=torch.Generator().manual_seed(7)).expand(n, 6)
+    out = generate(
+        model, ids, torch.ones_like(ids), max_new_tokens=1, temperature=temperature, eos_token_id=None,
+        pad_token_id=PAD, generator=torch.Generator().manual_seed(1),
+    )
+    with torch.no_grad():
+        logits = model(input_ids=ids[:1]).logits[0, -1].float()
+    counts = torch.bincount(out.responses[:, 0], minlength=V)
+    assert chi_square_pvalue(counts, (logits / temperature).softmax(-1)) > 1e-3
+    other = 0.1 if temperature == 1.0 else 1.0  # the test has the power to see a wrong temperature
+    assert chi_square_pvalue(counts, (logits / other).softmax(-1)) < 1e-6
+
+
+def test_top_p_never_samples_outside_nucleus(model):
+    n = 2000
+    ids = torch.randint(3, V, (1, 6), generator=torch.Generator().manual_seed(8)).expand(n, 6)
+    out = generate(
+        model, ids, torch.ones_like(ids), max_new_tokens=1, top_p=0.3, eos_token_id=None, pad_token_id=PAD,
+        generator=torch.Generator().manual_seed(2),
+    )
+    with torch.no_grad():
+        probs = model(input_ids=ids[:1]).logits[0, -1].float().softmax(-1)
+    order = probs.argsort(descending=True)
+    # nucleus by hand: the shortest prefix of the sorted probabilities reaching 0.3
+    k = int((probs[order].cumsum(0) < 0.3).sum()) + 1
+    assert set(out.responses[:, 0].tolist()) <= set(order[:k].tolist())
+
+
+def test_eos_padding_and_finished_flags(model):
+    """After a row's first EOS: pad tokens, mask 0, logp 0; ``finished`` iff an EOS was emitted."""
+    ids, mask = left_padded_prompts(batch=16, seed=9)
+    eos = [EOS, 2, 3, 4]
+    out = generate(
+        model, ids, mask, max_new_tokens=30, eos_token_id=eos, pad_token_id=PAD,
+        generator=torch.Generator().manual_seed(3),
+    )
+    assert 0 < int(out.finished.sum()) < 16, "the case must contain finished and unfinished rows"
+    for row in range(16):
+        tokens = out.responses[row].tolist()
+        hits = [t for t, tok in enumerate(tokens) if tok in eos]
+        end = hits[0] + 1 if hits else len(tokens)
+        assert out.finished[row].item() == bool(hits)
+        assert out.response_mask[row, :end].all() and not out.response_mask[row, end:].any()
+        assert all(tok == PAD for tok in tokens[end:])
+        assert torch.all(out.logp[row, end:] == 0) and torch.all(out.logp[row, :end] < 0)
+    assert out.response_mask.dtype == mask.dtype and out.logp.dtype == torch.float32
+
+
+def test_stops_when_every_row_finished(model):
+    ids, mask = left_padded_prompts()
+    out = generate(model, ids, mask, max_new_tokens=50, eos_token_id=list(range(V)), pad_token_id=PAD)
+    assert out.responses.shape == (8, 1) and out.finished.all()
+    out = generate(model, ids, mask, max_new_tokens=50, eos_token_id=None, pad_token_id=PAD)
+    assert out.responses.shape == (8, 50) and not out.finished.any() and out.response_mask.all()
+
+
+@pytest.mark.parametrize("compact", [True, False])
+def test_deterministic_given_generator(model, compact):
+    ids, mask = left_padded_prompts(batch=12)
+    kwargs = {"max_new_tokens": 40, "eos_token_id": [EOS, 2, 3], "pad_token_id": PAD, "compact": compact}
+    a = generate(model, ids, mask, generator=torch.Generator().manual_seed(4), **kwargs)
+    torch.manual_seed(123)  # the global RNG must not matter
+    b = generate(model, ids, mask, generator=torch.Generator().manual_seed(4), **kwargs)
+    c = generate(model, ids, mask, generator=torch.Generator().manual_seed(5), **kwargs)
+    for field in ("responses", "response_mask", "logp", "finished"):
+        assert torch.equal(getattr(a, field), getattr(b, field))
+    assert not torch.equal(a.responses, c.responses)
+
+
+def test_compaction_does_not_change_greedy_output(model):
+    ids, mask = left_padded_prompts(batch=12)
+    kwargs = {"max_new_tokens": 40, "temperature": 0.0, "eos_token_id": [EOS, 2, 3, 4, 5, 6], "pad_token_id": PAD}
+    a = generate(model, ids, mask, compact=True, **kwargs)
+    b = generate(model, ids, mask, compact=False, **kwargs)
+    assert torch.equal(a.responses, b.responses) and torch.equal(a.finished, b.finished)
+    torch.testing.assert_close(a.logp, b.logp, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "llama"])
+def test_continuation_equals_one_long_generation(arch):
+    """Greedy: 12 tokens, then 18 more from prompt+partial response = 30 tokens in one go."""
+    model = build_tiny_model(arch, vocab_size=V, seed=6)
+    ids, mask = left_padded_prompts(seed=10)
+    kwargs = {"temperature": 0.0, "eos_token_id": None, "pad_token_id": PAD}
+    whole = generate(model, ids, mask, max_new_tokens=30, **kwargs)
+    first = generate(model, ids, mask, max_new_tokens=12, **kwargs)
+    ids2, mask2 = join_left_padded(ids, mask, first.responses, first.response_mask, pad_token_id=PAD)
+    second = generate(model, ids2, mask2, max_new_tokens=18, **kwargs)
+    assert torch.equal(torch.cat([first.responses, second.responses], dim=1), whole.responses)
+    torch.testing.assert_close(torch.cat([first.logp, second.logp], dim=1), whole.logp, atol=1e-4, rtol=1e-4)
+
+
+def test_join_left_padded_by_hand():
+    prompt = torch.tensor([[0, 0, 5, 6], [7, 8, 9, 10]])
+    prompt_mask = torch.tensor([[0, 0, 1, 1], [1, 1, 1, 1]])
+    response = torch.tensor([[11, 12, 0], [13, 0, 0]])
+    response_mask = torch.tensor([[1, 1, 0], [1, 0, 0]])
+    ids, mask = join_left_padded(prompt, prompt_mask, response, response_mask, pad_token_id=0)
+    assert ids.tolist() == [[0, 0, 0, 5, 6, 11, 12], [0, 0, 7, 8, 9, 10, 13]]
+    assert mask.tolist() == [[0, 0, 0, 1, 1, 1, 1], [0, 0, 1, 1, 1, 1, 1]]
+
+
+@pytest.mark.parametrize(
+    "change,match",
+    [
+        ({"mask_fn": lambda m: m.flip(1)}, "left-padded"),
+        ({"mask_fn": lambda m: m * 0}, "at least one prompt token"),
+        ({"max_new_tokens": 0}, "max_new_tokens"),
+        ({"temperature": -1.0}, "temperature"),
+        ({"top_p": 0.0}, "top_p"),
+    ],
+)
+def test_bad_arguments_raise(model, change, match):
+    ids, mask = left_padded_prompts()
+    mask = change.pop("mask_fn", lambda m: m)(mask)
+    kwargs = {"max_new_tokens": 4, "eos_token_id": EOS, "pad_token_id": PAD, **change}
+    with pytest.raises(ValueError, match=match):
+        generate(model, ids, mask, **kwargs)
