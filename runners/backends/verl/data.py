@@ -9,8 +9,8 @@ Prompts longer than ``rollout.max_prompt_length`` are dropped by verl itself
 (``data.filter_overlong_prompts``), after its chat template, as the built-in trainer drops them.
 
 verl's reward manager calls ``compute_score(data_source, solution_str, ground_truth, extra_info)``
-for every response (``reward.custom_reward_function.path`` = this file, ``.name`` =
-``compute_score``). It dispatches on ``extra_info["reward_fn"]`` -- the reward named by the dataset
+for every response (``reward.custom_reward_function.path=pkg://runners.backends.verl.data``, a
+plain import in every reward worker, ``.name=compute_score``; the file path works too). It dispatches on ``extra_info["reward_fn"]`` -- the reward named by the dataset
 preset, or ``dataset.reward`` when the config overrides it, written into each row at export -- to
 ``runners.data.rewards`` with the question as ``prompt`` (the echo check), exactly as the built-in
 trainer scores a response. verl's own ``data_source`` switch is never used: it would not know our
@@ -24,18 +24,17 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from omegaconf import DictConfig, OmegaConf
 
 REWARD_FUNCTION_NAME = "compute_score"
-REWARD_FUNCTION_PATH = Path(__file__).resolve()
+# verl's load_extern_object imports "pkg://a.b" as module a.b (a file path would be loaded unregistered)
+REWARD_FUNCTION_PATH = "pkg://runners.backends.verl.data"
 
 
-@dataclass(frozen=True)
-class DataFiles:
+class DataFiles(NamedTuple):
     """The parquet files of one cell and how many rows each holds."""
 
     train: Path

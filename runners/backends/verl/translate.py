@@ -110,7 +110,7 @@ class VerlPaths:
     checkpoint_dir: str
     # file verl's "file" logger appends metrics to (VERL_FILE_LOGGER_PATH; also passed in the env)
     metrics_file: str
-    # the reward entry (runners/backends/verl/data.py) and its function
+    # the reward entry (pkg://runners.backends.verl.data) and its function
     reward_path: str
     reward_name: str = "compute_score"
 
