@@ -7,7 +7,10 @@ graph through ``ImplicitEta``, an ``autograd.Function`` whose backward is the cl
 gradient of appendix A.3, so no gradient ever flows through the search itself. Only tokens outside
 the trust region are solved for; the rest are returned unchanged (eta* = 0, zero gradient through
 eta). Solved rows are computed in float64: the dual is flat near its minimum, and in float32 the
-argmin of 8 nearly equal values is noise.
+argmin of 8 nearly equal values is noise. eta* is the midpoint of the last bracket (Listing 3), so
+a projected row ends within about 1e-4 * eps of the boundary (the tests check KL <= eps (1 + 1e-4));
+``polish_steps`` adds Newton steps for machine precision. A row counts as converged when its
+bracket is narrower than ``tol`` and below eta_max (otherwise the constraint is not reached).
 
 -inf log-probabilities (zero probability) are handled with masked arithmetic so that neither the
 forward nor the backward produces NaN: a token that has zero mass under the old policy gets zero

@@ -5,7 +5,8 @@ pairs: the top-K tokens, cut after the first that brings the cumulative mass to 
 the sampled token (always the last slot; ``-inf`` marks unused slots, as in ``types.py``). The
 V - |S| dropped tokens get the default probability p_d and the kept ones are rescaled by gamma
 (eq. 21) so the stored log-probs sum to 1 - (V - |S|) p_d. ``sparsify`` works in chunks of rows
-so at most one chunk of fp32 distributions exists besides the caller's logits.
+(top-K in the input dtype, logsumexp in fp32 blocks), so no fp32 copy of the batch's
+distributions is made besides the caller's logits.
 
 The projection then runs on a (K+2)-dimensional *reduced* distribution (``reduce_on_kept_set``):
 the K+1 slots of the old kept set S plus one "tail" atom that stands for the V - |S| dropped
@@ -18,7 +19,9 @@ old policy's S for both, as Theorem A.2 assumes), so
   its result evenly over the tail is exactly the projection of the V-dimensional sparse pair.
 The new policy's sparse log-probs on S are gamma-renormalised like the old ones: they depend only
 on the current logits at S (the full-vocabulary log-normaliser cancels), so the loss needs no
-logsumexp over V and its gradient reaches only the logits at S.
+logsumexp over V and its gradient reaches only the logits at S. Mass the current policy moves
+outside S is not seen by the projection (Theorem A.2 assumes the kept sets agree); the objective
+logs the current policy's mass on S as ``troll/kept_mass`` to show how much that is.
 
     index, logp = sparsify(old_logits, responses)   # [B,T,V], [B,T] -> [B,T,K+1] x 2
 
