@@ -1,0 +1,136 @@
+"""A verl cell's generated sbatch script on the test Slurm cluster, up to Ray on the allocated nodes.
+
+The script ``render_sbatch`` writes for a cell (resources from the model size and ``launcher.*``)
+is submitted to the test cluster (``slurm/testcluster``, fake GPUs, several emulated nodes). In the
+job, ``run-cell`` composes the cell, opens its MLflow run and runs ``VerlBackend``, which starts
+``slurm/ray_on_slurm.sh`` with the generated verl overrides. The verl entry point is replaced by
+the stand-in of test_backend.py (``FAKE_VERL``) which connects to the Ray cluster and reports it --
+everything before vLLM/FSDP is real. Checked against Slurm's allocation: as many Ray nodes and Ray
+GPUs as allocated, the translation told the allocated nodes x GPUs, the cell's metrics reached its
+MLflow run, the job COMPLETED, and no process of its Ray cluster is left.
+
+Run:  pytest tests/verl/test_launch_slurm.py      (needs the test cluster; ~1 min)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.slurm.conftest import slurm_cluster  # noqa: F401  (the session fixture of the test cluster)
+from tests.verl.test_backend import FAKE_VERL
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _free_ports(count: int) -> list[int]:
+    sockets = [socket.socket() for _ in range(count)]
+    for s in sockets:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in sockets]
+    for s in sockets:
+        s.close()
+    return ports
+
+
+def _processes_mentioning(text: str) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if text.encode() in (entry / "cmdline").read_bytes():
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+def test_sbatch_runs_the_cell_through_ray_on_the_allocated_nodes(slurm_cluster, tmp_path, monkeypatch):  # noqa: F811
+    """2 nodes x 1 fake GPU (1 node if the cluster has one): Ray sees them all, verl is told them."""
+    from mlflow import MlflowClient
+
+    from runners import paths, schema
+    from runners.backends.verl.backend import render_sbatch
+    from runners.backends.verl.translate import format_value
+    from runners.config import compose, run_key
+
+    node_names = slurm_cluster.run("sinfo", "-h", "-N", "-o", "%N").stdout.split()
+    nodes = min(2, len(set(node_names)))
+    gcs, client, agent = _free_ports(3)
+    fake = tmp_path / "fake_verl.py"
+    fake.write_text(FAKE_VERL)
+    home = tmp_path / "home"
+    monkeypatch.setenv("TRUSTBENCH_HOME", str(home))
+    ray_env = {
+        "TB_RAY_PORT": gcs,
+        "TB_RAY_CLIENT_PORT": client,
+        "TB_RAY_OBJECT_STORE_MB": 100,
+        "TB_RAY_WAIT_S": 120,
+        "TB_RAY_START_ARGS": f"--dashboard-agent-listen-port={agent}",
+    }
+    overrides = [
+        "backend=verl",
+        "model=qwen3_1.7b",
+        f"launcher.nodes={nodes}",
+        "launcher.gpus_per_node=1",
+        "launcher.cpus_per_task=1",
+        "launcher.mem_gb=1",
+        "launcher.time_min=5",
+        "dataset.train_limit=16",
+        "dataset.eval_limit=4",
+        "trainer.total_steps=2",
+        "trainer.prompts_per_step=2",
+        "trainer.mini_batch_prompts=2",
+        "trainer.n=2",
+        "trainer.checkpoint_every=1",
+        "trainer.eval_every=1",
+        "progress=false",
+        f"tracking.uri=sqlite:///{home}/mlflow.db",
+        f"backend.options.entrypoint={fake}",
+        f"++backend.options.ray_env={format_value(ray_env)}",
+    ]
+    cfg, _ = compose(overrides)
+    script = tmp_path / "cell.sbatch"
+    script.write_text(render_sbatch(cfg, overrides))
+    assert f"#SBATCH --nodes={nodes}" in script.read_text() and "#SBATCH --gpus-per-node=1" in script.read_text()
+    env = {
+        **slurm_cluster.env,
+        "TRUSTBENCH_HOME": str(home),
+        "FAKE_VERL_RAY": "1",
+        "PYTHONPATH": str(REPO),
+        "PATH": f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}",
+    }
+    submitted = subprocess.run(
+        ["sbatch", "--parsable", f"--chdir={tmp_path}", f"--output={tmp_path}/slurm-%j.out", str(script)],
+        env=env, capture_output=True, text=True, check=True,
+    )
+    job = int(submitted.stdout.strip().split(";")[0])
+    slurm_cluster.submitted.append(job)
+    temp_dir = f"/tmp/ray-{job}"
+    try:
+        info = slurm_cluster.wait_job(job, timeout=300)
+        output = (tmp_path / f"slurm-{job}.out").read_text()
+        assert info["JobState"] == "COMPLETED", output[-4000:]
+        record = json.loads(next(line for line in output.splitlines() if line.startswith("FAKE_VERL "))[10:])
+        assert record["alive_nodes"] == nodes and record["resources"].get("GPU") == float(nodes)
+        assert record["args"]["trainer.nnodes"] == str(nodes) and record["args"]["trainer.n_gpus_per_node"] == "1"
+        assert record["env"]["RAY_ADDRESS"] and record["env"]["VERL_USE_EXTERNAL_MODULES"] == "runners.backends.verl.plugins"
+        status = json.loads((paths.run_dir(run_key(cfg)) / "status.json").read_text())
+        assert status["status"] == "FINISHED"
+        history = MlflowClient(tracking_uri=cfg.tracking.uri).get_metric_history(status["run_id"], schema.SCORE_MEAN)
+        assert sorted(m.step for m in history) == [1, 2]
+        deadline = time.monotonic() + 15  # the job ends when its steps do; give stragglers a moment
+        while _processes_mentioning(temp_dir) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert _processes_mentioning(temp_dir) == []
+    finally:
+        shutil.rmtree(temp_dir, ignore_errors=True)
