@@ -1,0 +1,278 @@
+"""The embedded default model: a tiny Llama warm-started on the embedded arithmetic task, cached.
+
+Design: the install ships no weights. The default policy is a ~0.25M-parameter Llama (the real
+architecture, shrunk) with a character-level tokenizer, trained from a fixed seed by supervised
+next-token prediction on the reference column-step solutions of ``runners.data.embedded`` (loss on
+the response and its EOS only). Training stops early on purpose: the recipe's step budget leaves the
+policy solving a fraction of the test problems at temperature 1 (greedy solves more), so RL has room
+to move it within a couple of minutes. The result is saved in the Hugging Face layout under
+``model_cache_dir()/embedded/<recipe hash>/`` (weights, tokenizer, ``recipe.json``, ``build.json``
+with the loss curve and timings); any change of the recipe changes the hash, so variants coexist. A
+file lock serialises parallel sweep jobs: the first builds (temporary directory renamed into place),
+the others wait and load. Llama rather than Qwen2: transformers 5 maps the ``qwen2`` model type to
+``Qwen2Tokenizer``, which rebuilds a byte-level BPE and drops the newlines of a char tokenizer when
+the folder is opened with a plain ``AutoTokenizer`` (as verl does); ``llama`` keeps tokenizer.json.
+
+    from runners.models.embedded import load_embedded_model
+    model, tokenizer = load_embedded_model()                  # builds once (~1 min on 2 cores)
+    model, tokenizer = load_embedded_model(steps=50, seed=1)  # a cheaper variant (tests)
+
+    python -m runners.models.embedded          # build or load the default, print its accuracy
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, fields, replace
+from pathlib import Path
+from typing import Any
+
+from runners.paths import model_cache_dir
+
+# bump when the training procedure changes in a way the recipe fields do not capture
+RECIPE_VERSION = 1
+
+
+@dataclass(frozen=True)
+class EmbeddedRecipe:
+    """Everything that determines the embedded model's weights (its hash names the cache folder)."""
+
+    # task: runners.data.embedded.generate_embedded knobs of the training problems
+    digits: int = 3
+    ops: str = "+-*"
+    n_train: int = 30_000
+    # architecture: a transformers config of this family, shrunk (runners.models.tiny)
+    arch: str = "llama"
+    hidden_size: int = 64
+    num_hidden_layers: int = 4
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 2
+    intermediate_size: int = 256
+    # optimisation: AdamW, linear warm-up then cosine decay to min_lr_ratio * lr
+    steps: int = 600
+    batch_size: int = 64
+    lr: float = 3e-3
+    warmup_ratio: float = 0.05
+    min_lr_ratio: float = 0.1
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    # weights init, problem sampling and batch order
+    seed: int = 0
+    version: int = RECIPE_VERSION
+
+    def key(self) -> str:
+        """16 hex digits of a hash of every field (the cache folder name)."""
+        blob = json.dumps(asdict(self), sort_keys=True).encode()
+        return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def make_recipe(**overrides: Any) -> EmbeddedRecipe:
+    """The default recipe with ``overrides`` applied; unknown fields raise naming the valid ones."""
+    valid = {f.name for f in fields(EmbeddedRecipe)} - {"version"}
+    unknown = sorted(set(overrides) - valid)
+    if unknown:
+        raise TypeError(f"unknown embedded recipe field(s) {unknown}; valid: {', '.join(sorted(valid))}")
+    recipe = replace(EmbeddedRecipe(), **overrides)
+    if recipe.steps < 1 or recipe.batch_size < 1 or recipe.n_train < 1:
+        raise ValueError(f"embedded recipe needs steps, batch_size and n_train >= 1, got {recipe}")
+    return recipe
+
+
+def embedded_model_dir(recipe: EmbeddedRecipe, cache_dir: str | Path | None = None) -> Path:
+    root = Path(cache_dir) if cache_dir is not None else model_cache_dir()
+    return root / "embedded" / recipe.key()
+
+
+def encode_sft_batch(examples, tokenizer):
+    """Tokenise ``<bos> prompt solution <eos>`` rows, right-padded.
+
+    Returns (input_ids [N,L] long, attention_mask [N,L] long, labels [N,L] long with -100 on the
+    prompt and padding), the target of next-token prediction on the response only.
+    """
+    import torch
+
+    prompts = tokenizer([e.prompt for e in examples])["input_ids"]
+    full = tokenizer([e.prompt + e.solution for e in examples])["input_ids"]
+    rows = [ids + [tokenizer.eos_token_id] for ids in full]
+    width = max(len(r) for r in rows)
+    input_ids = torch.full((len(rows), width), tokenizer.pad_token_id, dtype=torch.long)
+    attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
+    labels = torch.full((len(rows), width), -100, dtype=torch.long)
+    for i, (row, prompt) in enumerate(zip(rows, prompts)):
+        if row[: len(prompt)] != prompt:  # a char tokenizer never merges across the boundary
+            raise ValueError(f"prompt tokens are not a prefix of prompt+solution for {examples[i].prompt!r}")
+        n = len(row)
+        input_ids[i, :n] = torch.tensor(row)
+        attention_mask[i, :n] = 1
+        labels[i, len(prompt) : n] = input_ids[i, len(prompt) : n]
+    return input_ids, attention_mask, labels
+
+
+def _lr_factor(step: int, recipe: EmbeddedRecipe) -> float:
+    warmup = max(1, round(recipe.warmup_ratio * recipe.steps))
+    if step < warmup:
+        return (step + 1) / warmup
+    progress = (step - warmup) / max(1, recipe.steps - warmup)
+    return recipe.min_lr_ratio + (1 - recipe.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def train_embedded_model(recipe: EmbeddedRecipe, *, progress: bool = True):
+    """Build the tokenizer and model and run the supervised warm start.
+
+    Returns (model in eval mode, tokenizer, build info dict with the loss curve and timings).
+    Deterministic given the recipe (and the torch build / thread count).
+    """
+    import torch
+    from tqdm.auto import tqdm
+
+    from runners.data.embedded import EMBEDDED_ALPHABET, generate_embedded
+    from runners.models.tiny import build_tiny_model
+    from runners.models.tokenizer import build_char_tokenizer
+
+    started = time.perf_counter()
+    tokenizer = build_char_tokenizer(EMBEDDED_ALPHABET)
+    examples = generate_embedded(
+        recipe.n_train, split="train", seed=recipe.seed, digits=recipe.digits, ops=recipe.ops
+    )
+    input_ids, attention_mask, labels = encode_sft_batch(examples, tokenizer)
+    lengths = attention_mask.sum(dim=1)
+    data_s = time.perf_counter() - started
+
+    model = build_tiny_model(
+        recipe.arch,
+        vocab_size=len(tokenizer),
+        seed=recipe.seed,
+        hidden_size=recipe.hidden_size,
+        num_hidden_layers=recipe.num_hidden_layers,
+        num_attention_heads=recipe.num_attention_heads,
+        num_key_value_heads=recipe.num_key_value_heads,
+        head_dim=recipe.hidden_size // recipe.num_attention_heads,
+        intermediate_size=recipe.intermediate_size,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    model.train()
+    optimizer = torch.optim.AdamW(
+        model.parameters(), lr=recipe.lr, betas=(0.9, 0.98), weight_decay=recipe.weight_decay
+    )
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: _lr_factor(step, recipe))
+    order = torch.Generator().manual_seed(recipe.seed)
+    losses: list[float] = []
+    bar = tqdm(range(recipe.steps), desc="building embedded model", disable=not progress, file=sys.stderr)
+    for _step in bar:
+        index = torch.randint(0, len(examples), (recipe.batch_size,), generator=order)
+        width = int(lengths[index].max())
+        out = model(
+            input_ids=input_ids[index, :width],
+            attention_mask=attention_mask[index, :width],
+            labels=labels[index, :width],
+        )
+        out.loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), recipe.grad_clip)
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        losses.append(out.loss.item())
+        bar.set_postfix(loss=f"{losses[-1]:.3f}", refresh=False)
+    bar.close()
+    model.eval()
+    info = {
+        "recipe_key": recipe.key(),
+        "n_parameters": sum(p.numel() for p in model.parameters()),
+        "data_s": round(data_s, 3),
+        "train_s": round(time.perf_counter() - started - data_s, 3),
+        "torch_threads": torch.get_num_threads(),
+        "final_loss": sum(losses[-20:]) / len(losses[-20:]),
+        "loss_curve": [round(x, 5) for x in losses],
+    }
+    return model, tokenizer, info
+
+
+def _is_built(folder: Path) -> bool:
+    return (folder / "build.json").is_file() and (folder / "config.json").is_file()
+
+
+def build_embedded_model(
+    recipe: EmbeddedRecipe, *, cache_dir: str | Path | None = None, progress: bool = True
+) -> Path:
+    """Train and save the recipe's model unless already cached; returns its folder.
+
+    Safe under concurrency: a file lock next to the folder makes one process build while the others
+    wait; the folder appears atomically (rename of a finished temporary directory).
+    """
+    from filelock import FileLock
+
+    target = embedded_model_dir(recipe, cache_dir)
+    if _is_built(target):
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(target) + ".lock"):
+        if _is_built(target):  # built by another process while we waited for the lock
+            return target
+        model, tokenizer, info = train_embedded_model(recipe, progress=progress)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+        try:
+            model.save_pretrained(tmp)
+            tokenizer.save_pretrained(tmp)
+            (tmp / "recipe.json").write_text(json.dumps(asdict(recipe), indent=2) + "\n")
+            (tmp / "build.json").write_text(json.dumps(info, indent=2) + "\n")
+            if target.exists():  # a partial folder left by an interrupted older build
+                shutil.rmtree(target)
+            os.replace(tmp, target)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def load_embedded_model(
+    *, dtype: str = "float32", cache_dir: str | Path | None = None, progress: bool = True, **overrides: Any
+):
+    """``(LlamaForCausalLM in eval mode, char tokenizer)`` of the embedded default, built if missing.
+
+    ``overrides`` are :class:`EmbeddedRecipe` fields (``steps=50``, ``seed=1``, ...).
+    """
+    from runners.models.loader import load_pretrained_dir
+
+    folder = build_embedded_model(make_recipe(**overrides), cache_dir=cache_dir, progress=progress)
+    return load_pretrained_dir(folder, dtype=dtype)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Build (or load) the default embedded model and print its accuracy on the test split."""
+    import argparse
+
+    from runners.models.evaluate import evaluate_embedded
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--n", type=int, default=512, help="test problems to evaluate")
+    parser.add_argument("--set", nargs="*", default=[], metavar="FIELD=VALUE", help="recipe overrides")
+    args = parser.parse_args(argv)
+    overrides: dict[str, Any] = {}
+    defaults = asdict(EmbeddedRecipe())
+    for item in args.set:
+        name, _, value = item.partition("=")
+        overrides[name] = type(defaults.get(name, ""))(value)
+    recipe = make_recipe(**overrides)
+    started = time.perf_counter()
+    folder = build_embedded_model(recipe)
+    model, tokenizer = load_embedded_model(**overrides)
+    print(f"model folder: {folder} (ready in {time.perf_counter() - started:.1f} s)")
+    build = json.loads((folder / "build.json").read_text())
+    print(f"build: train {build['train_s']} s, data {build['data_s']} s, final loss {build['final_loss']:.4f}")
+    for temperature in (0.0, 1.0):
+        result = evaluate_embedded(model, tokenizer, n=args.n, temperature=temperature, digits=recipe.digits, ops=recipe.ops)
+        print(f"temperature {temperature}: accuracy {result['accuracy']:.3f}, mean response length "
+              f"{result['response_length']:.1f} tokens, finished {result['finished']:.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
