@@ -31,6 +31,8 @@ How verl 0.9.1 reaches the plugins (the contract the translation emits):
 from __future__ import annotations
 
 import json
+import math
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -58,6 +60,7 @@ ADV_ESTIMATORS: dict[str, str] = {f"{PREFIX}{name}": name for name in ESTIMATORS
 # metric namespaces of the methods (runners.schema); verl's trainer prefixes actor metrics with
 # "actor/", the trustbench trainer strips it again for these
 METHOD_METRIC_PREFIXES = ("troll/", "trm/", "gtpo/", "entropy/", "bapo/")
+_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 def loss_mode_for(objective: str, *, sequence: bool = False) -> str:
@@ -70,10 +73,23 @@ def loss_mode_for(objective: str, *, sequence: bool = False) -> str:
 
 
 def _value(value: Any) -> str:
-    """A Hydra override value: JSON is valid Hydra grammar for numbers, strings, lists and dicts."""
+    """``value`` in Hydra's override grammar (dict keys unquoted, strings double-quoted)."""
     if value is None:
         return "null"
-    return json.dumps(value)
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(float(value)) if isinstance(value, float) and not math.isfinite(value) else repr(value)
+    if isinstance(value, str):
+        return json.dumps(value)
+    if isinstance(value, Mapping):
+        for key in value:
+            if not isinstance(key, str) or not _KEY.fullmatch(key):
+                raise ValueError(f"parameter name {key!r} cannot be a Hydra dict key")
+        return "{" + ",".join(f"{key}:{_value(item)}" for key, item in value.items()) + "}"
+    if isinstance(value, list | tuple):
+        return "[" + ",".join(_value(item) for item in value) + "]"
+    raise TypeError(f"cannot write {value!r} ({type(value).__name__}) as a Hydra override value")
 
 
 def plugin_overrides(

@@ -111,7 +111,8 @@ def sparsify_rows(
 def nested_by_lengths(values: Tensor, lengths: Tensor) -> Tensor:
     """Jagged nested tensor [B, lengths[i], ...] over consecutive rows of ``values`` [sum(lengths), ...]."""
     offsets = torch.cat([lengths.new_zeros(1), torch.cumsum(lengths, 0)]).to(values.device)
-    return torch.nested.nested_tensor_from_jagged(values, offsets=offsets)
+    longest = int(lengths.max()) if lengths.numel() else 0
+    return torch.nested.nested_tensor_from_jagged(values, offsets=offsets, min_seqlen=0, max_seqlen=longest)
 
 
 def padded_from_nested(values: Tensor, width: int, fill: float = 0.0) -> Tensor:
