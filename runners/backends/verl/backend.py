@@ -216,9 +216,14 @@ def launch_env(cfg: DictConfig, *, tracking_uri: str, run_id: str, metrics_file:
     return env
 
 
-def worker_env(env: Mapping[str, str]) -> dict[str, str]:
-    """The variables every Ray worker needs even when Ray was started elsewhere."""
-    keys = ("VERL_FILE_LOGGER_PATH", STOP_FILE_ENV, "MLFLOW_TRACKING_URI", "MLFLOW_RUN_ID")
+def worker_env(env: Mapping[str, str], metrics_via: str = "tracker") -> dict[str, str]:
+    """The variables every Ray worker needs even when Ray was started elsewhere.
+
+    With ``metrics_via: mlflow`` the per-attempt metrics file is left out: verl logs its config as
+    MLflow parameters, and a value that changes between attempts makes MLflow refuse them all.
+    """
+    keys = (STOP_FILE_ENV, "MLFLOW_TRACKING_URI", "MLFLOW_RUN_ID")
+    keys += ("VERL_FILE_LOGGER_PATH",) if metrics_via == "tracker" else ()
     return {k: env[k] for k in keys if k in env}
 
 
@@ -334,7 +339,7 @@ class VerlBackend:
             nnodes=nnodes,
             gpus_per_node=gpus_per_node,
             resuming=resume_step is not None,
-            worker_env=worker_env(env),
+            worker_env=worker_env(env, via),
         )
         argv = launch_argv(cfg, overrides, in_slurm=in_slurm)
         (layout.root / f"command.{attempt}.txt").write_text(shlex.join(argv) + "\n")

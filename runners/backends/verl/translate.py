@@ -457,8 +457,9 @@ def trainer_overrides(
         "trainer.max_actor_ckpt_to_keep": keep,
         "trainer.max_critic_ckpt_to_keep": keep,
         "trainer.test_freq": int(t.eval_every) if int(t.eval_every) > 0 else -1,
-        # the evaluation "before the first step" happened in the attempt that started the run
-        "trainer.val_before_train": int(t.eval_every) > 0 and not resuming,
+        # the evaluation "before the first step" happened in the attempt that started the run; verl's
+        # MLflow logger (metrics_via: mlflow) re-logs the whole config, which must then not change
+        "trainer.val_before_train": int(t.eval_every) > 0 and not (resuming and via == "tracker"),
         "trainer.log_val_generations": 0,
         "trainer.critic_warmup": 0,
         "trainer.balance_batch": True,
