@@ -92,10 +92,6 @@ class VerlLayout:
     def stop_file(self) -> Path:
         return self.root / "STOP"
 
-    @property
-    def state_file(self) -> Path:
-        return self.root / "state.json"
-
     def attempt(self) -> int:
         """The number of the attempt about to start (1 + the attempts that wrote a log)."""
         return 1 + len(list(self.root.glob("verl.*.log")))
@@ -228,9 +224,8 @@ def worker_env(env: Mapping[str, str], metrics_via: str = "tracker") -> dict[str
 
 
 def _terminate(proc: subprocess.Popen, grace_s: float = 30.0) -> None:
-    """TERM the process group of ``proc``, KILL it after ``grace_s``."""
-    if proc.poll() is not None:
-        return
+    """TERM the process group of ``proc`` (its leader and whatever the leader left running); KILL
+    the group if the leader is still alive after ``grace_s``."""
     for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)):
         try:
             os.killpg(proc.pid, sig)
@@ -299,10 +294,6 @@ class VerlBackend:
 
         return dict(MlflowClient(tracking_uri=self.tracker.uri).get_run(self.tracker.run_id).data.metrics)
 
-    def _record_state(self, total: int) -> None:
-        self.layout.root.mkdir(parents=True, exist_ok=True)
-        self.layout.state_file.write_text(json.dumps({"total_training_steps": total}))
-
     # -- train ----------------------------------------------------------------------------------
     def train(self) -> dict[str, float]:
         """Run verl to ``trainer.total_steps`` (or until stopped); returns the last metrics."""
@@ -343,8 +334,11 @@ class VerlBackend:
         )
         argv = launch_argv(cfg, overrides, in_slurm=in_slurm)
         (layout.root / f"command.{attempt}.txt").write_text(shlex.join(argv) + "\n")
-        self._record_state(total)
         self.tracker.flush(wait=True)
+        if self.stop_requested:  # the signal came while the data was prepared: nothing to checkpoint
+            from runners.backends.local.trainer import StopRequested
+
+            raise StopRequested(f"stopped on request before verl started; resumes from checkpoint {resume_step}")
         rc, stopped_at = self._run(argv, env, layout.log_file(attempt), MetricsFile(vpaths.metrics_file) if via == "tracker" else None)
         self.tracker.flush(wait=True)
         step = latest_checkpoint_step(layout.checkpoints)
