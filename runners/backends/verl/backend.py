@@ -438,7 +438,8 @@ def _visible_gpus() -> int:
 def render_sbatch(cfg: DictConfig, cell_overrides: Sequence[str], *, python: str = sys.executable) -> str:
     """A batch script that runs the cell ``cfg`` (composed from ``cell_overrides``) on Slurm.
 
-    Resources come from ``runners.resources.cell_resources`` (model size, ``launcher.*``); Slurm's
+    Its output goes to ``<run dir>/slurm-<job>.out``: the directory must exist before submission
+    (``python -m runners.backends.verl.backend sbatch`` creates it). Resources come from ``runners.resources.cell_resources`` (model size, ``launcher.*``); Slurm's
     USR1 reaches the batch shell ``grace`` seconds before the time limit and is forwarded to
     trustbench, which asks verl to checkpoint; a stopped cell requeues itself (``launcher.max_requeues``).
     """
@@ -469,7 +470,6 @@ def render_sbatch(cfg: DictConfig, cell_overrides: Sequence[str], *, python: str
         lines.append(f"#SBATCH --{str(key).replace('_', '-')}={value}")
     command = shlex.join([python, "-m", "runners.backends.verl.backend", "run-cell", *cell_overrides])
     lines += [
-        f"mkdir -p {shlex.quote(str(out_dir))}",
         *[str(line) for line in launcher.setup],
         f"export TRUSTBENCH_HOME={shlex.quote(str(tb_paths.trustbench_home()))}",
         f"cd {shlex.quote(str(tb_paths.repo_root()))}",
@@ -520,6 +520,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         layout = VerlLayout.of(tb_paths.run_dir(run_key(cfg)))
         print("\n".join(build_overrides(cfg, layout.paths(1), model_path=str(cfg.model.path or cfg.model.name))))
     else:
+        tb_paths.run_dir(run_key(cfg)).mkdir(parents=True, exist_ok=True)  # Slurm opens --output first
         print(render_sbatch(cfg, overrides), end="")
     return 0
 
