@@ -19,7 +19,7 @@ Hydra (the ``+`` adds keys to verl's struct config)::
     +actor_rollout_ref.actor.policy_loss.objective_params={eps: 0.05, k: 64}
     +actor_rollout_ref.actor.policy_loss.mask=trm_max
 
-Tests: ``pytest tests/verl/test_plugins_config.py``.
+Tests: ``pytest tests/verl/test_plugins_registry.py tests/verl/test_plugins_losses.py``.
 """
 
 from __future__ import annotations

@@ -22,6 +22,12 @@ old distribution, the controller state) come as ``inputs=TrustbenchInputs(...)``
 ``ppo_loss`` they are supplied by ``plugins_ppo_loss.trustbench_ppo_loss`` through
 ``using_inputs`` (a context variable: verl's ``ppo_loss`` calls the loss with a fixed signature).
 
+Where verl's loop differs from the built-in trainer's (not the loss function's doing):
+- verl's KL-to-reference loss (``use_kl_loss``) is added by verl's ``ppo_loss`` after this loss,
+  so a TRM mask does not mask it (the built-in trainer adds k3 before masking);
+- verl forms mini/micro-batches by sample (and balances sequences across data-parallel ranks), not
+  by whole prompt groups, so GTPO sees the members of a group that share its micro-batch.
+
     from verl.trainer.ppo.core_algos import get_policy_loss_fn
     loss, metrics = get_policy_loss_fn("trustbench_troll")(old_logp, logp, adv, mask, "token-mean",
                                                          actor_config, None, inputs=TrustbenchInputs(...))

@@ -19,6 +19,9 @@ Flags are removed from the batch after each call, so the reference pass never sp
 
     python -m verl.trainer.main_ppo trainer.v1.trainer_mode=trustbench_sync ...   # with
     VERL_USE_EXTERNAL_MODULES=runners.backends.verl.plugins
+
+Tests (verl's methods replaced by fakes; the Ray / TransferQueue loop needs GPUs):
+``pytest tests/verl/test_plugins_controllers.py``.
 """
 
 from __future__ import annotations

@@ -12,6 +12,9 @@ the actor's loss in ``init_model``. Two small subclasses hook in there and nowhe
 
 The trainer selects the worker class (``plugins_trainer``: ``trainer.v1.trainer_mode=trustbench_sync``);
 verl's own reference and critic workers are unchanged.
+
+Tests: ``pytest tests/verl/test_plugins_controllers.py`` (the loss swap); the engine hook in
+``tests/verl/test_plugins_engine.py``.
 """
 
 from __future__ import annotations
