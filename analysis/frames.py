@@ -58,27 +58,30 @@ def empty_metrics() -> pd.DataFrame:
 
 
 def normalize_metrics(df: pd.DataFrame) -> pd.DataFrame:
-    """Coerce a metric frame to the canonical columns and dtypes (NaN strings -> float NaN)."""
-    out = pd.DataFrame(
-        {
-            "run_id": df["run_id"].astype(str),
-            "metric": df["metric"].astype(str),
-            "step": pd.to_numeric(df["step"]).astype("int64"),
-            "value": pd.to_numeric(df["value"], errors="coerce").astype("float64"),
-            "timestamp": pd.to_numeric(df["timestamp"]).astype("int64"),
-        }
-    )
-    out["run_id"] = out["run_id"].astype("category")
-    out["metric"] = out["metric"].astype("category")
-    return out.reset_index(drop=True)
+    """Coerce a metric frame to the canonical columns and dtypes (NaN strings -> float NaN).
+
+    Columns already in their canonical dtype are kept as they are (a cached 1M-row frame costs
+    nothing here; converting categories back to strings would cost seconds).
+    """
+    out = {}
+    for col in ("run_id", "metric"):
+        x = df[col]
+        if not isinstance(x.dtype, pd.CategoricalDtype):
+            x = x.astype(str).astype("category")
+        out[col] = x
+    for col, dtype in (("step", "int64"), ("value", "float64"), ("timestamp", "int64")):
+        x = df[col]
+        if x.dtype != dtype:
+            x = pd.to_numeric(x, errors="coerce" if col == "value" else "raise").astype(dtype)
+        out[col] = x
+    return pd.DataFrame({c: out[c].reset_index(drop=True) for c in METRIC_COLUMNS})
 
 
 def method_label(row: pd.Series) -> str:
     """Display label of a run: the ``method`` tag, else algorithm(+objective), else the run name."""
-    for key in (f"tags.{schema.TAG_METHOD}",):
-        value = row.get(key)
-        if isinstance(value, str) and value:
-            return value
+    value = row.get(f"tags.{schema.TAG_METHOD}")
+    if isinstance(value, str) and value:
+        return value
     algorithm = row.get(f"tags.{schema.TAG_ALGORITHM}")
     objective = row.get(f"tags.{schema.TAG_OBJECTIVE}")
     if isinstance(algorithm, str) and algorithm:

@@ -21,6 +21,7 @@ A point logged later at an *older* step than the metric's latest is not detected
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Literal
 
@@ -88,16 +89,20 @@ def list_runs(client, experiment) -> tuple[pd.DataFrame, dict[str, dict[str, tup
 
 
 def _cached_latest(metrics: pd.DataFrame) -> dict[str, dict[str, tuple[int, int]]]:
-    """{run_id: {metric: (max step, max timestamp at that step)}} of a metric frame."""
+    """{run_id: {metric: (max step, max timestamp at that step)}} of a metric frame sorted by
+    (run_id, metric, step, timestamp), as the cache stores it: the last row of each pair."""
     if not len(metrics):
         return {}
-    m = metrics[["run_id", "metric", "step", "timestamp"]].copy()
-    m["run_id"], m["metric"] = m["run_id"].astype(str), m["metric"].astype(str)
-    top = m.sort_values(["step", "timestamp"]).drop_duplicates(["run_id", "metric"], keep="last")
+    top = metrics[["run_id", "metric", "step", "timestamp"]].drop_duplicates(["run_id", "metric"], keep="last")
     out: dict[str, dict[str, tuple[int, int]]] = {}
     for rid, key, step, ts in top.itertuples(index=False):
-        out.setdefault(rid, {})[key] = (int(step), int(ts))
+        out.setdefault(str(rid), {})[str(key)] = (int(step), int(ts))
     return out
+
+
+def _sort(metrics: pd.DataFrame) -> pd.DataFrame:
+    """Rows grouped by (run_id, metric) (category order), each group ordered by step then timestamp."""
+    return metrics.sort_values(["run_id", "metric", "step", "timestamp"], kind="stable").reset_index(drop=True)
 
 
 def plan_fetch(
@@ -123,7 +128,14 @@ def plan_fetch(
 
 
 def _load_one(
-    get_client, tracking_uri: str, name: str, refresh: Refresh, cache_root: Path | None, bulk: bool, progress
+    get_client,
+    tracking_uri: str,
+    name: str,
+    refresh: Refresh,
+    cache_root: Path | None,
+    bulk: bool,
+    progress,
+    backend_uri: str | None = None,
 ):
     path = cache_path(cache_root, tracking_uri, name) if cache_root is not None else None
     if refresh is False and path is not None:
@@ -139,14 +151,24 @@ def _load_one(
 
     runs, latest = list_runs(client, exp)
     present = set(runs["run_id"])
-    if len(metrics_c):
-        metrics_c = metrics_c[metrics_c["run_id"].astype(str).isin(present)]
+    if len(metrics_c) and not set(map(str, metrics_c["run_id"].cat.categories)) <= present:
+        metrics_c = metrics_c[metrics_c["run_id"].isin(present)]
+        metrics_c = metrics_c.assign(run_id=metrics_c["run_id"].cat.remove_unused_categories())
     requests = plan_fetch(latest, _cached_latest(metrics_c), exp_id)
-    source = pick_source(client, tracking_uri, bulk=bulk)
+    source = pick_source(client, tracking_uri, bulk=bulk, backend_uri=backend_uri)
+    if not requests and state:  # nothing new: the cached frame is already canonical and sorted
+        metrics = metrics_c.reset_index(drop=True)
+        if not runs_c.equals(runs):
+            write_cache(path, runs, metrics, {**state, "source": source.name})
+        return (
+            runs,
+            metrics,
+            {"experiment": name, "source": source.name, "runs_fetched": 0, "rows_fetched": 0, "partial_runs": 0},
+        )
     fetched = source.fetch(requests, progress=progress) if requests else empty_metrics()
     reread = {r.run_id for r in requests if r.from_step is None}  # whole history fetched again
     if reread and len(metrics_c):
-        metrics_c = metrics_c[~metrics_c["run_id"].astype(str).isin(reread)]
+        metrics_c = metrics_c[~metrics_c["run_id"].isin(reread)]
     if len(fetched) and len(metrics_c):
         merged = pd.concat(
             [metrics_c.astype({"run_id": str, "metric": str}), fetched.astype({"run_id": str, "metric": str})]
@@ -156,14 +178,10 @@ def _load_one(
         metrics = normalize_metrics(merged)
     else:
         metrics = fetched if len(fetched) else normalize_metrics(metrics_c) if len(metrics_c) else empty_metrics()
-    metrics = metrics.sort_values(["run_id", "metric", "step", "timestamp"], kind="stable").reset_index(drop=True)
-    if path is not None and (requests or not state or len(runs_c) != len(runs)):
-        write_cache(
-            path,
-            runs,
-            metrics,
-            {"tracking_uri": tracking_uri, "experiment": name, "experiment_id": exp_id, "source": source.name},
-        )
+    metrics = _sort(metrics)
+    if path is not None:
+        state = {"tracking_uri": tracking_uri, "experiment": name, "experiment_id": exp_id, "source": source.name}
+        write_cache(path, runs, metrics, state)
     info = {
         "experiment": name,
         "source": source.name,
@@ -183,6 +201,7 @@ def load_experiment(
     bulk: bool = True,
     include_reports: bool = False,
     progress: bool | None = None,
+    backend_uri: str | None = None,
 ) -> ExperimentData:
     """Load one or more MLflow experiments (by name) into ``ExperimentData``.
 
@@ -190,6 +209,8 @@ def load_experiment(
     store when a cache exists; "full" = ignore the cache and re-read everything.
     cache_dir: "default" = ``runners.paths.analysis_cache_dir()``; None = no cache.
     bulk: False forces the per-run per-metric client loop (the benchmark's baseline).
+    backend_uri: the sqlite backend of a tracking server readable from here (default
+    ``$TRUSTBENCH_MLFLOW_BACKEND_URI``): histories are read from it by SQL (``analysis.sources``).
     """
     from runners.paths import analysis_cache_dir, default_tracking_uri
 
@@ -197,6 +218,7 @@ def load_experiment(
     if not names:
         raise ValueError("load_experiment needs at least one experiment name")
     uri = tracking_uri or default_tracking_uri()
+    backend_uri = backend_uri or os.environ.get("TRUSTBENCH_MLFLOW_BACKEND_URI") or None
     root = analysis_cache_dir() if cache_dir == "default" else (Path(cache_dir) if cache_dir is not None else None)
     clients: list = []
 
@@ -207,7 +229,7 @@ def load_experiment(
 
     all_runs, all_metrics, infos = [], [], []
     for name in names:
-        runs, metrics, info = _load_one(get_client, uri, name, refresh, root, bulk, progress)
+        runs, metrics, info = _load_one(get_client, uri, name, refresh, root, bulk, progress, backend_uri)
         all_runs.append(runs)
         all_metrics.append(metrics)
         infos.append(info)

@@ -6,12 +6,19 @@ per metric (100 runs x 10 metrics = 1000 round trips). Each store has a bulk pat
 - ``sqlite:`` stores: one SQL query on the store's ``metrics`` table (columns ``run_uuid, key,
   value, timestamp, step, is_nan``, stable since MLflow 1.x), opened read-only. Legitimate because
   the sqlite file *is* the store; if the schema ever differs the loader falls back to the client.
-- ``http(s):`` servers: the tracking server's ``/ajax-api/2.0/mlflow/metrics/get-history-bulk-interval``
-  endpoint (the one the MLflow UI uses): one metric key for up to 100 runs per request. It samples
-  at most 2500 rows per run inside ``[start_step, end_step]``, so windows of 2500 steps are
-  requested; a run that returns a full window (several values per step) is re-read in halves.
+- ``http(s):`` servers: the tracking server's ajax endpoints used by the MLflow UI, one metric key
+  for up to 100 runs per request. Whole histories come from ``get-history-bulk`` (plain JSON, at
+  most 25000 points per request: runs are grouped so their expected points fit, and a group that
+  hits the cap is split). Tails of incremental reads come from ``get-history-bulk-interval`` with
+  ``[start_step, end_step]`` windows of 2500 steps (it samples down to 2500 points per run, so a
+  window that comes back full is re-read in halves). Measured: the interval endpoint is several
+  times slower per point (window-function SQL and protobuf JSON on the server).
 - ``file:`` stores (maintenance mode in MLflow 3, needs ``MLFLOW_ALLOW_FILE_STORE=true``): the
   ``<root>/<experiment_id>/<run_id>/metrics/<key>`` files ("timestamp value step" lines), read directly.
+- a tracking server whose sqlite backend file is readable here (``backend_uri``, or
+  ``$TRUSTBENCH_MLFLOW_BACKEND_URI``): runs are listed through the server, histories read by SQL.
+  Worth it: MLflow's server spends ~50-100 us per point building ORM objects and JSON whatever the
+  endpoint, which caps every REST path at a few times the naive loop (tests/benchmarks).
 - anything else: the per-run per-metric client loop (also the benchmark's naive baseline).
 
 Every reader takes ``FetchRequest``s (run, metric keys with their latest step, first step wanted)
@@ -32,9 +39,11 @@ from tqdm.auto import tqdm
 
 from analysis.frames import METRIC_COLUMNS, empty_metrics, normalize_metrics
 
+BULK_ENDPOINT = "/ajax-api/2.0/mlflow/metrics/get-history-bulk"
 BULK_INTERVAL_ENDPOINT = "/ajax-api/2.0/mlflow/metrics/get-history-bulk-interval"
-MAX_RUNS_PER_REQUEST = 100  # mlflow.server.handlers.MAX_RUNS_GET_METRIC_HISTORY_BULK
-MAX_ROWS_PER_RUN = 2500  # mlflow.server.handlers.MAX_RESULTS_PER_RUN
+MAX_RUNS_PER_REQUEST = 100  # mlflow.server.handlers: at most 100 run ids per bulk request
+MAX_BULK_ROWS = 25000  # get-history-bulk returns at most 25000 points per request (all runs together)
+MAX_ROWS_PER_RUN = 2500  # get-history-bulk-interval samples down to 2500 points per run
 SQL_CHUNK = 500  # run ids per IN (...) clause (sqlite's variable limit is >= 999)
 
 
@@ -117,17 +126,33 @@ class FileStoreSource:
 
 
 class RestSource:
-    """Reads a tracking server through its bulk-interval endpoint (see module docstring)."""
+    """Reads a tracking server through its bulk endpoints (see module docstring)."""
 
-    name = "rest-bulk-interval"
+    name = "rest-bulk"
 
     def __init__(self, get_host_creds, workers: int = 4) -> None:
         self.get_host_creds = get_host_creds
         self.workers = workers
 
-    def _get(self, run_ids: list[str], key: str, start: int, end: int) -> list[dict]:
+    def _call(self, endpoint: str, params: dict) -> list[dict]:
         from mlflow.utils.rest_utils import http_request_safe
 
+        response = http_request_safe(self.get_host_creds(), endpoint, "GET", params=params)
+        return response.json().get("metrics", [])
+
+    def _fetch_all(self, run_ids: list[str], key: str, last: int) -> list[dict]:
+        """Whole histories of ``key`` (get-history-bulk); groups that hit the row cap are split."""
+        rows = self._call(BULK_ENDPOINT, {"run_id": run_ids, "metric_key": key, "max_results": MAX_BULK_ROWS})
+        if len(rows) < MAX_BULK_ROWS:
+            return rows
+        if len(run_ids) == 1:  # one run with more points than the cap: step windows instead
+            return self._fetch_window(run_ids, key, 0, last)
+        half = len(run_ids) // 2
+        return self._fetch_all(run_ids[:half], key, last) + self._fetch_all(run_ids[half:], key, last)
+
+    def _fetch_window(self, run_ids: list[str], key: str, start: int, end: int) -> list[dict]:
+        """All points of ``key`` with start <= step <= end (get-history-bulk-interval), re-reading
+        the runs whose window came back full (possibly sampled) in two halves."""
         params = {
             "run_ids": run_ids,
             "metric_key": key,
@@ -135,47 +160,64 @@ class RestSource:
             "end_step": end,
             "max_results": MAX_ROWS_PER_RUN,
         }
-        response = http_request_safe(self.get_host_creds(), BULK_INTERVAL_ENDPOINT, "GET", params=params)
-        return response.json().get("metrics", [])
-
-    def _fetch_window(self, run_ids: list[str], key: str, start: int, end: int) -> list[dict]:
-        """All points of ``key`` with start <= step <= end, re-reading runs whose window was full."""
-        rows = self._get(run_ids, key, start, end)
+        rows = self._call(BULK_INTERVAL_ENDPOINT, params)
         counts: dict[str, int] = {}
         for row in rows:
             counts[row["run_id"]] = counts.get(row["run_id"], 0) + 1
-        full = [rid for rid, n in counts.items() if n >= MAX_ROWS_PER_RUN]
+        full = {rid for rid, n in counts.items() if n >= MAX_ROWS_PER_RUN}
         if not full:
             return rows
         if start == end:
             raise RuntimeError(
-                f"metric {key!r} has more than {MAX_ROWS_PER_RUN} values at step {start} in runs {full}; "
-                "the bulk endpoint cannot return them all (use a sqlite store or the client reader)"
+                f"metric {key!r} has more than {MAX_ROWS_PER_RUN} values at step {start} in runs {sorted(full)}; "
+                "the bulk endpoints cannot return them all (use a sqlite store or the client reader)"
             )
-        rows = [row for row in rows if row["run_id"] not in set(full)]
+        rows = [row for row in rows if row["run_id"] not in full]
         mid = (start + end) // 2
-        return rows + self._fetch_window(full, key, start, mid) + self._fetch_window(full, key, mid + 1, end)
+        ids = sorted(full)
+        return rows + self._fetch_window(ids, key, start, mid) + self._fetch_window(ids, key, mid + 1, end)
 
-    def _jobs(self, requests: list[FetchRequest]) -> list[tuple[list[str], str, int, int]]:
-        groups: dict[tuple[str, int], list[tuple[str, int]]] = {}
+    def _jobs(self, requests: list[FetchRequest]) -> list[tuple]:
+        """Whole histories: runs grouped per key so the expected rows (last step + 1 each) stay below the
+        bulk cap; tails of incremental reads: step windows from ``from_step``."""
+        whole: dict[str, list[tuple[str, int]]] = {}
+        tails: dict[tuple[str, int], list[tuple[str, int]]] = {}
         for r in requests:
             for key, last in r.keys.items():
-                groups.setdefault((key, r.from_step or 0), []).append((r.run_id, int(last)))
-        jobs = []
-        for (key, first), runs in groups.items():
+                if r.from_step is None:
+                    whole.setdefault(key, []).append((r.run_id, int(last)))
+                else:
+                    tails.setdefault((key, int(r.from_step)), []).append((r.run_id, int(last)))
+        jobs: list[tuple] = []
+        for key, runs in whole.items():
+            batch: list[tuple[str, int]] = []
+            expected = 0
+            for rid, last in runs:
+                if batch and (expected + last + 1 >= MAX_BULK_ROWS or len(batch) == MAX_RUNS_PER_REQUEST):
+                    jobs.append(("all", [b for b, _ in batch], key, max(s for _, s in batch)))
+                    batch, expected = [], 0
+                batch.append((rid, last))
+                expected += last + 1
+            if batch:
+                jobs.append(("all", [b for b, _ in batch], key, max(s for _, s in batch)))
+        for (key, first), runs in tails.items():
             for i in range(0, len(runs), MAX_RUNS_PER_REQUEST):
-                batch = runs[i : i + MAX_RUNS_PER_REQUEST]
-                last = max(step for _, step in batch)
-                ids = [rid for rid, _ in batch]
+                group = runs[i : i + MAX_RUNS_PER_REQUEST]
+                last = max(step for _, step in group)
+                ids = [rid for rid, _ in group]
                 for start in range(first, last + 1, MAX_ROWS_PER_RUN):
-                    jobs.append((ids, key, start, min(start + MAX_ROWS_PER_RUN - 1, last)))
+                    jobs.append(("window", ids, key, start, min(start + MAX_ROWS_PER_RUN - 1, last)))
         return jobs
+
+    def _run(self, job: tuple) -> list[dict]:
+        kind, *args = job
+        return self._fetch_all(*args) if kind == "all" else self._fetch_window(*args)
 
     def fetch(self, requests: list[FetchRequest], progress: bool | None = None) -> pd.DataFrame:
         jobs = self._jobs(requests)
         rows: list[dict] = []
         with ThreadPoolExecutor(max_workers=self.workers) as pool:
-            results = pool.map(lambda job: self._fetch_window(*job), jobs)
+            results = pool.map(self._run, jobs)
             for part in tqdm(
                 results, total=len(jobs), desc="bulk metric requests", unit="req", disable=_quiet(progress, len(jobs))
             ):
@@ -228,10 +270,22 @@ def file_store_root(tracking_uri: str) -> Path | None:
     return None
 
 
-def pick_source(client, tracking_uri: str, bulk: bool = True):
-    """The fastest reader for ``tracking_uri`` (``bulk=False``: the per-metric client loop)."""
+def pick_source(client, tracking_uri: str, bulk: bool = True, backend_uri: str | None = None):
+    """The fastest reader for ``tracking_uri`` (``bulk=False``: the per-metric client loop).
+
+    ``backend_uri``: the ``sqlite:`` backend store of the tracking server behind ``tracking_uri``,
+    when this machine can read it (a local ``mlflow server --backend-store-uri sqlite:///...``):
+    histories are then read by SQL from that file, as for a ``sqlite:`` tracking URI.
+    """
     if not bulk:
         return ClientSource(client)
+    if backend_uri:
+        db = sqlite_path(backend_uri)
+        if db is None or not db.exists() or not _has_metrics_table(db):
+            raise ValueError(
+                f"backend_uri {backend_uri!r} is not a readable MLflow sqlite store (sqlite:///path/to/mlflow.db)"
+            )
+        return SqliteSource(db)
     db = sqlite_path(tracking_uri)
     if db is not None and db.exists() and _has_metrics_table(db):
         return SqliteSource(db)

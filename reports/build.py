@@ -205,6 +205,7 @@ def build_report(
     log_to_mlflow: bool = True,
     refresh: bool | str = True,
     progress: bool | None = None,
+    backend_uri: str | None = None,
 ) -> ReportResult:
     """Build the report of ``experiment`` (see module docstring); ``data`` skips loading from MLflow."""
     from runners.paths import default_tracking_uri, report_dir
@@ -213,7 +214,7 @@ def build_report(
     if data is None:
         from analysis.load import load_experiment
 
-        data = load_experiment(experiment, uri, refresh=refresh, progress=progress)
+        data = load_experiment(experiment, uri, refresh=refresh, progress=progress, backend_uri=backend_uri)
     spec = get_report(experiment)
     out = Path(out_dir) if out_dir is not None else report_dir(experiment)
     items = build_items(spec, data)

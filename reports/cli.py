@@ -28,6 +28,12 @@ def add_report_parser(subparsers) -> argparse.ArgumentParser:
         default=None,
         help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI or .trustbench/mlflow.db)",
     )
+    p.add_argument(
+        "--backend-uri",
+        default=None,
+        help="sqlite backend of the tracking server, when readable here: histories are read from it by SQL "
+        "(default: $TRUSTBENCH_MLFLOW_BACKEND_URI)",
+    )
     p.add_argument("--out", default=None, help="output directory (default: .trustbench/reports/EXPERIMENT)")
     p.add_argument("--no-pdf", action="store_true", help="skip the PDF (no Chromium needed)")
     p.add_argument("--no-mlflow", action="store_true", help="do not log the report as MLflow artifacts")
@@ -56,6 +62,7 @@ def run_report(args: argparse.Namespace) -> int:
             log_to_mlflow=not args.no_mlflow,
             refresh=refresh,
             progress=False if args.quiet else None,
+            backend_uri=args.backend_uri,
         )
     except ExperimentNotFoundError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -63,6 +70,9 @@ def run_report(args: argparse.Namespace) -> int:
     except ChromiumMissingError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 3
+    except ValueError as exc:  # e.g. a --backend-uri that is not a readable sqlite store
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     ok = sum(1 for i in result.items if i.status == "ok")
     print(f"report {result.spec.name!r} for experiment {args.experiment!r}: {ok}/{len(result.items)} items")
     for item in result.items:
