@@ -90,29 +90,40 @@ def embedded_model_dir(recipe: EmbeddedRecipe, cache_dir: str | Path | None = No
     return root / "embedded" / recipe.key()
 
 
-def encode_sft_batch(examples, tokenizer):
-    """Tokenise ``<bos> prompt solution <eos>`` rows, right-padded.
+def encode_sft_batch(examples, tokenizer, *, check_rows: int = 64):
+    """Tokenise ``<bos> prompt solution <eos>`` rows for a character tokenizer, right-padded.
 
     Returns (input_ids [N,L] long, attention_mask [N,L] long, labels [N,L] long with -100 on the
-    prompt and padding), the target of next-token prediction on the response only.
+    prompt and padding): the target of next-token prediction on the response only. Characters are
+    mapped through a lookup table (one token per character, ~20x faster than calling the tokenizer
+    on 30k texts); the first ``check_rows`` rows are checked against the tokenizer itself.
     """
+    import numpy as np
     import torch
 
-    prompts = tokenizer([e.prompt for e in examples])["input_ids"]
-    full = tokenizer([e.prompt + e.solution for e in examples])["input_ids"]
-    rows = [ids + [tokenizer.eos_token_id] for ids in full]
-    width = max(len(r) for r in rows)
-    input_ids = torch.full((len(rows), width), tokenizer.pad_token_id, dtype=torch.long)
-    attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
-    labels = torch.full((len(rows), width), -100, dtype=torch.long)
-    for i, (row, prompt) in enumerate(zip(rows, prompts)):
-        if row[: len(prompt)] != prompt:  # a char tokenizer never merges across the boundary
-            raise ValueError(f"prompt tokens are not a prefix of prompt+solution for {examples[i].prompt!r}")
-        n = len(row)
-        input_ids[i, :n] = torch.tensor(row)
-        attention_mask[i, :n] = 1
-        labels[i, len(prompt) : n] = input_ids[i, len(prompt) : n]
-    return input_ids, attention_mask, labels
+    vocab = tokenizer.get_vocab()
+    table = np.full(128, tokenizer.unk_token_id, dtype=np.int64)
+    for token, token_id in vocab.items():
+        if len(token) == 1 and ord(token) < 128:
+            table[ord(token)] = token_id
+    texts = [e.prompt + e.solution for e in examples]
+    prompt_lens = np.array([1 + len(e.prompt) for e in examples])  # <bos> + one token per character
+    lengths = np.array([len(t) + 2 for t in texts])  # <bos> text <eos>
+    width = int(lengths.max())
+    ids = np.full((len(texts), width), tokenizer.pad_token_id, dtype=np.int64)
+    ids[:, 0] = tokenizer.bos_token_id
+    for row, text in enumerate(texts):
+        codes = np.frombuffer(text.encode("ascii"), dtype=np.uint8)
+        ids[row, 1 : 1 + len(codes)] = table[codes]
+        ids[row, 1 + len(codes)] = tokenizer.eos_token_id
+    for row in range(min(check_rows, len(texts))):
+        expected = tokenizer(texts[row])["input_ids"] + [tokenizer.eos_token_id]
+        if ids[row, : lengths[row]].tolist() != expected:
+            raise ValueError(f"encode_sft_batch needs a one-token-per-character tokenizer; {texts[row]!r} differs")
+    positions = np.arange(width)[None, :]
+    mask = positions < lengths[:, None]
+    labels = np.where(mask & (positions >= prompt_lens[:, None]), ids, -100)
+    return torch.from_numpy(ids), torch.from_numpy(mask.astype(np.int64)), torch.from_numpy(labels)
 
 
 def _lr_factor(step: int, recipe: EmbeddedRecipe) -> float:
@@ -136,7 +147,7 @@ def train_embedded_model(recipe: EmbeddedRecipe, *, progress: bool = True):
     from runners.models.tiny import build_tiny_model
     from runners.models.tokenizer import build_char_tokenizer
 
-    started = time.perf_counter()
+    started, started_cpu = time.perf_counter(), time.process_time()
     tokenizer = build_char_tokenizer(EMBEDDED_ALPHABET)
     examples = generate_embedded(
         recipe.n_train, split="train", seed=recipe.seed, digits=recipe.digits, ops=recipe.ops
@@ -189,6 +200,8 @@ def train_embedded_model(recipe: EmbeddedRecipe, *, progress: bool = True):
         "n_parameters": sum(p.numel() for p in model.parameters()),
         "data_s": round(data_s, 3),
         "train_s": round(time.perf_counter() - started - data_s, 3),
+        # CPU seconds of all threads (wall time on a busy shared machine says little)
+        "cpu_s": round(time.process_time() - started_cpu, 3),
         "torch_threads": torch.get_num_threads(),
         "final_loss": sum(losses[-20:]) / len(losses[-20:]),
         "loss_curve": [round(x, 5) for x in losses],
@@ -266,7 +279,10 @@ def main(argv: list[str] | None = None) -> int:
     model, tokenizer = load_embedded_model(**overrides)
     print(f"model folder: {folder} (ready in {time.perf_counter() - started:.1f} s)")
     build = json.loads((folder / "build.json").read_text())
-    print(f"build: train {build['train_s']} s, data {build['data_s']} s, final loss {build['final_loss']:.4f}")
+    print(
+        f"build: data {build['data_s']} s, train {build['train_s']} s ({build['cpu_s']} CPU s, "
+        f"{build['torch_threads']} threads), final loss {build['final_loss']:.4f}"
+    )
     for temperature in (0.0, 1.0):
         result = evaluate_embedded(model, tokenizer, n=args.n, temperature=temperature, digits=recipe.digits, ops=recipe.ops)
         print(f"temperature {temperature}: accuracy {result['accuracy']:.3f}, mean response length "

@@ -1,0 +1,121 @@
+"""Benchmark: the KV-cache sampler vs ``model.generate(do_sample=True)``, generated tokens per second.
+
+    python tests/benchmarks/bench_sampler.py                    # embedded default + tiny Qwen2, batch 32
+    python tests/benchmarks/bench_sampler.py --repeats 7 --smollm2
+
+Same model, same left-padded prompts (embedded test problems), same batch and token budget, both at
+temperature 1 with top-p 1 and top-k off. Two regimes:
+- ``fixed``: no EOS, every row generates ``--tokens`` tokens (pure per-step cost);
+- ``eos``: the model's EOS ends rows (the RL case; only models that emit EOS, i.e. not the random
+  tiny one): tokens/s counts real response tokens, so finishing early is rewarded for both.
+Timings alternate between the two samplers and report the median of ``--repeats`` runs (the machine
+is shared); the target is a ratio >= 1.5. Prints a table; asserts nothing about time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+
+def prompts(tokenizer, batch: int, chat: bool):
+    from runners.data.embedded import generate_embedded
+
+    examples = generate_embedded(batch, split="test", seed=0)
+    if chat:
+        texts = [
+            tokenizer.apply_chat_template([{"role": "user", "content": e.prompt}], tokenize=False, add_generation_prompt=True)
+            for e in examples
+        ]
+        return tokenizer(texts, padding=True, return_tensors="pt", add_special_tokens=False)
+    return tokenizer([e.prompt for e in examples], padding=True, return_tensors="pt")
+
+
+def run_hf(model, batch, tokens: int, eos, pad: int) -> int:
+    from transformers import GenerationConfig
+
+    config = GenerationConfig(
+        do_sample=True, temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=tokens, eos_token_id=eos, pad_token_id=pad
+    )
+    with torch.inference_mode():
+        out = model.generate(**batch, generation_config=config)
+    response = out[:, batch["input_ids"].shape[1] :]
+    if eos is None:
+        return response.numel()
+    # real tokens: up to and including the first EOS of each row
+    is_eos = response == eos
+    after = (is_eos.cumsum(dim=1) - is_eos.long()) > 0
+    return int((~after).sum())
+
+
+def run_ours(model, batch, tokens: int, eos, pad: int) -> int:
+    from runners.backends.local.sampler import generate
+
+    out = generate(
+        model, batch["input_ids"], batch["attention_mask"], max_new_tokens=tokens, eos_token_id=eos, pad_token_id=pad
+    )
+    return int(out.response_mask.sum())
+
+
+def measure(fn, repeats: int, *args) -> tuple[float, int]:
+    """Median seconds and the token count of the last run."""
+    times, count = [], 0
+    for _ in range(repeats):
+        start = time.perf_counter()
+        count = fn(*args)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times), count
+
+
+def bench(name: str, model, tokenizer, *, batch_size: int, tokens: int, repeats: int, regimes, chat=False):
+    batch = prompts(tokenizer, batch_size, chat)
+    rows = []
+    for regime in regimes:
+        eos = tokenizer.eos_token_id if regime == "eos" else None
+        args = (model, batch, tokens, eos, tokenizer.pad_token_id)
+        run_hf(*args), run_ours(*args)  # warm-up (lazy inits, allocator)
+        hf_times, our_times, hf_tokens, our_tokens = [], [], 0, 0
+        for _ in range(repeats):  # alternate so both see the same background load
+            t, hf_tokens = measure(run_hf, 1, *args)
+            hf_times.append(t)
+            t, our_tokens = measure(run_ours, 1, *args)
+            our_times.append(t)
+        hf_rate = hf_tokens / statistics.median(hf_times)
+        our_rate = our_tokens / statistics.median(our_times)
+        rows.append((name, regime, batch_size, tokens, hf_rate, our_rate, our_rate / hf_rate))
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--tokens", type=int, default=64, help="max new tokens per row")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--smollm2", action="store_true", help="also SmolLM2-135M (slow: ~100 tok/s)")
+    args = parser.parse_args()
+
+    from runners.models import load_model
+
+    rows = []
+    common = {"batch_size": args.batch, "tokens": args.tokens, "repeats": args.repeats}
+    model, tokenizer = load_model("embedded")
+    rows += bench("embedded", model, tokenizer, regimes=("fixed", "eos"), **common)
+    model, tokenizer = load_model("tiny", arch="qwen2")
+    rows += bench("tiny-qwen2", model, tokenizer, regimes=("fixed",), **common)
+    if args.smollm2:
+        model, tokenizer = load_model("smollm2")
+        rows += bench("smollm2", model, tokenizer, regimes=("fixed", "eos"), chat=True, **{**common, "repeats": 1})
+
+    print(f"\ntorch {torch.__version__}, {torch.get_num_threads()} threads, median of {args.repeats} runs")
+    header = f"{'model':<12} {'regime':<6} {'batch':>5} {'tokens':>6} {'generate tok/s':>15} {'ours tok/s':>11} {'ratio':>6}"
+    print(header)
+    print("-" * len(header))
+    for name, regime, batch, tokens, hf_rate, our_rate, ratio in rows:
+        print(f"{name:<12} {regime:<6} {batch:>5} {tokens:>6} {hf_rate:>15.0f} {our_rate:>11.0f} {ratio:>6.2f}")
+
+
+if __name__ == "__main__":
+    main()
