@@ -436,3 +436,23 @@ def test_resume_guards(tmp_path, fake_verl, monkeypatch, capfd, store, case, che
     assert len(launched) == (0 if case in ("done", "beyond") else 1)
     if case == "stale":
         assert json.loads(launched[0][10:])["start"] == 0 and latest_checkpoint_step(layout.checkpoints) == 4
+
+
+def test_ray_auth_mode_is_decided_once_for_cluster_and_clients(tmp_path, monkeypatch):
+    """Ray starts a cluster with token auth when a token file exists and RAY_AUTH_MODE is unset,
+    but its clients then do not send the token: the backend sets the mode explicitly (an
+    explicit setting wins)."""
+    from runners.backends.verl.backend import launch_env
+
+    cfg, _ = _cell(tmp_path)
+    kw = {"tracking_uri": "sqlite:///x.db", "run_id": "r", "metrics_file": "m", "stop_file": "s"}
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
+    monkeypatch.delenv("RAY_AUTH_TOKEN", raising=False)
+    monkeypatch.delenv("RAY_AUTH_TOKEN_PATH", raising=False)
+    assert launch_env(cfg, **kw)["RAY_AUTH_MODE"] == "disabled"
+    (tmp_path / ".ray").mkdir()
+    (tmp_path / ".ray" / "auth_token").write_text("t" * 32)
+    assert launch_env(cfg, **kw)["RAY_AUTH_MODE"] == "token"
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
+    assert launch_env(cfg, **kw)["RAY_AUTH_MODE"] == "disabled"

@@ -206,10 +206,21 @@ def launch_env(cfg: DictConfig, *, tracking_uri: str, run_id: str, metrics_file:
     )
     if (bin_dir / "ray").exists():
         env.setdefault("TB_RAY_BIN", str(bin_dir / "ray"))
+    # Ray >= 2.5x turns token authentication on for a cluster it starts when RAY_AUTH_MODE is unset
+    # and a token file exists, but a client that connects to it (ray.init(address=...)) only sends the
+    # token when the mode says so: decide once, for the cluster and every client alike
+    env.setdefault("RAY_AUTH_MODE", "token" if _ray_token_exists(env) else "disabled")
     env["PATH"] = f"{bin_dir}{os.pathsep}{env.get('PATH', '')}"
     for key, value in (backend_options(cfg).get("ray_env") or {}).items():
         env[str(key)] = str(value)
     return env
+
+
+def _ray_token_exists(env: Mapping[str, str]) -> bool:
+    if env.get("RAY_AUTH_TOKEN"):
+        return True
+    path = env.get("RAY_AUTH_TOKEN_PATH") or str(Path(env.get("HOME", str(Path.home()))) / ".ray" / "auth_token")
+    return Path(path).is_file()
 
 
 def worker_env(env: Mapping[str, str], metrics_via: str = "tracker") -> dict[str, str]:
