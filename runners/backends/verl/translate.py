@@ -30,13 +30,21 @@ trainer.warmup_steps        cosine schedule with ``num_cycles=0`` and 1-indexed 
                             at step 0)
 ==========================  ===========================================================================
 
-Not expressible in verl 0.9.1 (``ConfigError``): truncated rollouts (``rollout.mode=truncated``,
-T-PPO: verl generates whole responses), asymmetric value clipping (``trainer.value_clip_low !=
-value_clip_high``: verl's ``critic.cliprange_value`` is symmetric), ``trainer.logprob_precision=bf16``,
-estimator parameters verl fixes (``estimator.eps`` other than 1e-6, ``estimator.center=false``,
-``estimator.whiten=false``, GPG ``rescale``/``f_norm`` other than verl's), and model kinds without a
-Hugging Face directory (``model.kind`` embedded / tiny). verl's rollout-correction rejection masks
-(``rollout_rs``) are NOT used for TRM: they shrink the response mask (changing the token-mean
+Everything else goes to the plugins (contract: ``runners.backends.verl.plugin_overrides``): a
+``trustbench_<objective>`` policy loss whenever the objective has no verl twin (TROLL, TROLL-Seq,
+GTPO, BAPO) or the method adds a sequence mask (TRM, LN-TRM, SER) or an entropy controller (REPO-R/D,
+ADAPO, adaptive bonus) -- the plugin loss composes objective, mask and controller as the built-in
+trainer does; sample-based masks judge the rollout engine's log-probs. A ``trustbench_<estimator>``
+takes estimator settings verl fixes (``estimator.eps`` other than 1e-6, ``center=false``,
+``whiten=false``, GPG ``rescale``/``f_norm``). Every method runs verl's trainer as
+``trainer.v1.trainer_mode=trustbench_sync`` (the plugins' hooks, stop requests).
+
+Not expressible in verl 0.9.1 (``ConfigError`` naming the key): truncated rollouts
+(``rollout.mode=truncated``, T-PPO: verl generates whole responses), asymmetric value clipping
+(``trainer.value_clip_low != value_clip_high``: verl's ``critic.cliprange_value`` is symmetric),
+``trainer.logprob_precision=bf16``, model kinds without a Hugging Face directory (``model.kind``
+embedded / tiny), batch sizes that do not split over the GPUs. verl's rollout-correction rejection
+masks (``rollout_rs``) are NOT used for TRM: they shrink the response mask (changing the token-mean
 denominator, which trm.txt eq. 50 forbids) and compare pi_old, not pi_theta, with the rollout policy.
 
     from runners.config import compose
