@@ -512,3 +512,18 @@ def test_estimator_plugin_config_builds_verls_algo_dataclass(verl_config):
 
     vc = verl_config(_translate(_compose(("algorithm=grpo", "model=qwen3_1.7b", "estimator.eps=1e-4"))))
     omega_conf_to_dataclass(vc.algorithm)
+
+
+def test_metrics_via_mlflow_keeps_verls_logged_config_constant_across_attempts():
+    """With verl's own MLflow logger (which logs verl's whole config as run parameters, refused by
+    MLflow if any value changes on a resumed attempt) the overrides of a fresh and a resumed
+    attempt are identical, and no per-attempt file reaches the workers' environment."""
+    from runners.backends.verl.backend import worker_env
+
+    cfg = _compose(("algorithm=grpo", "model=qwen3_1.7b", "backend.options.metrics_via=mlflow"))
+    env = {"VERL_FILE_LOGGER_PATH": "/runs/metrics.2.jsonl", "MLFLOW_RUN_ID": "abc", "MLFLOW_TRACKING_URI": "http://h:5000"}
+    fresh = _translate(cfg, worker_env=worker_env(env, "mlflow"))
+    resumed = _translate(cfg, resuming=True, worker_env=worker_env(env, "mlflow"))
+    assert fresh == resumed and "trainer.logger=[console,mlflow]" in fresh
+    assert not any("VERL_FILE_LOGGER_PATH" in line for line in fresh)
+    assert any(line.endswith("MLFLOW_RUN_ID=abc") for line in fresh)
