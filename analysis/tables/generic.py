@@ -46,29 +46,33 @@ def overview_table(data: ExperimentData) -> Table:
 
 
 def final_metrics_table(
-    data: ExperimentData, metrics: list[str] | None = None, last_n: int = 3, max_metrics: int = 12
+    data: ExperimentData, metrics: list[str] | None = None, last_n: int = 3, max_metrics: int = 40
 ) -> Table:
-    """Mean ± std over seeds of each run's final value (mean of last ``last_n`` points) per metric."""
-    names = metrics or data.metric_names()
-    names = [m for m in names if m in set(data.metric_names())][:max_metrics]
+    """Mean ± std over seeds of each run's final value (mean of last ``last_n`` points): rows are
+    metrics, columns methods (a sweep has few methods and possibly many metrics)."""
+    logged = set(data.metric_names())
+    names = [m for m in (metrics or sorted(logged)) if m in logged]
     if not names:
         raise SkipItem("no metrics logged")
+    notes = [f"{len(names) - max_metrics} more metrics not shown"] if len(names) > max_metrics else []
+    names = names[:max_metrics]
     methods = list(dict.fromkeys(data.labels()[schema.TAG_METHOD]))
-    values = pd.DataFrame(np.nan, index=pd.Index(methods, name="Method"), columns=pd.Index(names, name="metric"))
+    values = pd.DataFrame(np.nan, index=pd.Index(names, name="metric"), columns=pd.Index(methods, name="Method"))
     std = values.copy()
     display = pd.DataFrame(MISSING, index=values.index, columns=values.columns)
     for m in names:
         s = summarize(per_run(data, m, "final", last_n), ci=False).set_index(schema.TAG_METHOD)
         for method in methods:
             if method in s.index:
-                values.loc[method, m], std.loc[method, m] = s.at[method, "mean"], s.at[method, "std"]
-                display.loc[method, m] = fmt_mean_std(s.at[method, "mean"], s.at[method, "std"], 3)
+                values.loc[m, method], std.loc[m, method] = s.at[method, "mean"], s.at[method, "std"]
+                display.loc[m, method] = fmt_mean_std(s.at[method, "mean"], s.at[method, "std"], 3)
     return Table(
         key="final_metrics",
         title="Final values",
         caption=f"Mean ± std over seeds of each run's final value (mean of its last {last_n} logged points).",
         values=values,
         display=display,
+        notes=notes,
         aux={"std": std},
     )
 

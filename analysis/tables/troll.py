@@ -226,8 +226,10 @@ def troll_table5(data: ExperimentData) -> Table:
     notes = []
     if mem_metric == schema.CPU_MEMORY_USED_GB:
         notes.append(f"VRAM: no GPU memory logged; ours shows {schema.CPU_MEMORY_USED_GB} (process memory)")
+    header = {}
     for model in models:
         pmodel, note = paper_model(model, TABLE5_MODELS, "Qwen3-1.7B")
+        header[model] = model if note is None else f"{model} (paper column: {pmodel})"
         if note and note not in notes:
             notes.append(note)
         in_model = labels[labels[schema.TAG_MODEL].fillna("?") == model]
@@ -258,6 +260,7 @@ def troll_table5(data: ExperimentData) -> Table:
                 x, pct = float(p["value"].iloc[0]), float(p["delta_pct"].iloc[0])
                 values.loc[(metric, "Delta"), (model, "paper")] = x
                 display.loc[(metric, "Delta"), (model, "paper")] = f"{x:+.3f} {units[metric]} ({pct:+.1f}%) [Chunked]"
+    display.columns = pd.MultiIndex.from_tuples([(header[m], src) for m, src in display.columns], names=cols.names)
     return Table(
         key="troll_table5",
         title="Memory and runtime overhead of TROLL",

@@ -220,7 +220,8 @@ def test_generic_tables():
     assert over.values.loc["GRPO+TROLL", "runs"] == 2
     final = final_metrics_table(data, metrics=[schema.SCORE_MEAN], last_n=3)
     expect = [np.mean(_curve(truth, "GRPO", s, schema.SCORE_MEAN)[1][-3:]) for s in spec.seeds]
-    assert final.values.loc["GRPO", schema.SCORE_MEAN] == pytest.approx(np.mean(expect), abs=1e-12)
+    assert final.values.loc[schema.SCORE_MEAN, "GRPO"] == pytest.approx(np.mean(expect), abs=1e-12)
+    assert final.aux["std"].loc[schema.SCORE_MEAN, "GRPO"] == pytest.approx(np.std(expect, ddof=1), abs=1e-12)
     diff = config_diff_table(data)
     assert set(diff.values.index) == {"algorithm.objective"}  # the only param that differs (seed is left out)
     assert diff.values.loc["algorithm.objective", "GRPO+TROLL"] == "troll"
