@@ -152,6 +152,29 @@ def test_old_pass_stores_sparsify_of_each_response(remove_padding):
     assert out[OLD_TOPK_INDEX].values().dtype == torch.int32 and out[OLD_TOPK_LOGP].values().dtype == torch.float32
 
 
+def test_old_pass_through_verl_dynamic_micro_batches():
+    """verl's token-budget micro-batching (reordered sequences) and its output reassembly
+    (``postprocess_batch_func``) return each sequence's top-K in the original batch order."""
+    from verl.workers.engine.utils import postprocess_batch_func, prepare_micro_batches
+
+    from runners.backends.verl.sparse_old import OLD_TOPK_INDEX, OLD_TOPK_LOGP, SPARSIFY_KEY
+
+    prompts, responses = _sequences(seed=4)
+    model = _model(1)
+    extra = {SPARSIFY_KEY: SPARSE, "use_dynamic_bsz": True, "max_token_len_per_gpu": 12}
+    td = _batch(prompts, responses, remove_padding=True, calculate_entropy=False, **extra)
+    micro_batches, indices = prepare_micro_batches(td, dp_group=None, same_micro_num_in_dp=False)
+    assert len(micro_batches) > 1 and list(np.concatenate(indices)) != list(range(4))
+    with torch.no_grad():
+        outputs = [{"model_output": _forward(_engine(model), mb), "loss": 0.0, "metrics": {}} for mb in micro_batches]
+        whole = postprocess_batch_func(outputs, indices, td)["model_output"]
+        ref_logits = _response_logits(model, prompts, responses)
+    ref_idx, ref_lp = sparsify(ref_logits, _padded(responses), k=6, delta=1e-5, p_default=1e-12)
+    for i, length in enumerate(RESPONSES):
+        assert torch.equal(whole[OLD_TOPK_INDEX].unbind()[i].long(), ref_idx[i, :length].long())
+        torch.testing.assert_close(whole[OLD_TOPK_LOGP].unbind()[i], ref_lp[i, :length], rtol=1e-6, atol=1e-6)
+
+
 def test_hook_is_inert_without_flags():
     """Without the trustbench flags the engine's outputs are exactly verl's."""
     from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithLMHead
