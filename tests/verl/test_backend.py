@@ -379,6 +379,10 @@ def test_run_stop_resume_and_finish_into_one_mlflow_run(tmp_path, fake_verl, mon
     assert first["args"]["trainer.default_local_dir"] == str(layout.checkpoints)
 
     monkeypatch.setenv("FAKE_VERL_STEP_S", "0")
+    import runners.run as run_module
+
+    if hasattr(run_module._StopFlag, "received"):  # a requeued attempt is a new process: no signal yet
+        monkeypatch.setattr(run_module._StopFlag, "received", None)
     result = run(cfg, choices)
     assert result["status"] == "FINISHED" and result["run_id"] == status["run_id"]
     second = json.loads(next(line for line in capfd.readouterr().out.splitlines() if line.startswith("FAKE_VERL "))[10:])

@@ -498,16 +498,20 @@ def render_sbatch(cfg: DictConfig, cell_overrides: Sequence[str], *, python: str
 # -- command line -------------------------------------------------------------------------------------
 def run_cell(overrides: Sequence[str]) -> int:
     """Compose and run one cell; a stopped cell asks Slurm to requeue it. Returns an exit status."""
+    import runners.run as run_module
     from runners.config import compose
     from runners.launch import requeue_or_fail
     from runners.run import Preempted, RunFailed, run
 
+    catch = getattr(run_module, "catch_stop_signals", None)
+    if catch is not None:  # own Slurm's signals from here on: USR1's default action would kill us
+        catch()
     cfg, choices = compose(list(overrides))
     try:
         result = run(cfg, choices)
     except Preempted as err:
         print(f"[trustbench] {err}", file=sys.stderr)
-        outcome = requeue_or_fail(cfg)
+        outcome = requeue_or_fail(cfg, *([err.signal] if hasattr(err, "signal") else []))
         return 0 if outcome["status"] in ("REQUEUED", "PREEMPTED") else 1
     except RunFailed as err:
         print(f"[trustbench] {err}", file=sys.stderr)
