@@ -321,9 +321,9 @@ class TrainerConfig:
     warmup_steps: int = 0
     # critic learning rate (estimators gae / egae)
     critic_lr: float = 1e-4
-    # critic value-clip ranges (T-PPO: 0.5 / 0.6)
+    # critic value-clip ranges around the old values (PPO/verl: 0.5 / 0.5; T-PPO: 0.5 / 0.6)
     value_clip_low: float = 0.5
-    value_clip_high: float = 0.6
+    value_clip_high: float = 0.5
     # KL-to-reference loss coefficient (k3); 0 = no reference model
     kl_coef: float = 0.0
     # precision of log-probs and ratios: fp32 | bf16 (entropy.txt section 4 ablation)
