@@ -245,6 +245,30 @@ def test_trainer_selects_worker_and_checkpoints_controller_state(monkeypatch, tm
     assert fresh.control.state_dict() == saved and saved["entropy_control"]["eps_high"] > 0.28
 
 
+def test_step_end_honours_the_backend_stop_file(monkeypatch, tmp_path):
+    """After verl's step end, a stop file (the trustbench backend's protocol) checkpoints the step,
+    controller state included, and makes it the last; without the file nothing happens."""
+    backend = pytest.importorskip("runners.backends.verl.backend")
+    from runners.backends.verl.controllers import STATE_FILE
+
+    trainer_mod, trainer = _trainer(monkeypatch, {"loss_mode": "trustbench_clip", "entropy_control": "repo_r"})
+    trainer.config.trainer.default_local_dir = str(tmp_path)
+    trainer.config.trainer.save_freq = 0
+    trainer.global_steps, trainer.total_training_steps = 3, 10
+    calls = []
+    monkeypatch.setattr(trainer_mod.PPOTrainerSync, "on_step_end", lambda self: calls.append("sync"))
+    monkeypatch.setattr(trainer_mod.PPOTrainerSync, "_save_checkpoint", lambda self: calls.append("save"))
+    stop = tmp_path / "STOP"
+    monkeypatch.setenv(backend.STOP_FILE_ENV, str(stop))
+    trainer.on_step_end()
+    assert calls == ["sync"] and trainer.total_training_steps == 10
+    stop.write_text("")
+    trainer.on_step_end()
+    assert calls == ["sync", "sync", "save"] and trainer.total_training_steps == 3
+    assert (tmp_path / "global_step_3" / STATE_FILE).exists()
+    assert (tmp_path / ("STOP" + backend.STOPPED_SUFFIX)).read_text() == "3"
+
+
 def test_trainer_rejects_configs_it_cannot_serve(monkeypatch):
     trainer_mod, trainer = _trainer(
         monkeypatch,

@@ -73,19 +73,27 @@ def test_package_import_is_light():
 
 
 def _compose(overrides: list[str]):
+    """verl's ppo_trainer config with ``overrides``; Hydra's global state is restored afterwards."""
     import verl
     from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.initialize import get_gh_backup, restore_gh_from_backup
 
     config_dir = os.path.join(os.path.dirname(verl.__file__), "trainer", "config")
-    with initialize_config_dir(config_dir=config_dir, version_base=None):
-        return compose(
-            "ppo_trainer",
-            overrides=[
-                "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
-                "actor_rollout_ref.rollout.n=4",
-                *overrides,
-            ],
-        )
+    backup = get_gh_backup()
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=config_dir, version_base=None):
+            return compose(
+                "ppo_trainer",
+                overrides=[
+                    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+                    "actor_rollout_ref.rollout.n=4",
+                    *overrides,
+                ],
+            )
+    finally:
+        restore_gh_from_backup(backup)
 
 
 def test_overrides_survive_hydra_and_omega_conf_to_dataclass():

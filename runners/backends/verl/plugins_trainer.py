@@ -2,7 +2,7 @@
 
 Design: verl 0.9.1 picks the trainer class by ``trainer.v1.trainer_mode`` from its registry
 (``register_trainer``); ``TrustbenchPPOTrainer`` is ``PPOTrainerSync`` (it behaves as mode "sync"
-everywhere verl tests the mode) plus five overrides, each a thin wrapper around verl's method:
+everywhere verl tests the mode) plus a few overrides, each a thin wrapper around verl's method:
 
 - ``_init_resource_pool_mgr``: the actor role runs ``plugins_workers.TrustbenchActorRolloutRefWorker``;
 - ``_compute_old_log_prob``: flags the batch so the engine stores the sparse old distribution
@@ -13,7 +13,9 @@ everywhere verl tests the mode) plus five overrides, each a thin wrapper around 
   needed, asks the engine for the logits (``sparse_old.KEEP_LOGITS_KEY``); moves the method
   metrics verl prefixed with ``actor/`` back to their schema names (``troll/...``, ``trm/...``);
 - ``_save_checkpoint`` / ``_load_checkpoint``: the controller state as JSON in verl's
-  ``global_step_<n>`` folder.
+  ``global_step_<n>`` folder;
+- ``on_step_end``: after verl's weight sync, ``backend.check_stop_request`` (the trustbench
+  backend's stop file: checkpoint this step and make it the last).
 
 Flags are removed from the batch after each call, so the reference pass never sparsifies.
 
@@ -180,6 +182,22 @@ class TrustbenchPPOTrainer(PPOTrainerSync):
                 batch.extra_info.pop(key, None)
         strip_actor_prefix(metrics)
         return out
+
+    def on_step_end(self):
+        super().on_step_end()
+        self._check_stop_request()
+
+    def _check_stop_request(self) -> bool:
+        """End the run with a checkpoint if the trustbench backend asked to stop (preemption, time limit).
+
+        The protocol (a stop file named by an environment variable) belongs to ``backend.py``.
+        """
+        try:
+            from runners.backends.verl.backend import check_stop_request
+        except ImportError as exc:  # pragma: no cover - backend module missing from the install
+            logger.warning("trustbench stop requests disabled: %s", exc)
+            return False
+        return check_stop_request(self)
 
     # -- checkpoints --------------------------------------------------------------------------------
     def _step_folder(self) -> str:
