@@ -17,6 +17,12 @@ makes them current (``plugins_losses.using_inputs``) for the duration of the cal
 Any other loss mode goes to verl's ``ppo_loss`` untouched. ``plugins_workers`` installs this
 function as the actor's loss.
 
+Memory: the library's TROLL objective and exact-KL masks take dense [B,T,V] logits, so the update
+pass of those methods holds one gathered copy of the micro-batch's response logits (and, in the
+backward, its gradient) on top of the engine's own logits; bound it with verl's token budget
+(``ppo_max_token_len_per_gpu``). A library entry point taking the logits at the stored indices
+would remove the copy (the objective only reads them there, plus a no-grad logsumexp).
+
 Tests: ``pytest tests/verl/test_plugins_engine.py``.
 """
 
