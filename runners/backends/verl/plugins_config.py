@@ -56,6 +56,9 @@ class TrustbenchPolicyLossConfig(PolicyLossConfig):
     mask_use_rollout_log_probs: bool = False
 
     def __post_init__(self) -> None:
+        parent = getattr(super(), "__post_init__", None)
+        if parent is not None:
+            parent()
         for key in ("objective_params", "mask_params", "entropy_control_params"):
             if not isinstance(getattr(self, key), Mapping):
                 raise TypeError(f"policy_loss.{key} must be a mapping, got {getattr(self, key)!r}")

@@ -136,7 +136,8 @@ class TrustbenchPPOTrainer(PPOTrainerSync):
             width = int(data["response_mask"].offsets().diff().max())
             entropy = padded_from_nested(data["entropy"], width, 0.0)[real]
             mask = padded_from_nested(data["response_mask"], width, 0)[real]
-            uids = [_uids(data)[i] for i in real]
+            all_uids = _uids(data)
+            uids = [all_uids[i] for i in real]
             metrics.update(self.control.observe(entropy, mask, uids))
         return out
 
