@@ -23,20 +23,37 @@ log = logging.getLogger("trustbench")
 
 def task(cfg: DictConfig) -> dict:
     """One Hydra job. In a multirun a failed cell returns its status instead of raising, so the
-    other cells still run; ``trustbench sweep`` reads every cell's status marker afterwards."""
+    other cells still run; ``trustbench sweep`` reads every cell's status marker afterwards.
+
+    In a submitit job trustbench takes over the stop signals from submitit first
+    (``runners.launch``), records the attempt (``start_attempt``: job id, restart count, visible
+    GPUs) and fails a cell requeued more than ``launcher.max_requeues`` times. A cell stopped by a
+    signal asks Slurm to requeue it (``requeue_or_fail``); in a Slurm job it then exits without a
+    result, so the sweep keeps waiting for the requeued run."""
     hc = HydraConfig.get()
     choices = dict(hc.runtime.choices)
     if hc.mode != RunMode.MULTIRUN:
         return run(cfg, choices)
+    from runners import launch
+    from runners.run import catch_stop_signals
+
+    if launch.in_submitit_job():
+        catch_stop_signals()
+    refused = launch.start_attempt(cfg)
+    if refused is not None:
+        return refused
     try:
         return run(cfg, choices)
     except RunFailed as err:
         log.error("%s", err)
         return {"status": "FAILED", "error": str(err)}
-    except Preempted:
-        from runners.launch import requeue_or_fail
-
-        return requeue_or_fail(cfg)
+    except Preempted as err:
+        log.warning("%s", err)
+        outcome = launch.requeue_or_fail(cfg, signal=err.signal)
+        if outcome["status"] in ("REQUEUED", "PREEMPTED") and launch.slurm_job_id() is not None:
+            log.warning("stopped by %s: %s; exiting without a result", err.signal, outcome["status"])
+            raise SystemExit(0) from None
+        return outcome
 
 
 register_configs()

@@ -9,7 +9,14 @@ backend named by ``backend.name``, and record the outcome:
 - an exception: MLflow status FAILED with the reason as tag ``trustbench.failure``, a
   ``status.json`` with the reason and traceback, and ``RunFailed`` raised (non-zero exit);
 - a stop signal (Slurm preemption or time limit): checkpoint, MLflow status KILLED, status
-  ``PREEMPTED``, and ``Preempted`` raised so the launcher can requeue the job.
+  ``PREEMPTED``, and ``Preempted`` raised (naming the signal) so the launcher can requeue the job.
+
+Signals: SIGUSR1 / SIGUSR2 (Slurm's ``--signal`` before the time limit or preemption; USR2 is
+submitit's) and SIGTERM (Slurm's preemption, ``scancel``, the time limit itself) ask the trainer to
+finish its step and checkpoint. After USR1/USR2 the job requeues itself (``runners.launch``); after
+SIGTERM Slurm decides (preemption requeues, a cancel stays cancelled). A signal that arrives before
+the trainer exists (a Slurm job installs the handlers at once: ``catch_stop_signals``) stops the
+trainer after its first step.
 
 The status file is what ``trustbench sweep`` reads after Hydra returns: Hydra and submitit report
 a failed job as completed.
@@ -40,6 +47,8 @@ BACKENDS.register("verl", "runners.backends.verl.backend:VerlBackend")
 
 STATUS_FILE = "status.json"
 STOP_SIGNALS = ("SIGUSR1", "SIGUSR2", "SIGTERM")
+# after these the job requeues itself; after SIGTERM Slurm decides (runners.launch.requeue_or_fail)
+REQUEUE_SIGNALS = ("SIGUSR1", "SIGUSR2")
 
 
 class RunFailed(RuntimeError):
@@ -47,7 +56,11 @@ class RunFailed(RuntimeError):
 
 
 class Preempted(RuntimeError):
-    """A cell stopped on a signal after checkpointing; requeue it to resume."""
+    """A cell stopped on a signal after checkpointing; requeue it to resume. ``signal``: its name."""
+
+    def __init__(self, message: str, signal: str | None = None) -> None:
+        super().__init__(message)
+        self.signal = signal
 
 
 def write_status(run_dir: Path, status: str, **extra: Any) -> None:
@@ -96,13 +109,20 @@ def run_tags(cfg: DictConfig, label: str, choices: Mapping[str, str] | None) -> 
 
 
 class _StopFlag:
-    """Installs handlers for Slurm's pre-timeout / preemption signals that ask the trainer to stop."""
+    """Handlers for Slurm's stop signals that ask ``target`` (a trainer) to checkpoint and stop.
 
-    def __init__(self, target: Any) -> None:
+    ``received`` remembers the last stop signal of the process, so a signal caught before the trainer
+    existed (``catch_stop_signals``) still stops it. As a context manager the previous handlers come
+    back on exit; ``target=None`` only records.
+    """
+
+    received: str | None = None
+
+    def __init__(self, target: Any = None) -> None:
         self.target = target
         self.previous: dict[int, Any] = {}
 
-    def __enter__(self):
+    def install(self) -> _StopFlag:
         for name in STOP_SIGNALS:
             sig = getattr(signal, name, None)
             if sig is None:
@@ -113,13 +133,31 @@ class _StopFlag:
                 pass
         return self
 
+    def __enter__(self):
+        self.install()
+        if _StopFlag.received is not None and self.target is not None:
+            self.target.stop_requested = True
+        return self
+
     def _handle(self, signum, _frame) -> None:
-        self.target.stop_requested = True
-        print(f"[trustbench] received {signal.Signals(signum).name}: checkpointing after this step", file=sys.stderr)
+        _StopFlag.received = signal.Signals(signum).name
+        if self.target is not None:
+            self.target.stop_requested = True
+        print(f"[trustbench] received {_StopFlag.received}: checkpointing after this step", file=sys.stderr)
 
     def __exit__(self, *exc):
         for sig, handler in self.previous.items():
             signal.signal(sig, handler)
+
+
+def catch_stop_signals() -> None:
+    """Own the stop signals for the rest of the process (a Slurm job, from its first line).
+
+    Replaces submitit's handlers (its USR2 handler would requeue without a checkpoint; it ignores
+    SIGTERM). A signal caught before ``run`` builds the trainer stops the trainer after one step.
+    """
+    _StopFlag.received = None
+    _StopFlag().install()
 
 
 def run(cfg: DictConfig, choices: Mapping[str, str] | None = None) -> dict[str, Any]:
@@ -171,8 +209,17 @@ def run(cfg: DictConfig, choices: Mapping[str, str] | None = None) -> dict[str, 
 
         if isinstance(err, StopRequested):
             tracker.finish("KILLED", reason=None)
-            write_status(run_dir, "PREEMPTED", run_id=tracker.run_id, name=name, attempts=attempts, reason=str(err))
-            raise Preempted(f"{name}: {err}") from err
+            stop_signal = _StopFlag.received
+            write_status(
+                run_dir,
+                "PREEMPTED",
+                run_id=tracker.run_id,
+                name=name,
+                attempts=attempts,
+                reason=str(err),
+                signal=stop_signal,
+            )
+            raise Preempted(f"{name}: {err}", signal=stop_signal) from err
         reason = f"{type(err).__name__}: {err}"
         try:
             tracker.finish("FAILED", reason=reason)

@@ -12,22 +12,58 @@ themselves are ordinary Hydra jobs (``runners.main.task``).
 Decisions per cell: FINISHED -> skip; FAILED -> skip unless ``rerun_failed``; anything else
 (never started, RUNNING or KILLED from an interrupted attempt) -> run, resuming its checkpoint;
 ``force`` reruns everything from scratch (old checkpoints removed, a new MLflow run).
+
+Planning fast (``_Composer``): composing a cell with Hydra takes ~0.3 s, so a 256-cell grid would
+take over a minute. A cell's config is (1) the config files its group overrides select, merged in
+order, then (2) its value overrides applied with OmegaConf. Step 1 runs once per distinct
+combination of group overrides, without the ``hydra`` node cells do not need; step 2 uses Hydra's
+own ``_apply_overrides_to_config``. Cells of one combination whose value overrides set the same
+scalar keys reuse one scratch copy (each cell rewrites every key the previous one set). Anything
+else (a ``hydra.*`` or deletion override in a cell) falls back to Hydra's full composition.
+``tests/test_sweep_plan.py`` checks the result equals full composition for every real sweep.
+Validation runs once per distinct config up to ``seed`` (``VALIDATION_FREE_KEYS``: the validator
+never reads it; a test holds it to that).
+
+Launching (``launch``): Hydra's submitit launcher takes one set of resources per launch, so cells
+are grouped by the resources they request (``runners.resources``: model size, backend,
+``launcher.*``), every group is checked against the cluster before anything is queued, each group
+is queued as one job array, and the command then waits for all jobs and reads every cell's status
+marker (Hydra and submitit report a failed cell as a completed job).
 """
 
 from __future__ import annotations
 
+import copy
 import json
+import os
+import shlex
 import shutil
+import sqlite3
 import sys
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from hydra._internal.config_repository import CachingConfigRepository
+from omegaconf import DictConfig, OmegaConf, flag_override, open_dict
 
 from runners import paths, schema, tracking
-from runners.config import SEARCHPATH_OVERRIDE, SWEEPS_DIR, ConfigError, method_label, run_key, run_name, validate
+from runners.config import (
+    SEARCHPATH_OVERRIDE,
+    SWEEPS_DIR,
+    ConfigError,
+    method_label,
+    run_key,
+    run_name,
+    validate,
+)
+
+# keys the validator never reads: cells differing only there share one validation
+VALIDATION_FREE_KEYS = ("seed",)
+SUBMITTED = "SUBMITTED"
+JOB_FILE = "job.json"  # in a cell's run directory: the Slurm job that runs it
 
 
 @dataclass
@@ -35,13 +71,13 @@ class Cell:
     """One grid cell of a sweep."""
 
     overrides: list[str]
-    cfg: DictConfig
+    config: dict  # resolved config (plain containers)
     key: str
     label: str
     name: str
     resources: dict[str, Any]
     mlflow_status: str | None = None
-    action: str = "run"  # run | skip-finished | skip-failed
+    action: str = "run"  # run | skip-finished | skip-failed | skip-duplicate
 
     @property
     def axes(self) -> str:
@@ -55,11 +91,30 @@ class SweepPlan:
     tracking_uri: str
     cells: list[Cell]
     base_overrides: list[str]
+    launcher: str = "local"
+    tracking_kind: str = "sqlite"
+    cluster_note: str = ""
     master: Any = field(repr=False, default=None)  # (hydra, master cfg) to launch with
+    jobs: dict[str, Any] = field(default_factory=dict)  # run key -> runners.launch.JobOutcome
+    sweep_dir: Path | None = None
+    interrupted: bool = False  # Ctrl-C while waiting: jobs (and a server started here) keep running
 
     @property
     def to_run(self) -> list[Cell]:
         return [c for c in self.cells if c.action == "run"]
+
+    def groups(self) -> dict[tuple, list[Cell]]:
+        """Cells to run, by the resources they request (one job array each)."""
+        out: dict[tuple, list[Cell]] = {}
+        for cell in self.to_run:
+            out.setdefault(_resource_key(cell.resources), []).append(cell)
+        return out
+
+
+def _resource_key(res: dict[str, Any]) -> tuple:
+    from runners.resources import RESOURCE_KEYS
+
+    return tuple(res[k] for k in RESOURCE_KEYS)
 
 
 def available_sweeps() -> list[str]:
@@ -77,7 +132,9 @@ def _hydra(overrides: Sequence[str]):
 
     register_configs()
     GlobalHydra.instance().clear()
-    hydra = Hydra.create_main_hydra2(task_name="trustbench", config_search_path=create_config_search_path(str(CONF_DIR)))
+    hydra = Hydra.create_main_hydra2(
+        task_name="trustbench", config_search_path=create_config_search_path(str(CONF_DIR))
+    )
     master = hydra.compose_config("config", list(overrides), run_mode=RunMode.MULTIRUN, with_log_configuration=False)
     return hydra, master
 
@@ -94,8 +151,237 @@ def expand_grid(master: DictConfig, user_overrides: Sequence[str], config_loader
     return [list(cell) for batch in batches for cell in batch]
 
 
+# -- composing cells -------------------------------------------------------------------------------------
+@dataclass
+class Composed:
+    """One cell's configuration as the planner needs it."""
+
+    cfg: DictConfig  # without the hydra node; may be reused by the next cell: read it at once
+    choices: dict[str, str]  # Hydra's group choices (method labels)
+    data: dict | None  # resolved plain config; None if it does not resolve (validate names the key)
+    check: Any  # equal for cells whose configs are equal up to VALIDATION_FREE_KEYS
+
+
+@dataclass
+class _Combo:
+    cfg: DictConfig
+    choices: dict[str, str]
+    data: dict | None  # resolved, when the config holds no interpolation (cells patch a copy)
+
+
+class _Composer:
+    """Cell configs equal to Hydra's full composition, composing once per group-override combination.
+
+    Config files are parsed once for the whole plan (``_SharedFiles``; each composition gets its own
+    deep copies, as Hydra's per-composition cache would). When a combination holds no interpolation,
+    a cell's resolved config is the combination's with the overridden keys set to the values the
+    typed config converted them to (read back from it), so most cells are never resolved whole.
+    """
+
+    def __init__(self, hydra, master: DictConfig, base: Sequence[str]) -> None:
+        from hydra.core.override_parser.overrides_parser import OverridesParser
+
+        self.hydra, self.master = hydra, master
+        self.loader = hydra.config_loader
+        self.parser = OverridesParser.create()
+        self.prefix = [str(o) for o in master.hydra.overrides.hydra]  # e.g. the sweeps search path
+        self.base = list(base)
+        _, self.repo = self.loader._parse_overrides_and_create_caching_repo("config", self.prefix + self.base)
+        self.files: dict[str, Any] = {}
+        self._parsed: dict[str, Any] = {}
+        self._combos: dict[tuple, _Combo] = {}
+        self._scratch: dict[tuple, tuple[tuple, DictConfig]] = {}
+        self.full_compositions = 0
+
+    def _parse(self, text: str):
+        if text not in self._parsed:
+            self._parsed[text] = self.parser.parse_override(text)
+        return self._parsed[text]
+
+    def compose(self, cell: Sequence[str]) -> Composed:
+        """The cell's configuration (Hydra's full composition only for unusual overrides)."""
+        from hydra.core.override_parser.types import OverrideType
+
+        groups, values = [], []
+        for text in cell:
+            o = self._parse(text)
+            if o.is_hydra_override() or o.is_sweep_override():
+                return self._full(cell)
+            is_group = self.repo.group_exists(o.key_or_group) and not isinstance(o.value(), dict)
+            if is_group and (o.is_delete() or o.is_force_add()):
+                return self._full(cell)
+            (groups if is_group else values).append(text)
+        combo = tuple(groups)
+        if combo not in self._combos:
+            self._combos[combo] = self._compose_combo(groups)
+        entry = self._combos[combo]
+        if not values:
+            return Composed(
+                entry.cfg, entry.choices, entry.data if entry.data is not None else _resolve(entry.cfg), (combo,)
+            )
+        parsed = [self._parse(t) for t in values]
+        signature = tuple((o.key_or_group, o.type) for o in parsed)
+        scalar = all(o.type == OverrideType.CHANGE and not isinstance(o.value(), (dict, list)) for o in parsed)
+        held = self._scratch.get(combo)
+        if scalar and held is not None and held[0] == signature:
+            cfg = held[1]  # every key the previous cell set is set again
+        else:
+            cfg = copy.deepcopy(entry.cfg)
+            if scalar:
+                self._scratch[combo] = (signature, cfg)
+        _apply_overrides(parsed, cfg)
+        patched = _patch(entry.data, cfg, parsed) if scalar and entry.data is not None else None
+        if patched is not None:
+            check = (combo, *((k, v) for k, v in patched[1] if k not in VALIDATION_FREE_KEYS))
+            return Composed(cfg, entry.choices, patched[0], check)
+        data = _resolve(cfg)
+        return Composed(cfg, entry.choices, data, None if data is None else _hash(data, VALIDATION_FREE_KEYS))
+
+    def _compose_combo(self, groups: Sequence[str]) -> _Combo:
+        """Hydra's composition (defaults list, merge, value overrides), skipping the hydra node's files."""
+        from hydra._internal.defaults_list import create_defaults_list
+        from hydra.errors import ConfigCompositionException
+        from omegaconf.errors import OmegaConfBaseException
+
+        overrides = [self._parse(t) for t in (*self.prefix, *self.base, *groups)]
+        repo = _SharedFiles(self.repo.delegate, self.files)
+        dl = create_defaults_list(
+            repo=repo, config_name="config", overrides_list=overrides, prepend_hydra=True, skip_missing=False
+        )
+        cfg = OmegaConf.create()
+        with flag_override(cfg, "no_deepcopy_set_nodes", True):
+            for default in dl.defaults:
+                if default.package == "hydra" or (default.package or "").startswith("hydra."):
+                    continue  # the hydra node: cells do not need it
+                loaded = self.loader._load_single_config(default=default, repo=repo).config
+                if "hydra" in loaded:  # root-level files (config.yaml, sweeps, launcher profiles)
+                    loaded = copy.copy(loaded)
+                    with flag_override(loaded, ["readonly", "struct"], False):
+                        del loaded["hydra"]
+                try:
+                    cfg.merge_with(loaded)
+                except OmegaConfBaseException as err:
+                    raise ConfigCompositionException(
+                        f"In '{default.config_path}': {type(err).__name__} raised while composing config:\n{err}"
+                    ) from err
+        _strip_defaults(cfg)
+        OmegaConf.set_struct(cfg, True)
+        _apply_overrides([o for o in dl.config_overrides if not o.is_hydra_override()], cfg)
+        choices = {k: v for k, v in dl.overrides.known_choices.items() if not k.startswith("hydra/")}
+        raw = OmegaConf.to_container(cfg, resolve=False)
+        data = _resolve(cfg) if "${" not in json.dumps(raw, default=str) else None
+        return _Combo(cfg, choices, data)
+
+    def compose_full(self, cell: Sequence[str]) -> tuple[DictConfig, dict[str, str]]:
+        """Hydra's own composition of one cell (the reference, and the fallback)."""
+        self.full_compositions += 1
+        cfg = self.loader.load_sweep_config(self.master, [*self.base, *cell])
+        choices = {k: v for k, v in cfg.hydra.runtime.choices.items() if not k.startswith("hydra/")}
+        with flag_override(cfg, ["readonly", "struct"], False):
+            del cfg["hydra"]
+        return cfg, choices
+
+    def _full(self, cell: Sequence[str]) -> Composed:
+        cfg, choices = self.compose_full(cell)
+        data = _resolve(cfg)
+        return Composed(cfg, choices, data, None if data is None else _hash(data, VALIDATION_FREE_KEYS))
+
+
+class _SharedFiles(CachingConfigRepository):
+    """Hydra's per-composition config cache, filled from one parse of each file per plan."""
+
+    def __init__(self, delegate, files: dict[str, Any]) -> None:  # noqa: D107 - no deep copy of delegate
+        self.delegate = delegate  # its sources already hold the search path
+        self.cache = {}
+        self.files = files
+
+    def load_config(self, config_path: str):
+        if config_path not in self.cache:
+            if config_path not in self.files:
+                self.files[config_path] = self.delegate.load_config(config_path=config_path)
+            self.cache[config_path] = copy.deepcopy(self.files[config_path])
+        return self.cache[config_path]
+
+
+def _resolve(cfg: DictConfig) -> dict | None:
+    try:
+        return OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)  # type: ignore[return-value]
+    except Exception:  # noqa: BLE001 - validate() reports it, naming the key
+        return None
+
+
+def _patch(data: dict, cfg: DictConfig, overrides: list) -> tuple[dict, list[tuple[str, Any]]] | None:
+    """``data`` with each overridden key set to its converted value in ``cfg`` (paths copied, rest shared).
+
+    None when an override is not a plain dotted path of dict keys or sets an interpolation."""
+    out = dict(data)
+    values = []
+    for o in overrides:
+        key = o.key_or_group
+        raw = o.value()
+        if isinstance(raw, str) and "${" in raw:
+            return None
+        parts = key.split(".")
+        node = out
+        for part in parts[:-1]:
+            child = node.get(part)
+            if not isinstance(child, dict):
+                return None
+            node[part] = node = dict(child)
+        if parts[-1] not in node:
+            return None
+        value = OmegaConf.select(cfg, key)
+        node[parts[-1]] = value
+        values.append((key, value))
+    return out, values
+
+
+def _apply_overrides(overrides: list, cfg: DictConfig) -> None:
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+
+    ConfigLoaderImpl._apply_overrides_to_config(overrides, cfg)
+
+
+def _strip_defaults(cfg: Any) -> None:
+    """Drop the ``defaults`` lists Hydra leaves in merged nodes (as Hydra's own composition does)."""
+    if isinstance(cfg, DictConfig):
+        if cfg._is_missing() or cfg._is_none():
+            return
+        with flag_override(cfg, ["readonly", "struct"], False):
+            if cfg._get_flag("HYDRA_REMOVE_TOP_LEVEL_DEFAULTS"):
+                cfg._set_flag("HYDRA_REMOVE_TOP_LEVEL_DEFAULTS", None)
+                cfg.pop("defaults", None)
+        for _key, value in cfg.items_ex(resolve=False):
+            _strip_defaults(value)
+
+
+def _hash(data: dict, drop: Sequence[str]) -> str:
+    import hashlib
+
+    text = json.dumps(
+        {k: v for k, v in data.items() if k not in drop}, sort_keys=True, separators=(",", ":"), default=str
+    )
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+# -- MLflow: which cells are done ------------------------------------------------------------------------
 def _existing_runs(uri: str, experiment: str) -> dict[str, str]:
-    """run key -> MLflow status of the newest run with that key (one query for the experiment)."""
+    """run key -> MLflow status of the newest run with that key (one query for the experiment).
+
+    A sqlite store is read with one SQL query (no mlflow import: the dry run stays fast); a server
+    that does not answer is read through its sqlite file when that is this home's store."""
+    from runners import tracking_server
+
+    db = _sqlite_file(uri)
+    if db is None and uri.startswith("http") and not tracking_server.is_up(uri):
+        db = _sqlite_file(tracking_server.store_uri())
+    if db is not None:
+        if not db.exists():
+            return {}
+        try:
+            return _existing_runs_sql(db, experiment)
+        except sqlite3.Error:
+            pass  # an unexpected schema: ask MLflow
     client = tracking._client(uri)
     exp = client.get_experiment_by_name(experiment)
     if exp is None:
@@ -114,6 +400,23 @@ def _existing_runs(uri: str, experiment: str) -> dict[str, str]:
     return {k: v[1] for k, v in out.items()}
 
 
+def _sqlite_file(uri: str) -> Path | None:
+    return Path(uri[len("sqlite:///") :]) if uri.startswith("sqlite:///") else None
+
+
+def _existing_runs_sql(db: Path, experiment: str) -> dict[str, str]:
+    query = """
+        SELECT t.value, r.status FROM runs r
+        JOIN experiments e ON e.experiment_id = r.experiment_id
+        JOIN tags t ON t.run_uuid = r.run_uuid
+        WHERE e.name = ? AND t.key = ? AND r.lifecycle_stage = 'active'
+        ORDER BY r.start_time"""
+    with sqlite3.connect(f"{db.resolve().as_uri()}?mode=ro", uri=True) as con:
+        rows = con.execute(query, (experiment, schema.TAG_RUN_KEY)).fetchall()
+    return dict(rows)  # newest last wins
+
+
+# -- planning ----------------------------------------------------------------------------------------------
 def plan(
     name: str,
     overrides: Sequence[str] = (),
@@ -121,8 +424,12 @@ def plan(
     rerun_failed: bool = False,
     force: bool = False,
     check_mlflow: bool = True,
+    check_cluster: bool = True,
 ) -> SweepPlan:
-    """Compose and validate every cell of sweep ``name``; decide which ones to run."""
+    """Compose and validate every cell of sweep ``name``; decide which ones to run.
+
+    With ``launcher=slurm`` every distinct resource request is checked against the cluster
+    (``check_cluster``; skipped with a note when there is no ``sbatch``)."""
     from runners.resources import cell_resources
     from runners.run import tracking_uri
 
@@ -130,33 +437,40 @@ def plan(
         raise ConfigError("sweep", f"unknown sweep {name!r}; available: {', '.join(available_sweeps())}")
     user = list(overrides)
     sweep_free = [o for o in user if not _is_sweep_syntax(o)]
-    base = [f"+sweeps={name}", SEARCHPATH_OVERRIDE, *sweep_free]
-    hydra, master = _hydra(base)
+    # hydra.mode=MULTIRUN reaches every job (as with `-m`): runners.main.task then reports instead of raising
+    hydra, master = _hydra([f"+sweeps={name}", SEARCHPATH_OVERRIDE, "hydra.mode=MULTIRUN", *sweep_free])
+    base = [f"+sweeps={name}", *sweep_free]
     cells_overrides = expand_grid(master, [o for o in user if _is_sweep_syntax(o)], hydra.config_loader)
+    composer = _Composer(hydra, master, base)
     cells: list[Cell] = []
+    validated: set[str] = set()
+    uri = experiment = None
+    launcher_name = tracking_kind = "?"
     for ov in cells_overrides:
-        job_overrides = [f"+sweeps={name}", *sweep_free, *ov]
-        cfg = hydra.config_loader.load_sweep_config(master, job_overrides)
-        choices = dict(cfg.hydra.runtime.choices)
-        OmegaConf.set_struct(cfg, False)
-        del cfg["hydra"]
-        try:
-            validate(cfg)
-        except ConfigError as err:
-            raise ConfigError(err.key, f"{err} (in cell: {' '.join(ov) or '<base>'})") from None
-        label = method_label(cfg, choices)
+        composed = composer.compose(ov)
+        cfg, data = composed.cfg, composed.data
+        if data is None or composed.check not in validated:
+            try:
+                validate(cfg)
+            except ConfigError as err:
+                raise ConfigError(err.key, f"{err} (in cell: {' '.join(ov) or '<base>'})") from None
+            validated.add(composed.check)
+        if uri is None:
+            uri, experiment = tracking_uri(cfg), str(cfg.experiment)
+            launcher_name, tracking_kind = str(cfg.launcher.name), str(cfg.tracking.kind)
+        label = method_label(cfg, composed.choices)
         cells.append(
             Cell(
                 overrides=ov,
-                cfg=cfg,
-                key=run_key(cfg),
+                config=data,
+                key=run_key(data),
                 label=label,
                 name=run_name(cfg, label),
-                resources=cell_resources(cfg),
+                resources=cell_resources(data),
             )
         )
-    experiment = str(cells[0].cfg.experiment) if cells else name
-    uri = tracking_uri(cells[0].cfg) if cells else paths.default_tracking_uri()
+    experiment = experiment or name
+    uri = uri or paths.default_tracking_uri()
     existing = _existing_runs(uri, experiment) if check_mlflow else {}
     seen: set[str] = set()
     for cell in cells:
@@ -170,7 +484,39 @@ def plan(
         elif cell.mlflow_status == "FAILED" and not rerun_failed:
             cell.action = "skip-failed"
         seen.add(cell.key)
-    return SweepPlan(name=name, experiment=experiment, tracking_uri=uri, cells=cells, base_overrides=base, master=(hydra, master))
+    p = SweepPlan(
+        name=name,
+        experiment=experiment,
+        tracking_uri=uri,
+        cells=cells,
+        base_overrides=base,
+        launcher=launcher_name,
+        tracking_kind=tracking_kind,
+        master=(hydra, master),
+    )
+    if launcher_name == "slurm" and check_cluster:
+        p.cluster_note = check_cluster_limits(p)
+    return p
+
+
+def check_cluster_limits(p: SweepPlan) -> str:
+    """Raise ``ConfigError`` if the cluster can never run some group of cells; return a note."""
+    from runners.resources import Cluster, check_request
+
+    groups = p.groups()
+    if not groups:
+        return ""
+    if shutil.which("sbatch") is None:
+        return "cluster not checked: no sbatch on PATH"
+    launcher = p.cells[0].config["launcher"]
+    cluster = Cluster.query()
+    for cells in groups.values():
+        try:
+            check_request(cells[0].resources, launcher, cluster)
+        except ConfigError as err:
+            names = ", ".join(c.name for c in cells[:3]) + (f" and {len(cells) - 3} more" if len(cells) > 3 else "")
+            raise ConfigError(err.key, f"{str(err).split(': ', 1)[1]} (cells: {names})") from None
+    return f"cluster checked: {len(groups)} distinct request(s) fit (scontrol, sbatch --test-only)"
 
 
 def _is_sweep_syntax(override: str) -> bool:
@@ -181,70 +527,206 @@ def _is_sweep_syntax(override: str) -> bool:
 
 def format_plan(p: SweepPlan) -> str:
     """The dry-run table: one line per cell with its overrides, action and requested resources."""
-    lines = [f"sweep {p.name!r}: {len(p.cells)} cells -> experiment {p.experiment!r} at {p.tracking_uri}"]
-    gpu_hours = 0.0
+    from runners.resources import gpu_hours
+
+    lines = [
+        f"sweep {p.name!r}: {len(p.cells)} cells -> experiment {p.experiment!r} at {p.tracking_uri} "
+        f"(launcher {p.launcher}, tracking {p.tracking_kind})"
+    ]
+    hours = 0.0
     for i, c in enumerate(p.cells):
         r = c.resources
         res = f"nodes={r['nodes']} gpus/node={r['gpus_per_node']} cpus={r['cpus_per_task']} mem={r['mem_gb']}G time={r['time_min']}m"
         lines.append(f"  [{i:>3}] {c.action:<15} {c.label:<22} {c.axes or '<base>'}  | {res}")
         if c.action == "run":
-            gpu_hours += r["nodes"] * r["gpus_per_node"] * r["time_min"] / 60.0
+            hours += gpu_hours(r)
     done = sum(c.action == "skip-finished" for c in p.cells)
     failed = sum(c.action == "skip-failed" for c in p.cells)
+    if p.launcher != "local":
+        lines.append(f"{len(p.groups())} job array(s), one per distinct resource request")
+    if p.cluster_note:
+        lines.append(p.cluster_note)
     lines.append(
         f"{len(p.to_run)} to run, {done} already finished in MLflow (skipped), {failed} failed (skipped; "
-        f"--rerun-failed to retry); estimated <= {gpu_hours:.1f} GPU-hours (time limit x GPUs)"
+        f"--rerun-failed to retry); estimated <= {hours:.1f} GPU-hours (time limit x GPUs)"
     )
     return "\n".join(lines)
 
 
-def launch(p: SweepPlan, *, force: bool = False) -> list[Any]:
-    """Start the cells to run through the configured Hydra launcher; returns Hydra's JobReturns."""
-    from hydra.core.callbacks import Callbacks
-    from hydra.core.plugins import Plugins
-    from hydra.types import HydraContext
+# -- launching ---------------------------------------------------------------------------------------------
+def launch(p: SweepPlan, *, force: bool = False, poll_s: float = 5.0, stream=sys.stdout) -> list[Any]:
+    """Run the cells to run through the configured launcher and wait for them.
 
-    from runners.main import task
-
+    Returns Hydra's JobReturns (basic launcher) or ``runners.launch.JobOutcome``s (submitit)."""
     cells = p.to_run
     if not cells:
         return []
+    hydra, master = p.master
+    master = copy.deepcopy(master)
+    os.environ["TRUSTBENCH_HOME"] = str(paths.trustbench_home())  # jobs share this home, wherever they start
+    sweep_dir = Path(str(master.hydra.sweep.dir)).resolve()
+    with open_dict(master.hydra):
+        master.hydra.sweep.dir = str(sweep_dir)
+    p.sweep_dir = sweep_dir
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    server = None
+    if p.tracking_kind == "server" and not os.environ.get("MLFLOW_TRACKING_URI"):
+        from runners import tracking_server
+
+        t = p.cells[0].config["tracking"]
+        server = tracking_server.ensure_server(t["host"], t["port"], start=bool(t["start_server"]))
+        p.tracking_uri = server.url
+        os.environ["MLFLOW_TRACKING_URI"] = server.url
+        print(f"MLflow server at {server.url} ({'started here' if server.started else 'already running'})", file=stream)
     tracking.ensure_store(p.tracking_uri)  # once, before any parallel writer
     tracking.get_or_create_experiment(p.tracking_uri, p.experiment)
     if force:
         for cell in cells:
             shutil.rmtree(paths.run_dir(cell.key), ignore_errors=True)
-    hydra, master = p.master
-    sweep_dir = Path(master.hydra.sweep.dir)
-    sweep_dir.mkdir(parents=True, exist_ok=True)
     OmegaConf.save(master, sweep_dir / "multirun.yaml")
     (sweep_dir / "cells.json").write_text(
-        json.dumps([{"overrides": c.overrides, "key": c.key, "name": c.name} for c in cells], indent=2)
+        json.dumps(
+            [{"overrides": c.overrides, "key": c.key, "name": c.name, "resources": c.resources} for c in cells],
+            indent=2,
+        )
     )
-    callbacks = Callbacks(master)
-    launcher = Plugins.instance().instantiate_launcher(
-        hydra_context=HydraContext(config_loader=hydra.config_loader, callbacks=callbacks),
+    extra = ["force=true"] if force else []
+    try:
+        if p.launcher == "local":
+            return _launch_in_process(p, hydra, master, cells, extra)
+        return _launch_jobs(p, hydra, master, cells, extra, poll_s, stream)
+    finally:
+        if server is not None and server.started and not p.interrupted:
+            server.stop()
+
+
+def _instantiate(hydra, master: DictConfig):
+    from hydra._internal.callbacks import Callbacks
+    from hydra.core.plugins import Plugins
+    from hydra.types import HydraContext
+
+    from runners.main import task
+
+    return Plugins.instance().instantiate_launcher(
+        hydra_context=HydraContext(config_loader=hydra.config_loader, callbacks=Callbacks(master)),
         task_function=task,
         config=master,
     )
-    job_overrides = [[f"+sweeps={p.name}", *p.base_overrides[2:], *c.overrides] for c in cells]
-    if force:
-        job_overrides = [[*ov, "force=true"] for ov in job_overrides]
-    return list(launcher.launch(job_overrides, initial_job_idx=0))
 
 
+def _launch_in_process(p: SweepPlan, hydra, master, cells: list[Cell], extra: list[str]) -> list[Any]:
+    launcher = _instantiate(hydra, master)
+    return list(launcher.launch([[*p.base_overrides, *c.overrides, *extra] for c in cells], initial_job_idx=0))
+
+
+def _group_master(master: DictConfig, p: SweepPlan, res: dict[str, Any]) -> DictConfig:
+    """The master config with ``hydra.launcher`` set to one group's resources and job environment."""
+    gm = copy.deepcopy(master)
+    launcher = p.cells[0].config["launcher"]
+    exports = {"TRUSTBENCH_HOME": os.environ["TRUSTBENCH_HOME"]}
+    if os.environ.get("MLFLOW_TRACKING_URI"):
+        exports["MLFLOW_TRACKING_URI"] = os.environ["MLFLOW_TRACKING_URI"]
+    with open_dict(gm.hydra.launcher):
+        hl = gm.hydra.launcher
+        hl.timeout_min = res["time_min"]
+        if "signal_delay_s" in hl:  # a job gets at least 1/6 of its time before the stop signal
+            hl.signal_delay_s = min(int(hl.signal_delay_s), res["time_min"] * 60 * 5 // 6)
+        if p.launcher == "slurm":
+            hl.nodes = res["nodes"]
+            hl.gpus_per_node = res["gpus_per_node"] or None
+            hl.cpus_per_task = res["cpus_per_task"]
+            hl.mem_gb = res["mem_gb"]
+            hl.setup = [*launcher["setup"], *(f"export {k}={shlex.quote(v)}" for k, v in exports.items())]
+            hl.additional_parameters = dict(launcher["additional_parameters"])
+    return gm
+
+
+def _launch_jobs(p, hydra, master, cells, extra, poll_s, stream) -> list[Any]:
+    from runners.launch import submit_jobs, wait_jobs
+    from runners.run import read_status, write_status
+
+    if p.launcher == "slurm" and shutil.which("sbatch") is None:
+        raise ConfigError("launcher.name", "launcher=slurm needs sbatch on PATH (run from a Slurm login node)")
+    started = time.monotonic()
+    jobs, order = [], []
+    offset = 0
+    for group in p.groups().values():
+        for cell in group:  # before submission: a fast job may already write RUNNING
+            run_dir = paths.run_dir(cell.key)
+            kept = {k: v for k, v in (read_status(run_dir) or {}).items() if k in ("attempts", "run_id", "name")}
+            write_status(run_dir, SUBMITTED, **kept)
+        launcher = _instantiate(hydra, _group_master(master, p, group[0].resources))
+        submitted = submit_jobs(launcher, [[*p.base_overrides, *c.overrides, *extra] for c in group], offset)
+        offset += len(group)
+        for cell, job in zip(group, submitted):
+            info = {"job_id": job.job_id, "folder": str(job.paths.folder), "submitted": time.time()}
+            (paths.run_dir(cell.key) / JOB_FILE).write_text(json.dumps(info))
+        jobs += submitted
+        order += group
+        print(
+            f"queued {len(group)} cell(s) as job {submitted[0].job_id.split('_')[0]} ({_describe_res(group[0].resources)})",
+            file=stream,
+        )
+    print(
+        f"all {len(jobs)} cells queued in {time.monotonic() - started:.1f} s; waiting for them (Ctrl-C leaves them running)",
+        file=stream,
+    )
+    done = [0]
+
+    def progress(i: int, out) -> None:
+        done[0] += 1
+        st = (read_status(paths.run_dir(order[i].key)) or {}).get("status", "?")
+        print(f"  [{done[0]}/{len(jobs)}] {st:<9} {order[i].name}  (job {out.job_id})", file=stream, flush=True)
+
+    try:
+        results = wait_jobs(jobs, poll_s=poll_s, on_done=progress)
+    except KeyboardInterrupt:
+        p.interrupted = True
+        print("\ninterrupted: the jobs keep running; run the same sweep again later to collect them", file=stream)
+        raise
+    for cell, out in zip(order, results):
+        p.jobs[cell.key] = out
+    _write_outcomes(p)
+    return results
+
+
+def _describe_res(r: dict[str, Any]) -> str:
+    return f"nodes={r['nodes']} gpus/node={r['gpus_per_node']} cpus={r['cpus_per_task']} mem={r['mem_gb']}G time={r['time_min']}m"
+
+
+# -- outcomes ----------------------------------------------------------------------------------------------
 def outcomes(p: SweepPlan) -> list[tuple[Cell, str, str]]:
-    """(cell, status, reason) of every cell from its status marker (Hydra reports failures as completed)."""
+    """(cell, status, reason) of every cell from its status marker and, for Slurm jobs, how the job ended.
+
+    Hydra and submitit report a failed cell as a completed job: the marker says what happened. A job
+    that ended without reaching a final marker (time limit, cancel, node failure) is LOST."""
     from runners.run import read_status
 
     out = []
     for cell in p.cells:
         st = read_status(paths.run_dir(cell.key)) or {}
-        status = st.get("status", "MISSING")
+        status, reason = st.get("status", "MISSING"), st.get("reason", "")
+        job = p.jobs.get(cell.key)
         if cell.action == "skip-finished":
-            status = "FINISHED"
-        out.append((cell, status, st.get("reason", "")))
+            status, reason = "FINISHED", ""
+        elif job is not None and status not in ("FINISHED", "FAILED"):
+            reason = f"{job.describe()}; last marker {status}" + (f" ({reason})" if reason else "")
+            status = "LOST"
+        elif job is not None and job.error and status != "FAILED":
+            status, reason = "FAILED", job.describe()
+        out.append((cell, status, reason))
     return out
+
+
+def _write_outcomes(p: SweepPlan) -> None:
+    if p.sweep_dir is None:
+        return
+    rows = [
+        {"name": c.name, "key": c.key, "overrides": c.overrides, "status": s, "reason": r,
+         "job": p.jobs[c.key].job_id if c.key in p.jobs else None}
+        for c, s, r in outcomes(p)
+    ]  # fmt: skip
+    (p.sweep_dir / "outcomes.json").write_text(json.dumps(rows, indent=2))
 
 
 def report_outcomes(p: SweepPlan, stream=sys.stdout) -> int:
@@ -255,5 +737,5 @@ def report_outcomes(p: SweepPlan, stream=sys.stdout) -> int:
         if status != "FINISHED":
             bad += 1
         extra = f"  ({reason})" if reason and status != "FINISHED" else ""
-        print(f"{mark}{status:<10} {cell.label:<22} {cell.axes or '<base>'}{extra}", file=stream)
+        print(f"{mark}{status:<10} {cell.name:<40} {cell.axes or '<base>'}{extra}", file=stream)
     return bad
