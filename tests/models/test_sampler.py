@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from runners.backends.local.sampler import filter_top_p, generate, join_left_padded
+from runners.models.decoders import supports_fast_decode
 from runners.models.tiny import build_tiny_model
 
 V = 64
@@ -62,11 +63,14 @@ def test_greedy_equals_generate(arch, attn, padded):
     assert torch.equal(out.responses, ref)
 
 
-@pytest.mark.parametrize("arch", ["qwen2", "llama"])
+@pytest.mark.parametrize("arch", ["qwen2", "qwen3", "llama"])
+@pytest.mark.parametrize("fast", [True, False])
 @pytest.mark.parametrize("temperature,top_p", [(1.0, 1.0), (0.7, 0.9), (1.3, 0.5)])
-def test_sampling_equals_generate_token_for_token(arch, temperature, top_p):
-    """From the same global RNG state, sampling draws the same tokens as ``generate(do_sample=True)``."""
+def test_sampling_equals_generate_token_for_token(arch, fast, temperature, top_p):
+    """From the same global RNG state, sampling draws the same tokens as ``generate(do_sample=True)``,
+    through the lean decode step (``fast``) and through the model's own forward."""
     model = build_tiny_model(arch, vocab_size=V, seed=3)
+    assert supports_fast_decode(model)
     ids, mask = left_padded_prompts()
     kwargs = {"max_new_tokens": 40, "pad_token_id": PAD, "eos_token_id": EOS}
     torch.manual_seed(11)
@@ -74,8 +78,49 @@ def test_sampling_equals_generate_token_for_token(arch, temperature, top_p):
         input_ids=ids, attention_mask=mask, do_sample=True, top_k=0, top_p=top_p, temperature=temperature, **kwargs
     )[:, ids.shape[1] :]
     torch.manual_seed(11)
-    out = generate(model, ids, mask, temperature=temperature, top_p=top_p, compact=False, **kwargs)
+    out = generate(model, ids, mask, temperature=temperature, top_p=top_p, compact=False, fast=fast, **kwargs)
     assert torch.equal(out.responses, ref)
+
+
+def test_fast_and_generic_decoding_agree_with_compaction():
+    model = build_tiny_model("qwen3", vocab_size=V, seed=4)
+    ids, mask = left_padded_prompts(batch=12, seed=12)
+    kwargs = {"max_new_tokens": 40, "eos_token_id": [EOS, 2, 3, 4], "pad_token_id": PAD}
+    fast = generate(model, ids, mask, generator=torch.Generator().manual_seed(0), fast=True, **kwargs)
+    generic = generate(model, ids, mask, generator=torch.Generator().manual_seed(0), fast=False, **kwargs)
+    assert torch.equal(fast.responses, generic.responses) and torch.equal(fast.finished, generic.finished)
+    torch.testing.assert_close(fast.logp, generic.logp, atol=1e-5, rtol=1e-5)
+
+
+def tiny_gpt2():
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    config = GPT2Config(vocab_size=V, n_embd=32, n_layer=2, n_head=2, n_positions=128)
+    return GPT2LMHeadModel(config).eval()
+
+
+def tiny_sliding_qwen2():
+    # window 6 < prompt + response, sliding layers from layer 1 on
+    return build_tiny_model(
+        "qwen2", vocab_size=V, seed=5, use_sliding_window=True, sliding_window=6, max_window_layers=1
+    )
+
+
+@pytest.mark.parametrize("make", [tiny_gpt2, tiny_sliding_qwen2], ids=["gpt2", "qwen2-sliding-window"])
+def test_other_architectures_take_the_generic_path(make):
+    """Models outside the lean path (another family, sliding-window layers) still match ``generate``."""
+    model = make()
+    assert not supports_fast_decode(model)
+    ids, mask = left_padded_prompts()
+    kwargs = {"max_new_tokens": 20, "pad_token_id": PAD, "eos_token_id": EOS}
+    ref = model.generate(input_ids=ids, attention_mask=mask, do_sample=False, **kwargs)[:, ids.shape[1] :]
+    out = generate(model, ids, mask, temperature=0.0, **kwargs)
+    assert torch.equal(out.responses, ref)
+    logits = full_forward_logits(model, ids, mask, out.responses, out.response_mask)
+    ref_logp = torch.log_softmax(logits, dim=-1).gather(-1, out.responses[..., None]).squeeze(-1)
+    real = out.response_mask.bool()
+    torch.testing.assert_close(out.logp[real], ref_logp[real], atol=1e-4, rtol=1e-4)
 
 
 @pytest.mark.parametrize("compact", [True, False])

@@ -1,15 +1,18 @@
 """Batched KV-cache sampling for any Hugging Face causal LM (the local backend's rollout engine).
 
-Design: one prefill forward over the left-padded prompts, then one single-token forward per step
-through a ``DynamicCache``; every per-step operation is a batched tensor op (no Python work per row).
-It is faster than ``model.generate`` because it skips generate's per-step machinery (logits-processor
-and stopping-criteria lists, ``prepare_inputs_for_generation``, re-derived position ids, a fresh 4-D
-mask per step): the decode-step attention mask is a view of one preallocated boolean buffer handed
-to the model already in its final ``[B,1,1,S]`` form, outputs are preallocated, and rows that have
-finished are dropped from the batch (and from the cache) once they are at least half of it
-(``compact=True``). Sampling draws from ``torch.multinomial`` on the same probabilities as
-``generate`` (temperature, then top-p), so with ``compact=False`` and the global RNG it reproduces
-``generate(do_sample=True)`` token for token; with a ``torch.Generator`` it is deterministic.
+Design: one prefill forward over the left-padded prompts, then one single-token step per generated
+position; every per-step operation is a batched tensor op (no Python work per row). The step is
+done by a decoder from ``runners.models.decoders``: for Llama / Qwen2 / Qwen3 models with SDPA (the
+embedded default, SmolLM2, Qwen2.5/3, Llama 3.x, the tiny test models) a lean forward over a
+preallocated KV cache with fused projections; for anything else the model's own forward with a
+``DynamicCache``. Profiling showed generate's time going to Python overhead, not arithmetic: its
+per-step machinery (logits processors, stopping criteria, ``prepare_inputs_for_generation``, a
+fresh 4-D mask) and the HF module stack itself. Here the decode-step mask is a view of one
+preallocated boolean buffer, outputs are preallocated, and rows that have finished are dropped from
+the batch and the cache once they are at least half of it (``compact=True``). Sampling draws from
+``torch.multinomial`` on the same probabilities as ``generate`` (temperature, then top-p), so with
+``compact=False`` and the global RNG it reproduces ``generate(do_sample=True)`` token for token;
+with a ``torch.Generator`` it is deterministic.
 
 Continuing unfinished responses (T-PPO truncated windows, tppo.txt section 3): a prompt may already
 hold a partial response. Join each row's prompt and partial response with
@@ -155,22 +158,28 @@ def generate(
     pad_token_id: int,
     generator: torch.Generator | None = None,
     compact: bool = True,
+    fast: bool = True,
 ) -> GenerationOutput:
     """Sample up to ``max_new_tokens`` tokens per row with a KV cache.
 
     input_ids [B,P] long, left-padded; attention_mask [B,P] (1 on prompt tokens). ``eos_token_id``
     may be one id, several, or None (run to the budget). ``temperature=0`` is greedy. ``generator``
     seeds the draws (None uses the global RNG). ``compact`` drops finished rows from the batch;
-    it changes how many random numbers each step consumes, not the distribution.
+    it changes how many random numbers each step consumes, not the distribution. ``fast`` uses the
+    lean Llama-family decode step where supported (``runners.models.decoders``); False always
+    decodes through the model's own forward.
     Returns a :class:`GenerationOutput` with R = number of steps run.
     """
     _check_inputs(input_ids, attention_mask, max_new_tokens, temperature, top_p)
-    from transformers import DynamicCache
+    from runners.models.decoders import LlamaFamilyDecoder, make_decoder
 
     device = input_ids.device
     batch, prompt_len = input_ids.shape
     eos = _eos_tensor(eos_token_id, device)
+    decoder = make_decoder(model, batch=batch, max_length=prompt_len + max_new_tokens, fast=fast)
     mask_kind = _decode_mask_kind(model, attention_mask)
+    if isinstance(decoder, LlamaFamilyDecoder) and mask_kind != "none":
+        mask_kind = "bool"
     logits_dtype = model.get_input_embeddings().weight.dtype
 
     responses = torch.full((batch, max_new_tokens), pad_token_id, dtype=torch.long, device=device)
@@ -183,16 +192,7 @@ def generate(
     position = (attention_mask.long().cumsum(dim=-1) - 1).clamp(min=0)
     next_position = position[:, -1:] + 1
 
-    cache = DynamicCache(config=model.config)
-    out = model(
-        input_ids=input_ids,
-        attention_mask=attention_mask,
-        position_ids=position,
-        past_key_values=cache,
-        use_cache=True,
-        logits_to_keep=1,
-    )
-    logits = out.logits[:, -1, :].float()
+    logits = decoder.prefill(input_ids, attention_mask, position)
     rows = torch.arange(batch, device=device)  # original row of each row still in the batch
     active = torch.ones(batch, dtype=torch.bool, device=device)  # over the current (compacted) batch
     steps = 0
@@ -212,19 +212,13 @@ def generate(
             break
         if compact and 2 * n_active <= active.numel():
             keep = active.nonzero().squeeze(-1)
-            cache.batch_select_indices(keep)
+            decoder.select(keep)
             rows, token, active = rows[keep], token[keep], active[keep]
             keys, next_position = keys[keep], next_position[keep]
         keys[:, prompt_len + t] = True
-        out = model(
-            input_ids=token[:, None],
-            attention_mask=_step_mask(keys, prompt_len + t + 1, mask_kind, logits_dtype),
-            position_ids=next_position,
-            past_key_values=cache,
-            use_cache=True,
-        )
+        length = prompt_len + t + 1
+        logits = decoder.step(token, next_position, _step_mask(keys, length, mask_kind, logits_dtype), length)
         next_position = next_position + 1
-        logits = out.logits[:, -1, :].float()
 
     if eos is None:
         finished = torch.zeros(batch, dtype=torch.bool, device=device)

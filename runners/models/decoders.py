@@ -1,0 +1,225 @@
+"""Incremental decoders for the sampler: a generic one (any HF causal LM) and a lean one (Llama family).
+
+Design: the sampler (``runners.backends.local.sampler``) needs three operations: ``prefill`` the
+prompts, ``step`` one token per row, ``select`` the rows still generating. ``HFDecoder`` does them
+through the model's own forward and a ``DynamicCache``; it works for every architecture.
+
+``LlamaFamilyDecoder`` is the fast path for ``llama``, ``qwen2`` and ``qwen3`` models with SDPA
+attention and only full-attention layers (Llama 3.x, SmolLM2, Qwen2.5, Qwen3, the embedded default
+and the tiny test models). Profiling the embedded default showed ~65% of a decode step in Python
+module overhead of the HF forward (module calls, output dataclasses, mask and cache bookkeeping),
+not in arithmetic. The lean step calls the same parameters with ``torch.nn.functional`` directly,
+writes keys and values into a preallocated ``[B, H_kv, P + R, D]`` cache (no concatenation per
+step) and runs SDPA with grouped-query heads. The prompt is still processed by the model's own
+forward (its keys and values are copied into the static cache), so only decode steps take the lean
+path. Rotary embeddings come from the model's own ``rotary_emb`` module (every RoPE scaling type).
+tests/models/test_sampler.py checks it against ``model.generate`` token for token.
+
+    decoder = make_decoder(model, batch=32, max_length=96)
+    logits = decoder.prefill(input_ids, attention_mask, position_ids)   # [B,V]
+    logits = decoder.step(tokens, positions, mask, length)              # [B,V]
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+FAST_MODEL_TYPES = ("llama", "qwen2", "qwen3")
+
+
+class HFDecoder:
+    """Prefill and decode through ``model(...)`` with a ``DynamicCache`` (any causal LM)."""
+
+    def __init__(self, model) -> None:
+        from transformers import DynamicCache
+
+        self.model = model
+        self.cache = DynamicCache(config=model.config)
+
+    def prefill(self, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor) -> Tensor:
+        """input_ids, attention_mask, position_ids [B,P] -> next-token logits [B,V] float32."""
+        out = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            past_key_values=self.cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        return out.logits[:, -1, :].float()
+
+    def step(self, tokens: Tensor, positions: Tensor, mask: Tensor | None, length: int) -> Tensor:
+        """tokens [B], positions [B,1], mask None | [B,length] | [B,1,1,length] -> logits [B,V] float32."""
+        out = self.model(
+            input_ids=tokens[:, None],
+            attention_mask=mask,
+            position_ids=positions,
+            past_key_values=self.cache,
+            use_cache=True,
+        )
+        return out.logits[:, -1, :].float()
+
+    def select(self, rows: Tensor) -> None:
+        """Keep only batch rows ``rows`` [B'] long of the cache."""
+        self.cache.batch_select_indices(rows)
+
+
+def supports_fast_decode(model) -> bool:
+    """True for llama/qwen2/qwen3 models with SDPA attention and full attention in every layer."""
+    config = model.config
+    if config.model_type not in FAST_MODEL_TYPES or getattr(config, "_attn_implementation", None) != "sdpa":
+        return False
+    layer_types = getattr(config, "layer_types", None) or []
+    if any(kind != "full_attention" for kind in layer_types):
+        return False
+    base = getattr(model, "model", None)
+    return base is not None and hasattr(base, "rotary_emb") and hasattr(model, "lm_head")
+
+
+def _rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    """RMSNorm as the HF Llama/Qwen modules compute it (float32 statistics, then the input dtype)."""
+    if x.dtype == torch.float32:  # fused op, same arithmetic; a [heads, D] weight is applied after
+        if weight.dim() == 1:
+            return F.rms_norm(x, (x.shape[-1],), weight, eps)
+        return weight * F.rms_norm(x, (x.shape[-1],), None, eps)
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h.to(x.dtype)
+
+
+def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """RoPE of x [B,1,H,D] with cos/sin [B,1,1,D] (half-split rotation, as HF's rotate_half)."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+def _fused(*linears) -> tuple[Tensor, Tensor | None]:
+    """One weight (and bias) for several linear layers reading the same input."""
+    weight = torch.cat([lin.weight for lin in linears], dim=0)
+    biases = [lin.bias for lin in linears]
+    if all(b is None for b in biases):
+        return weight, None
+    bias = torch.cat([b if b is not None else weight.new_zeros(lin.out_features) for b, lin in zip(biases, linears)])
+    return weight, bias
+
+
+class LlamaFamilyDecoder:
+    """Static KV cache and a lean single-token forward for llama / qwen2 / qwen3 (see module doc).
+
+    Per layer and step: one fused q|k|v matmul, q/k norms (qwen3) and RoPE applied to q and k
+    together, the new key/value written into the static cache, grouped-query attention over the
+    filled slots, one fused gate|up matmul. Fused weights are built once per decoder (a copy of the
+    attention and MLP input projections).
+    """
+
+    def __init__(self, model, *, batch: int, max_length: int) -> None:
+        self.model = model
+        base = model.model
+        config = model.config
+        self.embed = base.embed_tokens
+        self.final_norm = base.norm
+        self.lm_head = model.lm_head
+        layers = list(base.layers[: config.num_hidden_layers])
+        first = layers[0].self_attn
+        self.head_dim = first.head_dim
+        self.n_heads = config.num_attention_heads
+        self.n_kv = config.num_key_value_heads
+        self.scaling = first.scaling
+        self.max_length = max_length
+        weight = self.embed.weight
+        self.layers = []
+        for layer in layers:
+            attn, mlp = layer.self_attn, layer.mlp
+            qk_norm = None
+            if hasattr(attn, "q_norm"):  # qwen3: per-head RMSNorm of q and k, one weight row per head
+                qk_norm = torch.cat([attn.q_norm.weight.expand(self.n_heads, -1), attn.k_norm.weight.expand(self.n_kv, -1)])
+            self.layers.append(
+                {
+                    "norm1": (layer.input_layernorm.weight, layer.input_layernorm.variance_epsilon),
+                    "qkv": _fused(attn.q_proj, attn.k_proj, attn.v_proj),
+                    "qk_norm": (qk_norm, attn.q_norm.variance_epsilon) if qk_norm is not None else None,
+                    "o": (attn.o_proj.weight, attn.o_proj.bias),
+                    "norm2": (layer.post_attention_layernorm.weight, layer.post_attention_layernorm.variance_epsilon),
+                    "gate_up": _fused(mlp.gate_proj, mlp.up_proj),
+                    "down": (mlp.down_proj.weight, mlp.down_proj.bias),
+                    "act": mlp.act_fn,
+                }
+            )
+        # RoPE tables for every position a row can reach (positions never exceed the padded width)
+        positions = torch.arange(max_length, device=weight.device)[None]
+        cos, sin = base.rotary_emb(weight[None, :1], positions)  # [1, max_length, D]
+        self.cos, self.sin = cos[0], sin[0]
+        shape = (batch, self.n_kv, max_length, self.head_dim)
+        self.keys = [torch.zeros(shape, dtype=weight.dtype, device=weight.device) for _ in layers]
+        self.values = [torch.zeros(shape, dtype=weight.dtype, device=weight.device) for _ in layers]
+
+    def prefill(self, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor) -> Tensor:
+        """The model's own forward over the prompt; its keys/values seed the static cache."""
+        from transformers import DynamicCache
+
+        cache = DynamicCache(config=self.model.config)
+        out = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        prompt_len = input_ids.shape[1]
+        for i, layer in enumerate(cache.layers[: len(self.layers)]):
+            self.keys[i][:, :, :prompt_len] = layer.keys
+            self.values[i][:, :, :prompt_len] = layer.values
+        return out.logits[:, -1, :].float()
+
+    def step(self, tokens: Tensor, positions: Tensor, mask: Tensor | None, length: int) -> Tensor:
+        """One token per row at cache slot ``length - 1``.
+
+        tokens [B], positions [B,1] (RoPE positions), mask None or bool [B,1,1,length] -> [B,V] float32.
+        """
+        if mask is not None and mask.dim() != 4:
+            raise ValueError("LlamaFamilyDecoder.step needs a [B,1,1,S] boolean mask or None")
+        slot = length - 1
+        batch = tokens.shape[0]
+        n_q, n_qk = self.n_heads, self.n_heads + self.n_kv
+        hidden = self.embed(tokens[:, None])  # [B,1,H]
+        cos = self.cos[positions][:, :, None]  # [B,1,1,D]
+        sin = self.sin[positions][:, :, None]
+        for i, layer in enumerate(self.layers):
+            x = _rms_norm(hidden, *layer["norm1"])
+            qkv = F.linear(x, *layer["qkv"]).view(batch, 1, n_qk + self.n_kv, self.head_dim)
+            qk, v = qkv[:, :, :n_qk], qkv[:, :, n_qk:]
+            if layer["qk_norm"] is not None:
+                qk = _rms_norm(qk, *layer["qk_norm"])
+            qk = _rotate(qk, cos, sin)
+            self.keys[i][:, :, slot] = qk[:, 0, n_q:]
+            self.values[i][:, :, slot] = v[:, 0]
+            out = F.scaled_dot_product_attention(
+                qk[:, :, :n_q].transpose(1, 2),
+                self.keys[i][:, :, :length],
+                self.values[i][:, :, :length],
+                attn_mask=mask,
+                scale=self.scaling,
+                enable_gqa=self.n_kv != self.n_heads,
+            )
+            hidden = hidden + F.linear(out.transpose(1, 2).reshape(batch, 1, -1), *layer["o"])
+            x = _rms_norm(hidden, *layer["norm2"])
+            gate, up = F.linear(x, *layer["gate_up"]).chunk(2, dim=-1)
+            hidden = hidden + F.linear(layer["act"](gate) * up, *layer["down"])
+        hidden = _rms_norm(hidden, self.final_norm.weight, self.final_norm.variance_epsilon)
+        return F.linear(hidden[:, -1], self.lm_head.weight, self.lm_head.bias).float()
+
+    def select(self, rows: Tensor) -> None:
+        """Keep only batch rows ``rows`` [B'] long of the cache."""
+        self.keys = [k.index_select(0, rows) for k in self.keys]
+        self.values = [v.index_select(0, rows) for v in self.values]
+
+
+def make_decoder(model, *, batch: int, max_length: int, fast: bool = True):
+    """``LlamaFamilyDecoder`` when ``fast`` and the model is supported, else ``HFDecoder``."""
+    if fast and supports_fast_decode(model):
+        return LlamaFamilyDecoder(model, batch=batch, max_length=max_length)
+    return HFDecoder(model)
