@@ -96,8 +96,14 @@ def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return x * cos + rotated * sin
 
 
-def _fused(*linears) -> tuple[Tensor, Tensor | None]:
-    """One weight (and bias) for several linear layers reading the same input."""
+# fuse q|k|v and gate|up weights only while the copies stay small (SmolLM2: 70M elements)
+FUSE_MAX_ELEMENTS = 200_000_000
+
+
+def _projection(linears, fuse: bool):
+    """Several linear layers reading the same input: one fused (weight, bias) or a list of pairs."""
+    if not fuse:
+        return [(lin.weight, lin.bias) for lin in linears]
     weight = torch.cat([lin.weight for lin in linears], dim=0)
     biases = [lin.bias for lin in linears]
     if all(b is None for b in biases):
@@ -106,13 +112,21 @@ def _fused(*linears) -> tuple[Tensor, Tensor | None]:
     return weight, bias
 
 
+def _project(x: Tensor, projection) -> Tensor:
+    """x [...,H] through a ``_projection`` -> [..., sum of output sizes]."""
+    if isinstance(projection, list):
+        return torch.cat([F.linear(x, w, b) for w, b in projection], dim=-1)
+    return F.linear(x, *projection)
+
+
 class LlamaFamilyDecoder:
     """Static KV cache and a lean single-token forward for llama / qwen2 / qwen3 (see module doc).
 
     Per layer and step: one fused q|k|v matmul, q/k norms (qwen3) and RoPE applied to q and k
     together, the new key/value written into the static cache, grouped-query attention over the
     filled slots, one fused gate|up matmul. Fused weights are built once per decoder (a copy of the
-    attention and MLP input projections).
+    attention and MLP input projections, so only below ``FUSE_MAX_ELEMENTS``; larger models run the
+    separate matmuls).
     """
 
     def __init__(self, model, *, batch: int, max_length: int) -> None:
@@ -130,6 +144,11 @@ class LlamaFamilyDecoder:
         self.scaling = first.scaling
         self.max_length = max_length
         weight = self.embed.weight
+        fused_elements = sum(
+            sum(lin.weight.numel() for lin in (a.q_proj, a.k_proj, a.v_proj, m.gate_proj, m.up_proj))
+            for a, m in ((layer.self_attn, layer.mlp) for layer in layers)
+        )
+        fuse = fused_elements <= FUSE_MAX_ELEMENTS
         self.layers = []
         for layer in layers:
             attn, mlp = layer.self_attn, layer.mlp
@@ -139,11 +158,11 @@ class LlamaFamilyDecoder:
             self.layers.append(
                 {
                     "norm1": (layer.input_layernorm.weight, layer.input_layernorm.variance_epsilon),
-                    "qkv": _fused(attn.q_proj, attn.k_proj, attn.v_proj),
+                    "qkv": _projection((attn.q_proj, attn.k_proj, attn.v_proj), fuse),
                     "qk_norm": (qk_norm, attn.q_norm.variance_epsilon) if qk_norm is not None else None,
                     "o": (attn.o_proj.weight, attn.o_proj.bias),
                     "norm2": (layer.post_attention_layernorm.weight, layer.post_attention_layernorm.variance_epsilon),
-                    "gate_up": _fused(mlp.gate_proj, mlp.up_proj),
+                    "gate_up": _projection((mlp.gate_proj, mlp.up_proj), fuse),
                     "down": (mlp.down_proj.weight, mlp.down_proj.bias),
                     "act": mlp.act_fn,
                 }
@@ -190,7 +209,7 @@ class LlamaFamilyDecoder:
         sin = self.sin[positions][:, :, None]
         for i, layer in enumerate(self.layers):
             x = _rms_norm(hidden, *layer["norm1"])
-            qkv = F.linear(x, *layer["qkv"]).view(batch, 1, n_qk + self.n_kv, self.head_dim)
+            qkv = _project(x, layer["qkv"]).view(batch, 1, n_qk + self.n_kv, self.head_dim)
             qk, v = qkv[:, :, :n_qk], qkv[:, :, n_qk:]
             if layer["qk_norm"] is not None:
                 qk = _rms_norm(qk, *layer["qk_norm"])
@@ -207,7 +226,7 @@ class LlamaFamilyDecoder:
             )
             hidden = hidden + F.linear(out.transpose(1, 2).reshape(batch, 1, -1), *layer["o"])
             x = _rms_norm(hidden, *layer["norm2"])
-            gate, up = F.linear(x, *layer["gate_up"]).chunk(2, dim=-1)
+            gate, up = _project(x, layer["gate_up"]).chunk(2, dim=-1)
             hidden = hidden + F.linear(layer["act"](gate) * up, *layer["down"])
         hidden = _rms_norm(hidden, self.final_norm.weight, self.final_norm.variance_epsilon)
         return F.linear(hidden[:, -1], self.lm_head.weight, self.lm_head.bias).float()

@@ -82,6 +82,18 @@ def test_sampling_equals_generate_token_for_token(arch, fast, temperature, top_p
     assert torch.equal(out.responses, ref)
 
 
+def test_unfused_projections_match_generate(monkeypatch):
+    """Models too large for fused weight copies run separate q/k/v and gate/up matmuls."""
+    import runners.models.decoders as decoders
+
+    monkeypatch.setattr(decoders, "FUSE_MAX_ELEMENTS", 0)
+    model = build_tiny_model("qwen2", vocab_size=V, seed=8)  # q/k/v biases exercised
+    ids, mask = left_padded_prompts()
+    kwargs = {"max_new_tokens": 30, "pad_token_id": PAD, "eos_token_id": EOS}
+    ref = model.generate(input_ids=ids, attention_mask=mask, do_sample=False, **kwargs)[:, ids.shape[1] :]
+    assert torch.equal(generate(model, ids, mask, temperature=0.0, **kwargs).responses, ref)
+
+
 def test_fast_and_generic_decoding_agree_with_compaction():
     model = build_tiny_model("qwen3", vocab_size=V, seed=4)
     ids, mask = left_padded_prompts(batch=12, seed=12)
