@@ -95,8 +95,10 @@ def ensure_server(host: str, port: int, *, start: bool = True, wait_s: float = 1
         "--default-artifact-root", artifacts.as_uri(),
         "--workers", "1",
     ]  # fmt: skip
+    # no background job runner (GenAI scorers): it forks seven more Python processes
+    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
     with open(log, "ab") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=env)
     server = TrackingServer(url=url, started=True, process=proc, log=log)
     deadline = time.monotonic() + wait_s
     while not is_up(url):

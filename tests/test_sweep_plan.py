@@ -1,0 +1,344 @@
+"""Sweep planning without a cluster: fast composition, validation, skips, resources, requeue rules.
+
+References: Hydra's own full composition of each cell (``load_sweep_config``) for the planner's
+fast path; MLflow's client for the SQL reader of run statuses; hand-written ``scontrol`` records
+for the cluster-limit diagnosis; a mocked ``scontrol`` for the requeue decisions.
+
+Run:  pytest tests/test_sweep_plan.py        (~30 s; the tracking-server test is marked slow)
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import socket
+
+import pytest
+from omegaconf import OmegaConf
+
+from runners import launch, paths, sweep
+from runners.config import ConfigError, compose, method_label, run_key, validate
+from runners.resources import Cluster, Node, Partition, _gpus, _minutes, cell_resources
+
+# axes of every kind the planner treats differently: group choices, scalar values, a list value,
+# an interpolation, and a hydra.* override (Hydra's full composition as the fallback)
+EXTRA_AXES = [
+    "model=tiny_qwen2,tiny_llama",
+    "seed=0,1",
+    "trainer.lr=1e-4,3e-4",
+]
+
+
+def _reference(p: sweep.SweepPlan, cell: sweep.Cell):
+    hydra, master = p.master
+    composer = sweep._Composer(hydra, master, p.base_overrides)
+    return composer.compose_full(cell.overrides)
+
+
+def _assert_same(p: sweep.SweepPlan, cells) -> None:
+    for cell in cells:
+        cfg, choices = _reference(p, cell)
+        assert OmegaConf.to_container(cfg, resolve=True) == cell.config, cell.overrides
+        assert run_key(cfg) == cell.key, cell.overrides
+        assert method_label(cfg, choices) == cell.label, cell.overrides
+
+
+@pytest.mark.parametrize("name", sweep.available_sweeps())
+def test_fast_plan_equals_full_composition_on_real_sweeps(name):
+    """Every cell of every sweep file: the planner's config, run key and label are what Hydra's
+    full composition of that cell gives."""
+    p = sweep.plan(name, check_mlflow=False)
+    _assert_same(p, p.cells)
+
+
+def test_fast_plan_equals_full_composition_on_mixed_axes():
+    """Group, scalar, list, interpolation and hydra.* axes on top of a sweep (one cell in 16 of 112
+    checked against full composition; the hydra.* and list axes take the slow paths)."""
+    axes = [*EXTRA_AXES, "trainer.length_buckets=[0,8,16],[0,4,8,16]"]
+    p = sweep.plan("demo", axes, check_mlflow=False)
+    assert len(p.cells) == 7 * 2 * 2 * 2 * 2
+    _assert_same(p, p.cells[::16])
+    q = sweep.plan(
+        "demo", ["+method=choice(dapo)", "label=${algorithm.name}_s${seed},x", "hydra.job.name=a,b"], check_mlflow=False
+    )
+    assert [c.label for c in q.cells] == ["dapo_s0", "dapo_s0", "x", "x"]
+    _assert_same(q, q.cells)
+
+
+def test_validation_never_reads_seed():
+    """The planner validates cells that differ only in VALIDATION_FREE_KEYS once; that is sound only
+    while validate() ignores those keys (an absurd seed must pass)."""
+    cfg, _ = compose([])
+    for key in sweep.VALIDATION_FREE_KEYS:
+        for value in (-(2**62), 2**62):
+            OmegaConf.update(cfg, key, value)
+            validate(cfg)
+
+
+def test_invalid_cell_names_key_and_cell():
+    """A bad value in one cell of a seed grid fails planning, naming the key and the cell."""
+    with pytest.raises(ConfigError) as err:
+        sweep.plan("demo", ["+method=grpo,dapo", "seed=0,1,2", "trainer.lr=1e-4,-1"], check_mlflow=False)
+    assert err.value.key == "trainer.lr"
+    assert "trainer.lr=-1" in str(err.value)
+
+
+def test_resources_group_cells_and_estimate_gpu_hours():
+    """launcher=slurm: the local backend asks one GPU for models >= 0.1B params, none below; cells
+    group by request (one job array each) and the dry run sums GPUs x time limit."""
+    p = sweep.plan(
+        "demo",
+        ["+method=grpo,dapo", "model=tiny_qwen2,qwen2.5_0.5b_instruct", "launcher=slurm", "launcher.time_min=90"],
+        check_mlflow=False,
+        check_cluster=False,
+    )
+    gpus = {c.config["model"]["name"]: c.resources["gpus_per_node"] for c in p.cells}
+    assert gpus == {"tiny_qwen2": 0, "qwen2.5_0.5b_instruct": 1}
+    assert len(p.groups()) == 2
+    text = sweep.format_plan(p)
+    assert "2 job array(s)" in text
+    assert "estimated <= 3.0 GPU-hours" in text  # 2 cells x 1 GPU x 1.5 h
+    assert len([ln for ln in text.splitlines() if "| nodes=" in ln]) == 4
+
+
+def test_cell_resources_from_plain_dict_and_dictconfig_agree():
+    cfg, _ = compose(["launcher=slurm", "model=qwen3_8b", "backend=verl", "launcher.cpus_per_gpu=4"])
+    as_dict = OmegaConf.to_container(cfg, resolve=True)
+    assert cell_resources(cfg) == cell_resources(as_dict) == {
+        "nodes": 1, "gpus_per_node": 8, "cpus_per_task": 32, "mem_gb": 512, "time_min": 240,
+    }  # fmt: skip
+
+
+# -- MLflow: skipping what is done ---------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def done_store(tmp_path_factory):
+    """A sqlite MLflow store with runs of three demo cells: FINISHED, FAILED, and KILLED."""
+    from mlflow import MlflowClient
+
+    home = tmp_path_factory.mktemp("home")
+    os.environ["TRUSTBENCH_HOME"] = str(home)
+    try:
+        p = sweep.plan("demo", ["+method=grpo,dapo,adapo,gtpo"], check_mlflow=False)
+    finally:
+        del os.environ["TRUSTBENCH_HOME"]
+    uri = f"sqlite:///{home / 'mlflow.db'}"
+    client = MlflowClient(uri)
+    exp = client.create_experiment("demo")
+    for cell, status in zip(p.cells, ("FINISHED", "FAILED", "KILLED")):
+        run = client.create_run(exp, tags={"trustbench.run_key": cell.key})
+        client.set_terminated(run.info.run_id, status)
+    return home, uri, p
+
+
+def test_plan_skips_finished_and_failed_cells(done_store, monkeypatch):
+    """FINISHED cells are skipped, FAILED ones unless --rerun-failed, KILLED and missing ones run;
+    --force runs all."""
+    home, _, _ = done_store
+    monkeypatch.setenv("TRUSTBENCH_HOME", str(home))
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    args = ("demo", ["+method=grpo,dapo,adapo,gtpo"])
+    assert [c.action for c in sweep.plan(*args).cells] == ["skip-finished", "skip-failed", "run", "run"]
+    assert [c.action for c in sweep.plan(*args, rerun_failed=True).cells] == ["skip-finished", "run", "run", "run"]
+    assert [c.action for c in sweep.plan(*args, force=True).cells] == ["run"] * 4
+    assert "1 already finished in MLflow (skipped), 1 failed" in sweep.format_plan(sweep.plan(*args))
+
+
+def test_sql_reader_matches_mlflow_client(done_store):
+    """The dry run's one-query sqlite reader gives what MLflow's client gives."""
+    home, uri, p = done_store
+    by_sql = sweep._existing_runs_sql(home / "mlflow.db", "demo")
+    from mlflow import MlflowClient
+
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name("demo")
+    by_client = {r.data.tags["trustbench.run_key"]: r.info.status for r in client.search_runs([exp.experiment_id])}
+    assert by_sql == by_client and len(by_sql) == 3
+
+
+# -- cluster limits ------------------------------------------------------------------------------------------
+SCONTROL_PARTITIONS = [
+    "PartitionName=gpu Default=YES MaxTime=1-00:00:00 Nodes=g[1-2]",
+    "PartitionName=short Default=NO MaxTime=00:30:00 Nodes=g1",
+]
+SCONTROL_NODES = [
+    "NodeName=g1 CPUTot=64 RealMemory=515000 Gres=gpu:h100:8 Partitions=gpu,short",
+    "NodeName=g2 CPUTot=32 RealMemory=257000 Gres=gpu:a100:4(S:0-1),gpu:l4:2 Partitions=gpu",
+]
+
+
+def _cluster() -> Cluster:
+    parts = {}
+    for line in SCONTROL_PARTITIONS:
+        rec = dict(kv.split("=", 1) for kv in line.split())
+        nodes = ["g1", "g2"] if rec["Nodes"] == "g[1-2]" else [rec["Nodes"]]
+        parts[rec["PartitionName"]] = Partition(
+            rec["PartitionName"], rec["Default"] == "YES", _minutes(rec["MaxTime"]), nodes
+        )
+    nodes = {}
+    for line in SCONTROL_NODES:
+        rec = dict(kv.split("=", 1) for kv in line.split())
+        nodes[rec["NodeName"]] = Node(
+            rec["NodeName"],
+            int(rec["CPUTot"]),
+            int(rec["RealMemory"]),
+            _gpus(rec["Gres"]),
+            rec["Partitions"].split(","),
+        )
+    return Cluster(parts, nodes)
+
+
+def test_slurm_time_and_gres_parsing():
+    assert _minutes("1-00:00:00") == 1440 and _minutes("00:30:00") == 30 and _minutes("UNLIMITED") == float("inf")
+    assert _gpus("gpu:h100:8") == 8 and _gpus("gpu:a100:4(S:0-1),gpu:l4:2") == 6 and _gpus("(null)") == 0
+
+
+@pytest.mark.parametrize(
+    ("change", "partition", "key", "words"),
+    [
+        ({}, None, None, None),
+        ({"gpus_per_node": 9}, None, "launcher.gpus_per_node", "at most 8"),
+        ({"time_min": 31}, "short", "launcher.time_min", "MaxTime of 30"),
+        ({"nodes": 3}, None, "launcher.nodes", "has 2"),
+        ({"nodes": 2, "gpus_per_node": 8}, None, "launcher.nodes", "fewer than 2 nodes"),
+        ({"cpus_per_task": 65}, None, "launcher.cpus_per_task", "at most 64"),
+        ({"mem_gb": 600}, None, "launcher.mem_gb", "at most 502 GB"),
+        ({}, "nope", "launcher.partition", "partitions: gpu (default), short"),
+    ],
+)
+def test_cluster_limits_name_the_launcher_key(change, partition, key, words):
+    """Requests checked against hand-written scontrol records: the reason names the key to change."""
+    res = {"nodes": 1, "gpus_per_node": 8, "cpus_per_task": 32, "mem_gb": 256, "time_min": 60, **change}
+    problem = _cluster().why_not(res, partition)
+    if key is None:
+        assert problem is None
+    else:
+        assert problem[0] == key and words in problem[1], problem
+
+
+# -- in the job: requeue decisions ------------------------------------------------------------------------------
+@pytest.fixture
+def cell_home(tmp_path, monkeypatch):
+    monkeypatch.setenv("TRUSTBENCH_HOME", str(tmp_path))
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    for var in ("SLURM_JOB_ID", "SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID", "SLURM_RESTART_COUNT"):
+        monkeypatch.delenv(var, raising=False)
+    calls = []
+
+    def fake_run(cmd, **_kw):
+        calls.append(cmd)
+        return type("P", (), {"returncode": 0, "stderr": "", "stdout": ""})()
+
+    monkeypatch.setattr(launch.subprocess, "run", fake_run)
+    monkeypatch.setattr("runners.tracking.find_run", lambda *_a: None)  # no MLflow run to mark
+    cfg, _ = compose(["launcher=slurm", "launcher.max_requeues=2"])
+    return cfg, paths.run_dir(run_key(cfg)), calls
+
+
+def test_requeue_only_after_usr_signals_and_within_the_bound(cell_home, monkeypatch):
+    """USR1/USR2 requeue this job (scontrol requeue <array job>_<task>) until launcher.max_requeues
+    restarts happened, then FAILED; SIGTERM never requeues (Slurm decides); outside Slurm: PREEMPTED."""
+    cfg, run_dir, calls = cell_home
+    assert launch.requeue_or_fail(cfg, "SIGUSR2")["status"] == "PREEMPTED" and calls == []
+    monkeypatch.setenv("SLURM_ARRAY_JOB_ID", "41")
+    monkeypatch.setenv("SLURM_ARRAY_TASK_ID", "3")
+    monkeypatch.setenv("SLURM_JOB_ID", "44")
+    assert launch.requeue_or_fail(cfg, "SIGTERM")["status"] == "PREEMPTED" and calls == []
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
+    assert launch.requeue_or_fail(cfg, "SIGUSR2") == {"status": "REQUEUED", "job_id": "41_3"}
+    assert calls == [["scontrol", "requeue", "41_3"]]
+    assert json.loads((run_dir / "status.json").read_text())["restarts"] == 2
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "2")
+    out = launch.requeue_or_fail(cfg, "SIGUSR1")
+    assert out["status"] == "FAILED" and "max_requeues=2" in out["error"] and len(calls) == 1
+    assert json.loads((run_dir / "status.json").read_text())["status"] == "FAILED"
+
+
+def test_start_attempt_records_the_job_and_bounds_slurm_requeues(cell_home, monkeypatch):
+    """Each attempt appends its job id, restart count and visible GPUs; an attempt past
+    launcher.max_requeues restarts (e.g. Slurm preempting it again and again) fails at once."""
+    cfg, run_dir, _ = cell_home
+    assert launch.start_attempt(cfg) is None and not (run_dir / launch.JOBS_FILE).exists()
+    monkeypatch.setenv("SLURM_JOB_ID", "7")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2")
+    for restart in (0, 2):
+        monkeypatch.setenv("SLURM_RESTART_COUNT", str(restart))
+        assert launch.start_attempt(cfg) is None
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "3")
+    assert launch.start_attempt(cfg)["status"] == "FAILED"
+    records = [json.loads(line) for line in (run_dir / launch.JOBS_FILE).read_text().splitlines()]
+    assert [(r["job_id"], r["restart"], r["cuda_visible_devices"]) for r in records] == [
+        ("7", 0, "2"),
+        ("7", 2, "2"),
+        ("7", 3, "2"),
+    ]
+
+
+def test_signal_before_the_trainer_exists_still_stops_it():
+    """A job owns the stop signals from its start: USR2 caught before run() builds the trainer
+    makes the trainer stop (after one step), and the signal's name is kept for the requeue rule."""
+    from runners.run import _StopFlag, catch_stop_signals
+
+    saved = {s: signal.getsignal(s) for s in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM)}
+    try:
+        catch_stop_signals()
+        os.kill(os.getpid(), signal.SIGUSR2)
+        trainer = type("T", (), {"stop_requested": False})()
+        with _StopFlag(trainer):
+            assert trainer.stop_requested and _StopFlag.received == "SIGUSR2"
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+        _StopFlag.received = None
+
+
+# -- end to end without a cluster -------------------------------------------------------------------------------
+@pytest.mark.slow
+def test_local_sweep_reports_the_failed_cell(tmp_path, monkeypatch):
+    """launcher=local runs cells in this process; a cell that raises (debug.fail_at_step) does not
+    stop the others and is reported as failed, by name and reason."""
+    from tests.backends._tiny import TINY
+
+    monkeypatch.setenv("TRUSTBENCH_HOME", str(tmp_path))
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    tiny = [o for o in TINY if not o.startswith("trainer.total_steps")]
+    # the 1-step cell ends before step 2, the 3-step cell raises there
+    p = sweep.plan(
+        "demo", [*tiny, "+method=choice(grpo)", "trainer.total_steps=3,1", "debug.fail_at_step=2", "experiment=local"]
+    )
+    sweep.launch(p)
+    out = io.StringIO()
+    assert sweep.report_outcomes(p, out) == 1
+    lines = out.getvalue().splitlines()
+    assert lines[0].startswith("!! FAILED") and "trainer.total_steps=3" in lines[0]
+    assert "debug.fail_at_step=2 reached" in lines[0]
+    assert lines[1].startswith("ok FINISHED") and "trainer.total_steps=1" in lines[1]
+
+
+@pytest.mark.slow
+def test_tracking_server_start_reuse_stop_and_offline_reads(tmp_path, monkeypatch):
+    """tracking=server: a server is started on 127.0.0.1 with the home's sqlite store (schema made
+    first), a second call reuses it, runs logged through it are read back by the planner both
+    through the server and, once it is stopped, from its sqlite file."""
+    from mlflow import MlflowClient
+
+    from runners import tracking_server
+
+    monkeypatch.setenv("TRUSTBENCH_HOME", str(tmp_path))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = tracking_server.ensure_server("127.0.0.1", port)
+    try:
+        assert server.started and server.url == f"http://127.0.0.1:{port}"
+        assert not tracking_server.ensure_server("127.0.0.1", port).started
+        client = MlflowClient(server.url)
+        exp = client.create_experiment("srv")
+        run = client.create_run(exp, tags={"trustbench.run_key": "k1"})
+        client.set_terminated(run.info.run_id, "FINISHED")
+        assert sweep._existing_runs(server.url, "srv") == {"k1": "FINISHED"}
+    finally:
+        server.stop()
+    assert not tracking_server.is_up(server.url)
+    assert sweep._existing_runs(server.url, "srv") == {"k1": "FINISHED"}
