@@ -77,7 +77,7 @@ class Cell:
     name: str
     resources: dict[str, Any]
     mlflow_status: str | None = None
-    action: str = "run"  # run | skip-finished | skip-failed | skip-duplicate
+    action: str = "run"  # run | attach | skip-finished | skip-failed | skip-duplicate
 
     @property
     def axes(self) -> str:
@@ -98,15 +98,19 @@ class SweepPlan:
     jobs: dict[str, Any] = field(default_factory=dict)  # run key -> runners.launch.JobOutcome
     sweep_dir: Path | None = None
     interrupted: bool = False  # Ctrl-C while waiting: jobs (and a server started here) keep running
+    queued_s: float | None = None  # how long queueing every job array took
 
     @property
     def to_run(self) -> list[Cell]:
-        return [c for c in self.cells if c.action == "run"]
+        """Cells this launch submits or (``attach``: still queued or running from an earlier launch) waits for."""
+        return [c for c in self.cells if c.action in ("run", "attach")]
 
     def groups(self) -> dict[tuple, list[Cell]]:
-        """Cells to run, by the resources they request (one job array each)."""
+        """Cells to submit, by the resources they request (one job array each)."""
         out: dict[tuple, list[Cell]] = {}
-        for cell in self.to_run:
+        for cell in self.cells:
+            if cell.action != "run":
+                continue
             out.setdefault(_resource_key(cell.resources), []).append(cell)
         return out
 
@@ -494,9 +498,33 @@ def plan(
         tracking_kind=tracking_kind,
         master=(hydra, master),
     )
+    if launcher_name == "slurm" and not force:
+        _attach_active_jobs(p)
     if launcher_name == "slurm" and check_cluster:
         p.cluster_note = check_cluster_limits(p)
     return p
+
+
+def _attach_active_jobs(p: SweepPlan) -> None:
+    """Cells whose Slurm job from an earlier launch is still queued or running are waited for, not
+    submitted again (``attach``): e.g. after Ctrl-C, or a lost login session, during a sweep."""
+    from runners.launch import FINAL_STATES, queue_states
+    from runners.run import read_status
+
+    candidates = {}
+    for cell in p.cells:
+        job_file = paths.run_dir(cell.key) / JOB_FILE
+        if cell.action == "run" and job_file.exists():
+            status = (read_status(job_file.parent) or {}).get("status")
+            if status not in ("FINISHED", "FAILED"):
+                candidates[cell.key] = json.loads(job_file.read_text())
+    if not candidates or shutil.which("squeue") is None:
+        return
+    states = queue_states()
+    for cell in p.cells:
+        job = candidates.get(cell.key)
+        if job is not None and states.get(job["job_id"], "COMPLETED") not in FINAL_STATES:
+            cell.action = "attach"
 
 
 def check_cluster_limits(p: SweepPlan) -> str:
@@ -542,6 +570,9 @@ def format_plan(p: SweepPlan) -> str:
             hours += gpu_hours(r)
     done = sum(c.action == "skip-finished" for c in p.cells)
     failed = sum(c.action == "skip-failed" for c in p.cells)
+    attached = sum(c.action == "attach" for c in p.cells)
+    if attached:
+        lines.append(f"{attached} cell(s) still queued or running from an earlier launch: waited for, not resubmitted")
     if p.launcher != "local":
         lines.append(f"{len(p.groups())} job array(s), one per distinct resource request")
     if p.cluster_note:
@@ -554,10 +585,13 @@ def format_plan(p: SweepPlan) -> str:
 
 
 # -- launching ---------------------------------------------------------------------------------------------
-def launch(p: SweepPlan, *, force: bool = False, poll_s: float = 5.0, stream=sys.stdout) -> list[Any]:
+def launch(
+    p: SweepPlan, *, force: bool = False, poll_s: float = 5.0, wait: bool = True, stream=sys.stdout
+) -> list[Any]:
     """Run the cells to run through the configured launcher and wait for them.
 
-    Returns Hydra's JobReturns (basic launcher) or ``runners.launch.JobOutcome``s (submitit)."""
+    Returns Hydra's JobReturns (basic launcher) or ``runners.launch.JobOutcome``s (submitit); with
+    ``wait=False`` (submitit launchers) the submitit jobs as soon as all are queued."""
     cells = p.to_run
     if not cells:
         return []
@@ -594,7 +628,15 @@ def launch(p: SweepPlan, *, force: bool = False, poll_s: float = 5.0, stream=sys
     try:
         if p.launcher == "local":
             return _launch_in_process(p, hydra, master, cells, extra)
-        return _launch_jobs(p, hydra, master, cells, extra, poll_s, stream)
+        jobs, order = _submit(p, hydra, master, extra, stream)
+        for cell in cells:
+            if cell.action == "attach":
+                jobs.append(_reattach(cell))
+                order.append(cell)
+        if not wait:
+            p.interrupted = True  # nobody waits: a server started here must stay up for the jobs
+            return jobs
+        return _wait(p, jobs, order, poll_s, stream)
     finally:
         if server is not None and server.started and not p.interrupted:
             server.stop()
@@ -641,36 +683,49 @@ def _group_master(master: DictConfig, p: SweepPlan, res: dict[str, Any]) -> Dict
     return gm
 
 
-def _launch_jobs(p, hydra, master, cells, extra, poll_s, stream) -> list[Any]:
-    from runners.launch import submit_jobs, wait_jobs
+def _submit(p: SweepPlan, hydra, master: DictConfig, extra: list[str], stream) -> tuple[list, list[Cell]]:
+    """Queue every resource group as one job array; returns the submitit jobs and their cells."""
+    from runners.launch import submit_jobs
     from runners.run import read_status, write_status
 
     if p.launcher == "slurm" and shutil.which("sbatch") is None:
         raise ConfigError("launcher.name", "launcher=slurm needs sbatch on PATH (run from a Slurm login node)")
     started = time.monotonic()
     jobs, order = [], []
-    offset = 0
     for group in p.groups().values():
         for cell in group:  # before submission: a fast job may already write RUNNING
             run_dir = paths.run_dir(cell.key)
             kept = {k: v for k, v in (read_status(run_dir) or {}).items() if k in ("attempts", "run_id", "name")}
             write_status(run_dir, SUBMITTED, **kept)
         launcher = _instantiate(hydra, _group_master(master, p, group[0].resources))
-        submitted = submit_jobs(launcher, [[*p.base_overrides, *c.overrides, *extra] for c in group], offset)
-        offset += len(group)
+        submitted = submit_jobs(launcher, [[*p.base_overrides, *c.overrides, *extra] for c in group], len(jobs))
         for cell, job in zip(group, submitted):
             info = {"job_id": job.job_id, "folder": str(job.paths.folder), "submitted": time.time()}
             (paths.run_dir(cell.key) / JOB_FILE).write_text(json.dumps(info))
         jobs += submitted
         order += group
-        print(
-            f"queued {len(group)} cell(s) as job {submitted[0].job_id.split('_')[0]} ({_describe_res(group[0].resources)})",
-            file=stream,
-        )
-    print(
-        f"all {len(jobs)} cells queued in {time.monotonic() - started:.1f} s; waiting for them (Ctrl-C leaves them running)",
-        file=stream,
-    )
+        array = submitted[0].job_id.split("_")[0]
+        print(f"queued {len(group)} cell(s) as job {array} ({_describe_res(group[0].resources)})", file=stream)
+    p.queued_s = time.monotonic() - started
+    if jobs:
+        print(f"all {len(jobs)} cells queued in {p.queued_s:.1f} s", file=stream, flush=True)
+    return jobs, order
+
+
+def _reattach(cell: Cell):
+    """The submitit job of a cell queued by an earlier launch (its result file and Slurm state)."""
+    from submitit.slurm.slurm import SlurmJob
+
+    info = json.loads((paths.run_dir(cell.key) / JOB_FILE).read_text())
+    return SlurmJob(folder=info["folder"], job_id=info["job_id"])
+
+
+def _wait(p: SweepPlan, jobs: list, order: list[Cell], poll_s: float, stream) -> list[Any]:
+    """Wait for every job (Ctrl-C leaves them running) and keep how each one ended."""
+    from runners.launch import wait_jobs
+    from runners.run import read_status
+
+    print("waiting for them (Ctrl-C leaves them running)", file=stream, flush=True)
     done = [0]
 
     def progress(i: int, out) -> None:
