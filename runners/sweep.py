@@ -671,8 +671,8 @@ def _group_master(master: DictConfig, p: SweepPlan, res: dict[str, Any]) -> Dict
     with open_dict(gm.hydra.launcher):
         hl = gm.hydra.launcher
         hl.timeout_min = res["time_min"]
-        if "signal_delay_s" in hl:  # a job gets at least 1/6 of its time before the stop signal
-            hl.signal_delay_s = min(int(hl.signal_delay_s), res["time_min"] * 60 * 5 // 6)
+        if "signal_delay_s" in hl:  # never in a job's first 10 s: a signal there kills Python as it starts
+            hl.signal_delay_s = min(int(hl.signal_delay_s), res["time_min"] * 60 - 10)
         if p.launcher == "slurm":
             hl.nodes = res["nodes"]
             hl.gpus_per_node = res["gpus_per_node"] or None

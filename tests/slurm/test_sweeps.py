@@ -9,7 +9,7 @@ module costs about as long as its slowest sweep) and each test checks one of the
   sweep starts (``tracking=server``; the job gets its URI from its environment): the command
   exits 1 naming the cell, and the server's store holds the FAILED run;
 - ``preempted``: a cell sent submitit's preemption signal (USR2) after its first checkpoint;
-- ``timelimit``: a cell with a 1-minute limit that gets the pre-timeout signal.
+- ``timelimit``: a cell with a 2-minute limit that gets the pre-timeout signal.
 
 The last two must requeue, resume into the same MLflow run and leave a metric history with every
 step exactly once. References: MLflow's store, Slurm's own records (squeue, the job environment),
@@ -127,6 +127,14 @@ def sweeps(slurm_cluster, tmp_path_factory):
     root = tmp_path_factory.mktemp("sweeps")
     port = _free_port()
     runs = {
+        # 2-minute limit, USR2 110 s before it: due 10 s into each attempt, delivered 10-40 s in
+        # (slurmctld checks time limits every 30 s). Two steps of 38 s: the signal always comes before
+        # the last step, so the first attempt stops after step 1; the second runs the last step (a
+        # signal then changes nothing) and finishes well within its limit.
+        "timelimit": Sweep("timelimit", root / "timelimit", [*TINY, *SLURM, "+method=choice(grpo)",
+                           "trainer.total_steps=2", "trainer.checkpoint_every=0", "debug.step_delay_s=38",
+                           "launcher.time_min=2", "hydra.launcher.signal_delay_s=110", "launcher.max_requeues=2",
+                           "experiment=slurm-timelimit"]),
         "main": Sweep("main", root / "main", [*TINY, *SLURM, METHODS, "trainer.total_steps=2",
                       "trainer.checkpoint_every=0", "launcher.gpus_per_node=1", "experiment=slurm-main"]),
         "fails": Sweep("fails", root / "fails", [*TINY, *SLURM, "+method=choice(grpo)", "trainer.total_steps=2",
@@ -135,11 +143,6 @@ def sweeps(slurm_cluster, tmp_path_factory):
         "preempted": Sweep("preempted", root / "preempted", [*TINY, *SLURM, "+method=choice(grpo)",
                            "trainer.total_steps=8", "trainer.checkpoint_every=2", "debug.step_delay_s=1",
                            "experiment=slurm-preempted"]),
-        # signal due 10 s into each attempt (1 min limit, signal 50 s before it); a step is ~3 s
-        "timelimit": Sweep("timelimit", root / "timelimit", [*TINY, *SLURM, "+method=choice(grpo)",
-                           "trainer.total_steps=4", "trainer.checkpoint_every=0", "debug.step_delay_s=2",
-                           "launcher.time_min=1", "hydra.launcher.signal_delay_s=50", "launcher.max_requeues=6",
-                           "experiment=slurm-timelimit"]),
     }  # fmt: skip
     env = _env()
     for sweep in runs.values():
@@ -255,10 +258,11 @@ def test_preempted_cell_requeues_and_resumes_into_the_same_run(sweeps):
 
 @pytest.mark.slow
 def test_time_limit_signal_requeues_and_resumes(sweeps):
-    """A 1-minute job gets USR2 50 s before its limit (sbatch --signal, from submitit's
-    signal_delay_s): it checkpoints, requeues (bounded by launcher.max_requeues) and resumes until
-    the cell is done, with every step logged once."""
-    _assert_resumed_without_gaps(sweeps["timelimit"], 4)
+    """A 2-minute job gets USR2 110 s before its limit (sbatch --signal, from submitit's
+    signal_delay_s): it checkpoints after step 1, requeues and resumes into the same MLflow run for
+    the last step, with every step logged once."""
+    attempts = _assert_resumed_without_gaps(sweeps["timelimit"], 2)
+    assert len(attempts) == 2
 
 
 @pytest.mark.parametrize(
