@@ -294,7 +294,7 @@ class _Composer:
 class _SharedFiles(CachingConfigRepository):
     """Hydra's per-composition config cache, filled from one parse of each file per plan."""
 
-    def __init__(self, delegate, files: dict[str, Any]) -> None:  # noqa: D107 - no deep copy of delegate
+    def __init__(self, delegate, files: dict[str, Any]) -> None:  # the delegate is shared, not copied
         self.delegate = delegate  # its sources already hold the search path
         self.cache = {}
         self.files = files
