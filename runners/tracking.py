@@ -279,6 +279,7 @@ class RunTracker:
     _history_dirty: bool = False  # points sent since the artifact was last written
     _history_written: bool = False  # this attempt wrote the artifact at least once
     _history_merged: bool = False  # a resumed attempt's history includes the earlier attempts'
+    _history_unread: set = field(default_factory=set)  # keys to read back from the store before writing
     _store_at_resume: tuple | None = None  # (latest per key, tags) before this attempt sent a point
 
     # -- opening -------------------------------------------------------------------------------
@@ -374,34 +375,34 @@ class RunTracker:
         if not self.write_history or not (final or self._history_dirty):
             return False
         try:
-            return self._save_history(_client(self.uri), final)
+            return self._save_history(_client(self.uri))
         except Exception as err:  # noqa: BLE001 - the artifact is an optimisation, never a reason to fail
+            self._history_dirty = True  # written next time
             _log.warning("run %s: metric history artifact not written (%s: %s)", self.run_id, type(err).__name__, err)
             return False
 
-    def _save_history(self, client, final: bool) -> bool:
-        stale: set[str] = set()
+    def _save_history(self, client) -> bool:
         if self.resumed and not self._history_merged:
-            stale |= self._merge_previous(client)
+            self._merge_previous(client)
         latest, _ = _store_state(client, self.run_id)
         with self._lock:
             history = self._history
-            stale |= {k for k, point in latest.items() if not _same_point(history.latest(k), point)}
+            self._history_unread |= {k for k, point in latest.items() if not _same_point(history.latest(k), point)}
             gone = [k for k in history.keys() if k not in latest]
-        for key in sorted(stale):
+            changed = self._history_dirty or bool(self._history_unread) or bool(gone)
+        for key in sorted(self._history_unread):
             points = client.get_metric_history(self.run_id, key)
             with self._lock:
                 history.replace(key, points)
+                self._history_unread.discard(key)
         with self._lock:
             for key in gone:  # not in the store: the artifact mirrors the store
                 history.drop(key)
-            changed = self._history_dirty or bool(stale) or bool(gone)
+            self._history_dirty = False
             if (not changed and self._history_written) or not (latest or self._history_written):
-                self._history_dirty = False
                 return False  # nothing new, or a run without metrics
             table = history.to_table(self.run_id)
             description = history.describe()
-            self._history_dirty = False
         import pyarrow.parquet as pq
 
         with tempfile.TemporaryDirectory(prefix="trustbench-history-") as tmp:
@@ -412,9 +413,9 @@ class RunTracker:
         self._history_written = True
         return True
 
-    def _merge_previous(self, client) -> set[str]:
-        """Resumed attempt: put the previous artifact's points under this attempt's; return the keys
-        it does not cover (latest point in the store before this attempt differs)."""
+    def _merge_previous(self, client) -> None:
+        """Resumed attempt: put the previous artifact's points under this attempt's; the keys it does
+        not cover (latest point in the store before this attempt differs) are to be read back."""
         if self._store_at_resume is None:  # nothing sent yet: the store is as the last attempt left it
             self._store_at_resume = _store_state(client, self.run_id)
         before, tags = self._store_at_resume
@@ -427,8 +428,8 @@ class RunTracker:
         with self._lock:
             base.extend(self._history)
             self._history = base
+            self._history_unread |= stale
             self._history_merged = True
-        return stale
 
     # -- artifacts and tags ----------------------------------------------------------------------
     def log_text(self, text: str, artifact_file: str) -> None:

@@ -181,20 +181,44 @@ def test_checkpoint_flush_writes_artifact_only_when_new_points(uri, tmp_path, mo
     _assert_artifact_is_store(uri, tracker.run_id, tmp_path / "b")
 
 
-def test_artifact_failure_never_fails_the_run(uri, monkeypatch, caplog):
-    """An artifact store that refuses the upload leaves a warning; the run still ends FINISHED."""
-    tracker = _open(uri, "failing_artifacts")
-    _log(tracker, range(3))
+def test_artifact_failures_warn_and_are_retried(uri, tmp_path, monkeypatch, caplog):
+    """An artifact store that refuses the upload, or a store read that fails, leaves a warning, never
+    an error: the next write retries (a checkpoint's artifact is written at the end even with no new
+    points; a resumed attempt's read-back of the previous attempt's keys is not forgotten); a refused
+    final write leaves the run FINISHED without the tag."""
 
     def refuse(*args, **kwargs):
         raise OSError("artifact store unreachable")
 
-    monkeypatch.setattr(MlflowClient, "log_artifact", refuse)
-    with caplog.at_level(logging.WARNING, logger="runners.tracking"):
-        tracker.finish()
-    run = MlflowClient(uri).get_run(tracker.run_id)
-    assert run.info.status == "FINISHED" and TAG_HISTORY not in run.data.tags
+    tracker = _open(uri, "failing_artifacts")
+    _log(tracker, range(3))
+    tracker.flush(wait=True)  # artifact written
+    _log(tracker, range(3, 6))
+    with monkeypatch.context() as patch, caplog.at_level(logging.WARNING, logger="runners.tracking"):
+        patch.setattr(MlflowClient, "log_artifact", refuse)
+        tracker.flush(wait=True)
     assert "artifact store unreachable" in caplog.text
+    tracker.finish()
+    _assert_artifact_is_store(uri, tracker.run_id, tmp_path / "a")
+
+    killed = _open(uri, "failing_reads")
+    _log(killed, range(5))
+    killed.write_history = False  # hard kill before any artifact
+    killed.flush(wait=True)
+    resumed = _open(uri, "failing_reads")
+    _log(resumed, range(5, 8))
+    with monkeypatch.context() as patch:
+        patch.setattr(MlflowClient, "get_metric_history", refuse)
+        resumed.flush(wait=True)
+    resumed.finish()
+    _assert_artifact_is_store(uri, resumed.run_id, tmp_path / "b")
+
+    refused = _open(uri, "failing_final")
+    _log(refused, range(3))
+    monkeypatch.setattr(MlflowClient, "log_artifact", refuse)
+    refused.finish()
+    run = MlflowClient(uri).get_run(refused.run_id)
+    assert run.info.status == "FINISHED" and TAG_HISTORY not in run.data.tags
 
 
 def test_metric_history_latest_is_mlflows_latest_metric(uri):
