@@ -4,6 +4,7 @@
     trustbench sweep NAME [OVERRIDES...]          run the grid of sweeps/NAME.yaml (skips finished cells)
         --dry-run                                 print the cells, what is done, the resources; submit nothing
         --rerun-failed / --force                  also rerun failed cells / rerun every cell from scratch
+        --no-wait                                 return once the jobs are queued (submitit launchers)
     trustbench report EXPERIMENT                  tables and figures of an experiment as HTML and PDF
     trustbench bounds --T 4096 --delta 1e-4       TRM error bounds (trm.txt) printed and plotted
     trustbench ui                                 MLflow UI on 127.0.0.1
@@ -80,7 +81,13 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         print("nothing to run: every cell is finished (or failed: --rerun-failed)")
         failed = [c for c in plan.cells if c.action == "skip-failed"]
         return 1 if failed else 0
-    sweep.launch(plan, force=args.force)
+    try:
+        jobs = sweep.launch(plan, force=args.force, wait=not args.no_wait)
+    except _compose_errors() as err:
+        return _config_error(err)
+    if args.no_wait:
+        print(f"queued {len(jobs)} job(s); `trustbench sweep {args.name}` again later reports (and skips) what finished")
+        return 0
     print()
     bad = sweep.report_outcomes(plan)
     if bad:
@@ -141,6 +148,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dry-run", action="store_true", help="print the cells and resources; submit nothing")
     p.add_argument("--rerun-failed", action="store_true", help="also rerun cells whose MLflow run FAILED")
     p.add_argument("--force", action="store_true", help="rerun every cell from scratch (new MLflow runs)")
+    p.add_argument("--no-wait", action="store_true", help="return once Slurm/submitit jobs are queued")
     p.set_defaults(func=cmd_sweep)
 
     try:

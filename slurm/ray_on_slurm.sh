@@ -27,6 +27,8 @@
 #   TB_RAY_START_ARGS    extra arguments for every `ray start` (e.g. port ranges for firewalls)
 #   TB_RAY_BIN           the ray executable (default: ray on PATH)
 #   TB_RAY_PYTHON        the python that has ray, used for the readiness check (default python3)
+#   RAY_AUTH_MODE        Ray's auth mode for head, workers and the command (default: token when
+#                        ~/.ray/auth_token exists, else disabled)
 set -euo pipefail
 
 SELF=$(readlink -f "${BASH_SOURCE[0]}")
@@ -37,6 +39,11 @@ RAY_CLIENT_PORT=${TB_RAY_CLIENT_PORT:-10001}
 RAY_WAIT_S=${TB_RAY_WAIT_S:-300}
 RAY_TEMP_DIR=${TB_RAY_TEMP_DIR:-/tmp/ray-${SLURM_JOB_ID:-nojob}}
 export RAY_USAGE_STATS_ENABLED=0
+# One auth mode for the cluster and its clients: Ray turns token auth on for `ray start` once a token
+# file exists but a client's ray.init(address) sends the token only when RAY_AUTH_MODE says so.
+if [ -z "${RAY_AUTH_MODE:-}" ]; then
+    if [ -f "${RAY_AUTH_TOKEN_PATH:-$HOME/.ray/auth_token}" ]; then export RAY_AUTH_MODE=token; else export RAY_AUTH_MODE=disabled; fi
+fi
 
 log() { printf '[ray_on_slurm %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 

@@ -19,7 +19,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from runners import launch, paths, sweep
-from runners.config import ConfigError, compose, method_label, run_key, validate
+from runners.config import ConfigError, compose, grid, method_label, run_key, validate
 from runners.resources import Cluster, Node, Partition, _gpus, _minutes, cell_resources
 
 # axes of every kind the planner treats differently: group choices, scalar values, a list value,
@@ -33,7 +33,7 @@ EXTRA_AXES = [
 
 def _reference(p: sweep.SweepPlan, cell: sweep.Cell):
     hydra, master = p.master
-    composer = sweep._Composer(hydra, master, p.base_overrides)
+    composer = grid.Composer(hydra, master, p.base_overrides)
     return composer.compose_full(cell.overrides)
 
 
@@ -71,7 +71,7 @@ def test_validation_never_reads_seed():
     """The planner validates cells that differ only in VALIDATION_FREE_KEYS once; that is sound only
     while validate() ignores those keys (an absurd seed must pass)."""
     cfg, _ = compose([])
-    for key in sweep.VALIDATION_FREE_KEYS:
+    for key in grid.VALIDATION_FREE_KEYS:
         for value in (-(2**62), 2**62):
             OmegaConf.update(cfg, key, value)
             validate(cfg)

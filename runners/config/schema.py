@@ -389,6 +389,9 @@ class LauncherConfig:
     additional_parameters: dict = field(default_factory=dict)
     # requeues allowed after preemption or time-out before the cell counts as failed
     max_requeues: int = 3
+    # seconds before the time limit Slurm signals a job (it checkpoints and requeues itself); must
+    # exceed one training step plus a checkpoint, and Slurm may send it up to 30 s late
+    signal_delay_s: int = 300
 
 
 @dataclass

@@ -45,6 +45,7 @@ def _median(values: list[float]) -> str:
 
 def bench_dry_run(repeats: int) -> None:
     from runners import sweep
+    from runners.config import grid
 
     sweep.plan("demo", [*GRID, *SLURM])  # imports and file-system caches warm
     walls, cpus = [], []
@@ -59,7 +60,7 @@ def bench_dry_run(repeats: int) -> None:
     )
 
     hydra, master = p.master
-    composer = sweep._Composer(hydra, master, p.base_overrides)
+    composer = grid.Composer(hydra, master, p.base_overrides)
     sample = p.cells[::32]
     t0 = time.perf_counter()
     for cell in sample:

@@ -133,7 +133,7 @@ def sweeps(slurm_cluster, tmp_path_factory):
         # signal then changes nothing) and finishes well within its limit.
         "timelimit": Sweep("timelimit", root / "timelimit", [*TINY, *SLURM, "+method=choice(grpo)",
                            "trainer.total_steps=2", "trainer.checkpoint_every=0", "debug.step_delay_s=38",
-                           "launcher.time_min=2", "hydra.launcher.signal_delay_s=110", "launcher.max_requeues=2",
+                           "launcher.time_min=2", "launcher.signal_delay_s=110", "launcher.max_requeues=2",
                            "experiment=slurm-timelimit"]),
         "main": Sweep("main", root / "main", [*TINY, *SLURM, METHODS, "trainer.total_steps=2",
                       "trainer.checkpoint_every=0", "launcher.gpus_per_node=1", "experiment=slurm-main"]),
