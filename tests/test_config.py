@@ -96,9 +96,9 @@ def test_run_key_ignores_launcher_and_tracking_but_not_training():
 
 def test_labels_name_swapped_components():
     cfg, ch = compose(["algorithm=grpo", "mask=trm_max", "entropy_control=repo_r"])
-    assert method_label(cfg, ch) == "GRPO+TRM-Max+REPO-R"
+    assert method_label(cfg, ch) == "GRPO + TRM-Max + REPO-R"
     cfg, ch = compose(["algorithm=gspo", "objective=troll"])
-    assert method_label(cfg, ch) == "GSPO+TROLL"
+    assert method_label(cfg, ch) == "GSPO + TROLL"
 
 
 BAD = [
@@ -132,6 +132,7 @@ BAD = [
     (["dataset.path=/nonexistent/train.parquet"], "dataset.path"),
     (["dataset.eval_limit=0"], "dataset.eval_limit"),
     (["dataset.reward=nope"], "dataset.reward"),
+    (["dataset.extra_eval=[math500,nope]"], "dataset.extra_eval"),
     (["model.kind=tiny", "model.arch=gpt9"], "model.arch"),
     (["model.kind=hub", "model.path=./no/such/dir"], "model.path"),
     (["model.dtype=int4"], "model.dtype"),

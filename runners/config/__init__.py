@@ -4,7 +4,7 @@
 - ``run_key(cfg)`` is the stable identity of a cell: a hash of the resolved config without the
   fields that do not change what is trained (launcher, tracking, display label, progress bar).
 - ``method_label(cfg, choices)`` names a run for tables and the MLflow UI: the preset's label plus
-  every component swapped away from the preset (``GRPO+TROLL``, ``GRPO+TRM-Max+REPO-R``).
+  every component swapped away from the preset (``GRPO + TROLL``, ``GRPO + TRM-Max + REPO-R``).
 """
 
 from __future__ import annotations
@@ -84,11 +84,11 @@ def method_label(cfg: DictConfig, choices: Mapping[str, str] | None = None) -> s
         chosen = choices.get(group)
         if chosen is not None and group in preset and chosen != preset[group]:
             extras.append(COMPONENT_LABELS.get(group, {}).get(chosen, f"{group}={chosen}"))
-    return "+".join([label, *extras])
+    return " + ".join([label, *extras])
 
 
 def run_name(cfg: DictConfig, label: str) -> str:
-    """Readable MLflow run name: ``GRPO+TROLL | embedded | embedded | s0``."""
+    """Readable MLflow run name: ``GRPO + TROLL | embedded | embedded | s0``."""
     return f"{label} | {cfg.model.name} | {cfg.dataset.name} | s{cfg.seed}"
 
 

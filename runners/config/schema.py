@@ -285,6 +285,8 @@ class DatasetConfig:
     eval_name: Optional[str] = None
     # local file for evaluation; None = the preset's source
     eval_path: Optional[str] = None
+    # more evaluation presets (their test splits), reported per data source (e.g. [math500, aime24])
+    extra_eval: list = field(default_factory=list)
     train_split: str = "train"
     eval_split: str = "test"
     # cap on the number of examples (None = all)

@@ -233,6 +233,7 @@ def _check_run(c: _Checker, cfg: DictConfig) -> None:
     c.one_of("dataset.name", sorted(PRESETS))
     if d.eval_name is not None:
         c.one_of("dataset.eval_name", sorted(PRESETS))
+    c.require("dataset.extra_eval", lambda v: all(x in PRESETS for x in v), f"every entry must be one of {', '.join(sorted(PRESETS))}")
     for key in ("path", "eval_path"):
         if d.get(key):
             c.require(f"dataset.{key}", lambda v: Path(v).expanduser().is_file(), "dataset file not found")

