@@ -13,6 +13,13 @@ what the cache lacks is fetched with the store's bulk reader (``analysis.sources
 A point logged later at an *older* step than the metric's latest is not detected;
 ``refresh="full"`` re-reads everything.
 
+From a tracking server, runs that have ended (FINISHED, FAILED, KILLED) and whose
+``metrics/history.parquet`` artifact (written by ``runners.tracking.RunTracker``) covers the
+listing are read whole from that artifact, one download per run (``plan_artifacts``,
+``analysis.sources.ArtifactSource``), also when the cache held their earlier points (a run that
+was running at the last load); the others through the server's REST readers. Measured on 2 cores
+(tests/benchmarks/bench_mlflow_load.py): see the benchmark for the ratios to the naive loop.
+
     from analysis import load_experiment
     data = load_experiment("demo")                       # MLFLOW_TRACKING_URI or .trustbench/mlflow.db
     data = load_experiment(["a", "b"], tracking_uri="http://127.0.0.1:5000", refresh=False)
@@ -21,6 +28,7 @@ A point logged later at an *older* step than the metric's latest is not detected
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Literal
@@ -29,7 +37,8 @@ import pandas as pd
 
 from analysis.cache import cache_path, read_cache, write_cache
 from analysis.frames import RUN_COLUMNS, TAG_REPORT, ExperimentData, empty_metrics, empty_runs, normalize_metrics
-from analysis.sources import FetchRequest, pick_source
+from analysis.sources import ArtifactSource, FetchRequest, pick_source
+from runners.tracking import STEP_METRIC, TAG_HISTORY, TERMINAL_STATUSES
 
 Refresh = bool | Literal["full"]
 
@@ -55,8 +64,9 @@ def resolve_experiment(client, name: str):
     return exp
 
 
-def list_runs(client, experiment) -> tuple[pd.DataFrame, dict[str, dict[str, tuple[int, int]]]]:
-    """All active runs of ``experiment``: (runs frame, {run_id: {metric: (latest step, timestamp)}})."""
+def list_runs(client, experiment, artifact_uris: dict[str, str] | None = None):
+    """All active runs of ``experiment``: (runs frame, {run_id: {metric: (latest step, timestamp)}});
+    fills ``artifact_uris`` ({run_id: artifact root}) when given."""
     records, latest = [], {}
     token = None
     while True:
@@ -76,6 +86,8 @@ def list_runs(client, experiment) -> tuple[pd.DataFrame, dict[str, dict[str, tup
             rec.update({f"params.{k}": v for k, v in data.params.items()})
             records.append(rec)
             latest[info.run_id] = {m.key: (int(m.step), int(m.timestamp)) for m in data._metric_objs}
+            if artifact_uris is not None:
+                artifact_uris[info.run_id] = info.artifact_uri
         token = page.token
         if not token:
             break
@@ -127,6 +139,48 @@ def plan_fetch(
     return requests
 
 
+def plan_artifacts(
+    requests: list[FetchRequest],
+    runs: pd.DataFrame,
+    latest: dict[str, dict[str, tuple[int, int]]],
+    artifact_uris: dict[str, str],
+) -> list[FetchRequest]:
+    """Requests of runs whose history artifact covers them, turned into whole-history artifact reads.
+
+    A run qualifies when its status is terminal and its ``trustbench.metric_history`` tag (written
+    with the artifact) reports the last step the listing shows for ``training/global_step`` and as
+    many keys as the listing has; ``ArtifactSource`` then checks every key's latest point in the
+    artifact itself and falls back to the store for a run that does not match.
+    """
+    col = f"tags.{TAG_HISTORY}"
+    if col not in runs or not len(requests):
+        return requests
+    terminal = runs["status"].isin(TERMINAL_STATUSES)
+    tags = dict(zip(runs.loc[terminal, "run_id"], runs.loc[terminal, col]))
+    out = []
+    for r in requests:
+        described = _history_tag(tags.get(r.run_id))
+        keys = latest.get(r.run_id, {})
+        step = keys.get(STEP_METRIC, (None,))[0]
+        uri = artifact_uris.get(r.run_id)
+        if described is None or not uri or described.get("last_step") != step or described.get("keys") != len(keys):
+            out.append(r)
+            continue
+        whole = {k: s for k, (s, _) in keys.items()}
+        out.append(FetchRequest(r.run_id, r.experiment_id, whole, None, artifact_uri=uri, latest=dict(keys)))
+    return out
+
+
+def _history_tag(value) -> dict | None:
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        described = json.loads(value)
+    except ValueError:
+        return None
+    return described if isinstance(described, dict) else None
+
+
 def _load_one(
     get_client,
     tracking_uri: str,
@@ -136,6 +190,7 @@ def _load_one(
     bulk: bool,
     progress,
     backend_uri: str | None = None,
+    artifacts: bool = True,
 ):
     path = cache_path(cache_root, tracking_uri, name) if cache_root is not None else None
     if refresh is False and path is not None:
@@ -149,13 +204,16 @@ def _load_one(
         read_cache(path, exp_id) if path is not None and refresh != "full" else (empty_runs(), empty_metrics(), {})
     )
 
-    runs, latest = list_runs(client, exp)
+    artifact_uris: dict[str, str] = {}
+    runs, latest = list_runs(client, exp, artifact_uris)
     present = set(runs["run_id"])
     if len(metrics_c) and not set(map(str, metrics_c["run_id"].cat.categories)) <= present:
         metrics_c = metrics_c[metrics_c["run_id"].isin(present)]
         metrics_c = metrics_c.assign(run_id=metrics_c["run_id"].cat.remove_unused_categories())
     requests = plan_fetch(latest, _cached_latest(metrics_c), exp_id)
-    source = pick_source(client, tracking_uri, bulk=bulk, backend_uri=backend_uri)
+    source = pick_source(client, tracking_uri, bulk=bulk, backend_uri=backend_uri, artifacts=artifacts)
+    if isinstance(source, ArtifactSource):
+        requests = plan_artifacts(requests, runs, latest, artifact_uris)
     if not requests and state:  # nothing new: the cached frame is already canonical and sorted
         metrics = metrics_c.reset_index(drop=True)
         if not runs_c.equals(runs):
@@ -163,7 +221,8 @@ def _load_one(
         return (
             runs,
             metrics,
-            {"experiment": name, "source": source.name, "runs_fetched": 0, "rows_fetched": 0, "partial_runs": 0},
+            {"experiment": name, "source": source.name, "runs_fetched": 0, "rows_fetched": 0, "partial_runs": 0}
+            | getattr(source, "stats", {}),
         )
     fetched = source.fetch(requests, progress=progress) if requests else empty_metrics()
     reread = {r.run_id for r in requests if r.from_step is None}  # whole history fetched again
@@ -188,6 +247,7 @@ def _load_one(
         "runs_fetched": len(requests),
         "rows_fetched": len(fetched),
         "partial_runs": sum(r.from_step is not None for r in requests),
+        **getattr(source, "stats", {}),
     }
     return runs, metrics, info
 
@@ -202,6 +262,7 @@ def load_experiment(
     include_reports: bool = False,
     progress: bool | None = None,
     backend_uri: str | None = None,
+    artifacts: bool = True,
 ) -> ExperimentData:
     """Load one or more MLflow experiments (by name) into ``ExperimentData``.
 
@@ -211,6 +272,8 @@ def load_experiment(
     bulk: False forces the per-run per-metric client loop (the benchmark's baseline).
     backend_uri: the sqlite backend of a tracking server readable from here (default
     ``$TRUSTBENCH_MLFLOW_BACKEND_URI``): histories are read from it by SQL (``analysis.sources``).
+    artifacts: read finished runs of a tracking server from their ``metrics/history.parquet``
+    artifact (``runners.tracking``), one download per run; False: the server's REST readers only.
     """
     from runners.paths import analysis_cache_dir, default_tracking_uri
 
@@ -229,7 +292,7 @@ def load_experiment(
 
     all_runs, all_metrics, infos = [], [], []
     for name in names:
-        runs, metrics, info = _load_one(get_client, uri, name, refresh, root, bulk, progress, backend_uri)
+        runs, metrics, info = _load_one(get_client, uri, name, refresh, root, bulk, progress, backend_uri, artifacts)
         all_runs.append(runs)
         all_metrics.append(metrics)
         infos.append(info)

@@ -230,7 +230,9 @@ def test_metric_history_latest_is_mlflows_latest_metric(uri):
     history = MetricHistory()
     points = [
         Metric(f"k{int(k)}", float(v), int(t), int(s))
-        for k, v, t, s in zip(rng.integers(0, 3, 60), rng.integers(0, 4, 60), rng.integers(0, 3, 60), rng.integers(0, 5, 60))
+        for k, v, t, s in zip(
+            rng.integers(0, 3, 60), rng.integers(0, 4, 60), rng.integers(0, 3, 60), rng.integers(0, 5, 60)
+        )
     ]
     for i in range(0, len(points), 7):
         client.log_batch(run_id, metrics=points[i : i + 7])

@@ -1,12 +1,18 @@
 """Fixtures of the analysis tests: an isolated trustbench home and one real MLflow sqlite store,
 holding synthetic sweeps with known curves (``analysis.synthetic``), shared by the whole session
-(creating an MLflow sqlite store costs ~3 s of migrations)."""
+(creating an MLflow sqlite store costs ~3 s of migrations), and an ``mlflow server`` on 127.0.0.1
+serving that store (started once, on first use: ~5-10 s)."""
 
 from __future__ import annotations
 
 import os
 import shutil
+import socket
+import subprocess
+import sys
 import tempfile
+import time
+import urllib.request
 from dataclasses import dataclass
 
 import pytest
@@ -71,3 +77,33 @@ def store(tb_home):
     truth = {name: log_synthetic_experiment(uri, spec) for name, spec in specs.items()}
     yield Store(uri, truth, specs)
     shutil.rmtree(db_dir, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def mlflow_server(store, tmp_path_factory):
+    """URL of an ``mlflow server`` (one worker) on ``store.uri`` that proxies artifacts: experiments
+    created through it get ``mlflow-artifacts:`` locations, so artifacts travel over HTTP."""
+    artifacts = tmp_path_factory.mktemp("server_artifacts")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
+         "--backend-store-uri", store.uri, "--artifacts-destination", str(artifacts), "--workers", "1"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 180
+        while True:
+            try:
+                urllib.request.urlopen(f"{url}/health", timeout=2)
+                break
+            except OSError:
+                if time.time() > deadline or proc.poll() is not None:
+                    pytest.fail("mlflow server did not start")
+                time.sleep(0.25)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)

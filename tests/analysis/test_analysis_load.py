@@ -140,16 +140,10 @@ def test_file_store_reader(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
-def test_tracking_server_bulk_reader(store, tmp_path, monkeypatch):
+def test_tracking_server_bulk_reader(store, mlflow_server, tmp_path, monkeypatch):
     """Against a real ``mlflow server`` (sqlite backend) the bulk reader returns what the sqlite
     reader returns: for a whole sweep; with tiny caps (groups split, a run over the cap read in step
     windows, a window overflowed by a step holding two values); and for an incremental tail."""
-    import socket
-    import subprocess
-    import sys
-    import time
-    import urllib.request
-
     client = MlflowClient(store.uri)
     exp_id = client.create_experiment("server_windows")
     ts = 1_700_000_000_000
@@ -159,49 +153,29 @@ def test_tracking_server_bulk_reader(store, tmp_path, monkeypatch):
         points += [Metric("dup", s * 0.1, ts + s, s) for s in range(6)] + [Metric("dup", 9.0, ts + 100, 3)]
         client.log_batch(run, metrics=points)
         client.set_terminated(run)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = subprocess.Popen(
-        [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port), "--backend-store-uri", store.uri,
-         "--default-artifact-root", (tmp_path / "art").as_uri(), "--workers", "1"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    try:
-        url = f"http://127.0.0.1:{port}"
-        deadline = time.time() + 180
-        while True:
-            try:
-                urllib.request.urlopen(f"{url}/health", timeout=2)
-                break
-            except OSError:
-                if time.time() > deadline or server.poll() is not None:
-                    pytest.fail("mlflow server did not start")
-                time.sleep(0.5)
-        remote = load_experiment("troll_table1", url, cache_dir=None)
-        assert remote.load_info["experiments"][0]["source"] == "rest-bulk"
-        local = load_experiment("troll_table1", store.uri, cache_dir=None)
-        pd.testing.assert_frame_equal(_sorted(remote.metrics), _sorted(local.metrics))
-        hinted = load_experiment(
-            "troll_table1", url, cache_dir=None, backend_uri=store.uri
-        )  # runs via server, points via SQL
-        assert hinted.load_info["experiments"][0]["source"] == "sqlite-sql"
-        pd.testing.assert_frame_equal(_sorted(hinted.metrics), _sorted(local.metrics))
-        with pytest.raises(ValueError, match="not a readable MLflow sqlite store"):
-            load_experiment("troll_table1", url, cache_dir=None, backend_uri=f"sqlite:///{tmp_path}/missing.db")
+    url = mlflow_server
+    remote = load_experiment("troll_table1", url, cache_dir=None)
+    info = remote.load_info["experiments"][0]
+    assert info["source"] == "artifacts+rest-bulk" and info["artifact_runs"] == 0  # synthetic: no artifacts
+    local = load_experiment("troll_table1", store.uri, cache_dir=None)
+    pd.testing.assert_frame_equal(_sorted(remote.metrics), _sorted(local.metrics))
+    hinted = load_experiment(
+        "troll_table1", url, cache_dir=None, backend_uri=store.uri
+    )  # runs via server, points via SQL
+    assert hinted.load_info["experiments"][0]["source"] == "sqlite-sql"
+    pd.testing.assert_frame_equal(_sorted(hinted.metrics), _sorted(local.metrics))
+    with pytest.raises(ValueError, match="not a readable MLflow sqlite store"):
+        load_experiment("troll_table1", url, cache_dir=None, backend_uri=f"sqlite:///{tmp_path}/missing.db")
 
-        monkeypatch.setattr(sources, "MAX_BULK_ROWS", 5)  # every run has more points: single-run windows
-        monkeypatch.setattr(sources, "MAX_ROWS_PER_RUN", 3)  # windows of 3 steps; step 3 of "dup" overflows one
-        remote = load_experiment("server_windows", url, cache_dir=tmp_path / "cache")
-        local = load_experiment("server_windows", store.uri, cache_dir=None)
-        pd.testing.assert_frame_equal(_sorted(remote.metrics), _sorted(local.metrics))
-        assert (remote.metrics["metric"] == "dup").sum() == 2 * 7
+    monkeypatch.setattr(sources, "MAX_BULK_ROWS", 5)  # every run has more points: single-run windows
+    monkeypatch.setattr(sources, "MAX_ROWS_PER_RUN", 3)  # windows of 3 steps; step 3 of "dup" overflows one
+    remote = load_experiment("server_windows", url, cache_dir=tmp_path / "cache")
+    local = load_experiment("server_windows", store.uri, cache_dir=None)
+    pd.testing.assert_frame_equal(_sorted(remote.metrics), _sorted(local.metrics))
+    assert (remote.metrics["metric"] == "dup").sum() == 2 * 7
 
-        client.log_batch(run, metrics=[Metric("m", 7.5, ts + 50, 12), Metric("dup", 1.0, ts + 50, 12)])
-        tail = load_experiment("server_windows", url, cache_dir=tmp_path / "cache")
-        assert tail.load_info["experiments"][0]["partial_runs"] == 1
-        local = load_experiment("server_windows", store.uri, cache_dir=None)
-        pd.testing.assert_frame_equal(_sorted(tail.metrics), _sorted(local.metrics))
-    finally:
-        server.terminate()
-        server.wait(timeout=60)
+    client.log_batch(run, metrics=[Metric("m", 7.5, ts + 50, 12), Metric("dup", 1.0, ts + 50, 12)])
+    tail = load_experiment("server_windows", url, cache_dir=tmp_path / "cache")
+    assert tail.load_info["experiments"][0]["partial_runs"] == 1
+    local = load_experiment("server_windows", store.uri, cache_dir=None)
+    pd.testing.assert_frame_equal(_sorted(tail.metrics), _sorted(local.metrics))
