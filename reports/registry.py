@@ -95,9 +95,9 @@ register_report(
 register_report(
     ReportSpec(
         "demo",
-        "Demo sweep: GRPO with Clip vs TROLL on the embedded task",
-        "The embedded default run end to end (tiny model, generated arithmetic task): success, entropy, response length, "
-        "clipped vs projected tokens, TRM acceptance and time per phase.",
+        "Demo sweep: GRPO with Clip, TROLL and TRM-Max, GTPO, REPO-R, DAPO and ADAPO on the embedded task",
+        "The embedded default run end to end (a small warm-started model on generated arithmetic, 2 CPU cores): "
+        "success, entropy, response length, clipped vs projected tokens, TRM acceptance and time per phase.",
         (
             OVERVIEW,
             _t(
