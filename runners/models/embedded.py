@@ -63,6 +63,8 @@ class EmbeddedRecipe:
     min_lr_ratio: float = 0.1
     weight_decay: float = 0.0
     grad_clip: float = 1.0
+    # label smoothing of the supervised loss: keeps the warm-started policy's token distributions soft
+    label_smoothing: float = 0.0
     # weights init, problem sampling and batch order
     seed: int = 0
     version: int = RECIPE_VERSION
@@ -181,17 +183,19 @@ def train_embedded_model(recipe: EmbeddedRecipe, *, progress: bool = True):
     for _step in bar:
         index = torch.randint(0, len(examples), (recipe.batch_size,), generator=order)
         width = int(lengths[index].max())
-        out = model(
-            input_ids=input_ids[index, :width],
-            attention_mask=attention_mask[index, :width],
-            labels=labels[index, :width],
+        out = model(input_ids=input_ids[index, :width], attention_mask=attention_mask[index, :width])
+        loss = torch.nn.functional.cross_entropy(
+            out.logits[:, :-1].flatten(0, 1).float(),
+            labels[index, 1:width].flatten(),
+            ignore_index=-100,
+            label_smoothing=recipe.label_smoothing,
         )
-        out.loss.backward()
+        loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), recipe.grad_clip)
         optimizer.step()
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
-        losses.append(out.loss.item())
+        losses.append(loss.item())
         bar.set_postfix(loss=f"{losses[-1]:.3f}", refresh=False)
     bar.close()
     model.eval()

