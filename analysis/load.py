@@ -17,8 +17,7 @@ From a tracking server, runs that have ended (FINISHED, FAILED, KILLED) and whos
 ``metrics/history.parquet`` artifact (written by ``runners.tracking.RunTracker``) covers the
 listing are read whole from that artifact, one download per run (``plan_artifacts``,
 ``analysis.sources.ArtifactSource``), also when the cache held their earlier points (a run that
-was running at the last load); the others through the server's REST readers. Measured on 2 cores
-(tests/benchmarks/bench_mlflow_load.py): see the benchmark for the ratios to the naive loop.
+was running at the last load); the others through the server's REST readers (figures in ``analysis.sources``).
 
     from analysis import load_experiment
     data = load_experiment("demo")                       # MLFLOW_TRACKING_URI or .trustbench/mlflow.db

@@ -11,6 +11,7 @@ artifact no longer matches the store (a point logged after it ended).
 
 from __future__ import annotations
 
+import logging
 import math
 
 import pandas as pd
@@ -50,7 +51,7 @@ def _assert_same_as_other_readers(data, url: str, experiment: str) -> None:
 
 
 @pytest.mark.slow
-def test_artifact_load_equals_rest_bulk_and_naive_loop(mlflow_server):
+def test_artifact_load_equals_rest_bulk_and_naive_loop(mlflow_server, caplog):
     """Ended runs whose artifact covers them come from the artifact, the others through REST; the
     frame equals the REST bulk reader's and the naive loop's."""
     url, exp = mlflow_server, "artifact_sweep"
@@ -96,7 +97,12 @@ def test_artifact_load_equals_rest_bulk_and_naive_loop(mlflow_server):
     client.set_terminated(plain)
 
     assert client.get_run(done.run_id).info.artifact_uri.startswith("mlflow-artifacts:")
-    data = load_experiment(exp, url, cache_dir=None)
+    with caplog.at_level(logging.WARNING, logger="analysis.sources"):
+        data = load_experiment(exp, url, cache_dir=None)
+    assert (
+        f"1 run(s) have a history artifact that could not be used, read through rest-bulk instead (first: run {late.run_id}"
+        in caplog.text
+    )
     info = data.load_info["experiments"][0]
     assert info["source"] == "artifacts+rest-bulk"
     assert (info["artifact_runs"], info["fallback_runs"]) == (4, 3)  # done, failed, resumed, two_writers

@@ -46,13 +46,17 @@ import pandas as pd
 def populate(
     uri: str, url: str, experiment: str, runs: int, metrics: int, steps: int, checkpoint_every: int
 ) -> list[str]:
-    """Log ``runs`` runs through ``RunTracker`` into ``uri``, artifacts through ``url``'s artifact proxy."""
+    """Log ``runs`` runs through ``RunTracker`` into ``uri``, artifacts through ``url``'s artifact proxy
+    (``mlflow-artifacts:`` when ``uri`` is the server, its HTTP address when the sqlite file)."""
     from mlflow import MlflowClient
 
     from runners.tracking import RunTracker
 
     client = MlflowClient(uri)
-    client.create_experiment(experiment, artifact_location=f"{url}/api/2.0/mlflow-artifacts/artifacts/{experiment}")
+    if uri == url:
+        client.create_experiment(experiment)
+    else:
+        client.create_experiment(experiment, artifact_location=f"{url}/api/2.0/mlflow-artifacts/artifacts/{experiment}")
     rng = np.random.default_rng(0)
     run_ids = []
     started = time.perf_counter()
