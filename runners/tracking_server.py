@@ -5,7 +5,8 @@ Many Slurm jobs writing one sqlite file over a shared filesystem is what sqlite 
 ``mlflow server`` instead: it uses the server already answering at ``tracking.host:tracking.port``,
 or (``tracking.start_server``) starts one there whose store is the sweep's sqlite file
 (``$TRUSTBENCH_HOME/mlflow.db``, the same file ``tracking=sqlite`` uses, so reports and dry runs
-read it either way) and whose artifacts go to ``$TRUSTBENCH_HOME/artifacts``. The sqlite schema is
+read it either way) and whose artifacts go to ``$TRUSTBENCH_HOME/artifacts``, served over HTTP so
+other machines reach them through the server. The sqlite schema is
 created before the server starts (``tracking.ensure_store``), so nothing races the migration. Jobs
 get the server's URI through ``MLFLOW_TRACKING_URI`` in their environment (sbatch exports the
 submitting environment; the sweep also exports it in the job script's setup lines).
@@ -92,7 +93,9 @@ def ensure_server(host: str, port: int, *, start: bool = True, wait_s: float = 1
         sys.executable, "-m", "mlflow", "server",
         "--host", host, "--port", str(int(port)),
         "--backend-store-uri", store,
-        "--default-artifact-root", artifacts.as_uri(),
+        # artifacts served over HTTP (mlflow-artifacts:/), so jobs and `trustbench report` on other
+        # machines read and write them through the server (analysis reads run histories this way)
+        "--artifacts-destination", artifacts.as_uri(),
         "--workers", "1",
     ]  # fmt: skip
     # no background job runner (GenAI scorers): it forks seven more Python processes
