@@ -89,7 +89,7 @@ register_report(
         "generic",
         "Experiment report",
         "No dedicated report is registered for this experiment: final values and curves of every logged metric.",
-        (OVERVIEW, _t("generic:final_metrics_table"), _f("curves:all_metrics_figure"), CONFIG_DIFF),
+        (OVERVIEW, _t("generic:eval_start_end_table"), _t("generic:final_metrics_table"), _f("curves:all_metrics_figure"), CONFIG_DIFF),
     )
 )
 register_report(
@@ -100,6 +100,7 @@ register_report(
         "success, entropy, response length, clipped vs projected tokens, TRM acceptance and time per phase.",
         (
             OVERVIEW,
+            _t("generic:eval_start_end_table"),
             _t(
                 "generic:final_metrics_table",
                 metrics=["critic/score/mean", "actor/entropy", "response_length/mean", "timing_s/step"],

@@ -107,3 +107,36 @@ def config_diff_table(data: ExperimentData, max_rows: int = 40) -> Table:
         display=display,
         notes=notes,
     )
+
+
+def eval_start_end_table(data: ExperimentData) -> Table:
+    """Evaluation pass@1 of every data set before training (first evaluation) and at the end (last),
+    and the change, mean ± std over seeds: did RL move the policy? Rows methods, columns data sets."""
+    from analysis.names import eval_metrics
+
+    metrics = eval_metrics(data.metric_names())
+    if not metrics:
+        raise SkipItem("no evaluation metrics (val-core/<data>/acc/mean_at_N) logged")
+    methods = list(dict.fromkeys(data.labels()[schema.TAG_METHOD]))
+    columns = pd.MultiIndex.from_product([list(metrics), ["start", "end", "change"]], names=["data", "when"])
+    values = pd.DataFrame(np.nan, index=pd.Index(methods, name="Method"), columns=columns)
+    display = pd.DataFrame(MISSING, index=values.index, columns=columns)
+    for dataset, metric in metrics.items():
+        first = per_run(data, metric, "first")
+        last = per_run(data, metric, "final", 1)
+        change = last.assign(value=last["value"].to_numpy() - first["value"].to_numpy())
+        for when, frame in (("start", first), ("end", last), ("change", change)):
+            s = summarize(frame, ci=False).set_index(schema.TAG_METHOD)
+            for method in methods:
+                if method in s.index:
+                    values.loc[method, (dataset, when)] = s.at[method, "mean"]
+                    text = fmt_mean_std(s.at[method, "mean"], s.at[method, "std"], 3)
+                    display.loc[method, (dataset, when)] = ("+" + text) if when == "change" and s.at[method, "mean"] > 0 else text
+    return Table(
+        key="eval_start_end",
+        title="Evaluation before and after training",
+        caption="pass@1 (mean over the evaluation samples of each prompt) at the first evaluation (before any "
+        "update) and at the last one, and the change; mean ± std over seeds.",
+        values=values,
+        display=display,
+    )

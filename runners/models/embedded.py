@@ -3,9 +3,13 @@
 Design: the install ships no weights. The default policy is a ~0.25M-parameter Llama (the real
 architecture, shrunk) with a character-level tokenizer, trained from a fixed seed by supervised
 next-token prediction on the reference column-step solutions of ``runners.data.embedded`` (loss on
-the response and its EOS only). Training stops early on purpose: the recipe's step budget leaves the
-policy solving a fraction of the test problems at temperature 1 (greedy solves more), so RL has room
-to move it within a couple of minutes. The result is saved in the Hugging Face layout under
+the response and its EOS only). The supervised loss uses label smoothing (0.05): the warm-started
+policy's token distributions stay soft, so greedy decoding solves ~71% of the test problems while
+sampling at temperature 1 solves ~15%. That gap is what RL on this task closes within a couple of
+minutes, by sharpening a habit shared by every problem. Without smoothing the policy is confident
+(greedy 52%, sampled 35%), the gap is problem-specific, and GRPO on 2 CPU cores barely moves the
+held-out success (measured: +0.02 after 150 steps at lr 1e-4; collapse at lr >= 3e-4), so a demo
+could not show the methods apart. The result is saved in the Hugging Face layout under
 ``model_cache_dir()/embedded/<recipe hash>/`` (weights, tokenizer, ``recipe.json``, ``build.json``
 with the loss curve and timings); any change of the recipe changes the hash, so variants coexist. A
 file lock serialises parallel sweep jobs: the first builds (temporary directory renamed into place),
@@ -64,7 +68,7 @@ class EmbeddedRecipe:
     weight_decay: float = 0.0
     grad_clip: float = 1.0
     # label smoothing of the supervised loss: keeps the warm-started policy's token distributions soft
-    label_smoothing: float = 0.0
+    label_smoothing: float = 0.05
     # weights init, problem sampling and batch order
     seed: int = 0
     version: int = RECIPE_VERSION

@@ -11,9 +11,10 @@ import numpy as np
 import pytest
 
 from analysis.load import load_experiment
+from analysis.names import eval_metrics
 from analysis.synthetic import SyntheticSpec, _m, profile, synthetic_data
 from analysis.tables.entropy import entropy_table
-from analysis.tables.generic import config_diff_table, final_metrics_table, overview_table
+from analysis.tables.generic import config_diff_table, eval_start_end_table, final_metrics_table, overview_table
 from analysis.tables.tppo import tppo_table1
 from analysis.tables.trm import fit_violation_p, trm_acceptance_table, trm_bounds_table, trm_table_d1
 from analysis.tables.troll import troll_table1, troll_table4, troll_table5
@@ -225,6 +226,20 @@ def test_generic_tables():
     diff = config_diff_table(data)
     assert set(diff.values.index) == {"algorithm.objective"}  # the only param that differs (seed is left out)
     assert diff.values.loc["algorithm.objective", "GRPO+TROLL"] == "troll"
+
+
+def test_eval_start_end_table_matches_numpy():
+    """First and last evaluation of each run, their difference, averaged over seeds (numpy on the known curves)."""
+    spec = profile("demo", steps=10, seeds=(0, 1))
+    data, truth = synthetic_data(spec)
+    table = eval_start_end_table(data)
+    (dataset, metric), *_ = sorted(eval_metrics(data.metric_names()).items())
+    for label in ("GRPO", "GRPO+TROLL"):
+        curves = [_curve(truth, label, s, metric)[1] for s in spec.seeds]
+        starts, ends = [c[0] for c in curves], [c[-1] for c in curves]
+        assert table.values.loc[label, (dataset, "start")] == pytest.approx(np.mean(starts), abs=1e-12)
+        assert table.values.loc[label, (dataset, "end")] == pytest.approx(np.mean(ends), abs=1e-12)
+        assert table.values.loc[label, (dataset, "change")] == pytest.approx(np.mean(ends) - np.mean(starts), abs=1e-12)
 
 
 def test_renderers_escape_and_mark_sources():
