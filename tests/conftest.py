@@ -12,6 +12,8 @@ import shutil
 
 import pytest
 
+from tests.slurm.cluster import slurm_cluster  # noqa: F401  (session fixture, registered once for all tests)
+
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 

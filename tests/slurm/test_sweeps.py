@@ -34,7 +34,7 @@ import pytest
 
 from runners import schema, tracking_server
 
-from .conftest import REPO_ROOT, wait_for
+from .cluster import REPO_ROOT, wait_for
 
 pytestmark = pytest.mark.slurm
 

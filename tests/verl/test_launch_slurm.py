@@ -25,7 +25,6 @@ from pathlib import Path
 
 import pytest
 
-from tests.slurm.conftest import slurm_cluster  # noqa: F401  (the session fixture of the test cluster)
 from tests.verl.test_backend import FAKE_VERL
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
@@ -54,7 +53,7 @@ def _processes_mentioning(text: str) -> list[int]:
     return found
 
 
-def test_sbatch_runs_the_cell_through_ray_on_the_allocated_nodes(slurm_cluster, tmp_path, monkeypatch):  # noqa: F811
+def test_sbatch_runs_the_cell_through_ray_on_the_allocated_nodes(slurm_cluster, tmp_path, monkeypatch):
     """2 nodes x 1 fake GPU (1 node if the cluster has one): Ray sees them all, verl is told them."""
     from mlflow import MlflowClient
 

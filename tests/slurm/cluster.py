@@ -1,4 +1,4 @@
-"""Fixtures for tests against the single-node test Slurm cluster of `slurm/testcluster`.
+"""The single-node test Slurm cluster of `slurm/testcluster`, as a pytest fixture.
 
 Design: one session-scoped fixture, ``slurm_cluster``, owns the cluster's lifecycle. It reuses a
 cluster that passes ``health.sh`` (CI brings one up before pytest; a developer may keep one running)
@@ -7,6 +7,10 @@ and otherwise, when the Slurm, munge and MariaDB binaries are installed and we a
 no other pytest session still uses it (a shared flock on ``$TB_SLURM_DIR.lock``). It exports
 ``SLURM_CONF`` for the whole session, so code under test that shells out to sbatch / squeue / sacct
 (submitit, the Hydra submitit launcher) finds the cluster without further setup.
+
+The fixture is registered once, from tests/conftest.py, so every test directory shares the same
+instance (importing it into a second conftest or test module would create a second session fixture
+that waits forever on the lock the first one holds).
 
 Tests get a ``SlurmCluster`` handle with small helpers (submit a script, wait for a job state, read
 accounting records). tests/conftest.py already skips ``slurm``-marked tests when sbatch is absent.
@@ -168,13 +172,27 @@ def _describe(env: dict[str, str], state_dir: Path, started: bool) -> SlurmClust
     )
 
 
+def _lock_exclusive(lock, state_dir: Path, timeout: float) -> None:
+    """Take the cluster lock exclusively, failing (not hanging) if another session holds it too long."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                lock.close()
+                pytest.fail(f"slurm: {state_dir}.lock held by another pytest session for {timeout:.0f} s")
+            time.sleep(0.5)
+
+
 @pytest.fixture(scope="session")
 def slurm_cluster() -> Iterator[SlurmCluster]:
     """The test cluster, reused if healthy, else brought up here (and then torn down at the end)."""
     state_dir = _state_dir()
     env = dict(os.environ, TB_SLURM_DIR=str(state_dir), SLURM_CONF=str(state_dir / "etc" / "slurm.conf"))
     lock = open(f"{state_dir}.lock", "a+")  # held (shared) for the whole session
-    fcntl.flock(lock, fcntl.LOCK_EX)  # one session at a time checks / brings up
+    _lock_exclusive(lock, state_dir, timeout=600)  # one session at a time checks / brings up
     started = False
     try:
         health = _script("health.sh", env, 90)
