@@ -22,7 +22,7 @@ import torch
 from runners import schema
 from runners.algorithms.numerics import entropy_from_logits
 from runners.backends.local.policy import segment_logits
-from runners.backends.local.sampler import generate
+from runners.backends.local.sampler import generate, left_pad
 from runners.data.answers import extract_answer_line, extract_gsm8k_answer, extract_last_boxed
 
 ANSWER_EXTRACTORS: dict[str, Callable[[str], str | None]] = {
@@ -90,17 +90,31 @@ class Evaluator:
         self.eos = eos_token_id
         self.batch_size = batch_size
 
-    def _batches(self, examples: Sequence[Any], n: int):
+    def _batches(self, examples: Sequence[Any], n: int, device: torch.device):
+        """Each example ``n`` times, in left-padded batches of ``batch_size`` prompts."""
         items = [(e, self.encode(e)) for e in examples for _ in range(n)]
         for s in range(0, len(items), self.batch_size):
             chunk = items[s : s + self.batch_size]
-            width = max(len(ids) for _, ids in chunk)
-            ids = torch.full((len(chunk), width), self.pad, dtype=torch.long)
-            mask = torch.zeros((len(chunk), width), dtype=torch.long)
-            for i, (_, p) in enumerate(chunk):
-                ids[i, width - len(p) :] = torch.tensor(p)
-                mask[i, width - len(p) :] = 1
-            yield [e for e, _ in chunk], ids, mask
+            ids, mask = left_pad([p for _, p in chunk], pad_token_id=self.pad)
+            yield [e for e, _ in chunk], ids.to(device), mask.to(device)
+
+    def _sample(self, model, ids: torch.Tensor, mask: torch.Tensor, generator: torch.Generator):
+        """Sample one response per row; also its per-token entropy [B,R] at the evaluation temperature."""
+        out = generate(
+            model,
+            ids,
+            mask,
+            max_new_tokens=self.max_new_tokens,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            eos_token_id=self.eos,
+            pad_token_id=self.pad,
+            generator=generator,
+        )
+        full = torch.cat([ids, out.responses], dim=1)
+        attn = torch.cat([mask, out.response_mask.long()], dim=1)
+        entropy = entropy_from_logits(segment_logits(model, full, attn, ids.shape[1], self.temperature))
+        return out, entropy * out.response_mask.float()
 
     @torch.inference_mode()
     def evaluate(self, model, *, generator: torch.Generator) -> dict[str, float]:
@@ -108,19 +122,10 @@ class Evaluator:
         per_example: dict[int, list[tuple[float, str | None, int]]] = defaultdict(list)
         sources: dict[int, str] = {}
         entropies: dict[str, list[float]] = defaultdict(list)
-        for exs, ids, mask in self._batches(self.examples, self.n):
-            out = generate(
-                model,
-                ids.to(device),
-                mask.to(device),
-                max_new_tokens=self.max_new_tokens,
-                temperature=self.temperature,
-                top_p=self.top_p,
-                eos_token_id=self.eos,
-                pad_token_id=self.pad,
-                generator=generator,
-            )
+        for exs, ids, mask in self._batches(self.examples, self.n, device):
+            out, entropy = self._sample(model, ids, mask, generator)
             lengths = out.response_mask.sum(-1).tolist()
+            mean_entropy = (entropy.sum(-1) / out.response_mask.float().sum(-1).clamp(min=1)).tolist()
             for i, example in enumerate(exs):
                 text = self.decode(out.responses[i, : int(lengths[i])].tolist())
                 score = float(self.reward(example, text))
@@ -128,18 +133,8 @@ class Evaluator:
                 answer = extractor(text) if extractor else None
                 per_example[id(example)].append((score, answer, int(lengths[i])))
                 sources[id(example)] = example.data_source
-            ent = self._entropy(model, ids.to(device), mask.to(device), out)
-            for i, example in enumerate(exs):
-                entropies[example.data_source].append(ent[i])
+                entropies[example.data_source].append(mean_entropy[i])
         return self._summarise(per_example, sources, entropies)
-
-    def _entropy(self, model, ids, mask, out) -> list[float]:
-        full = torch.cat([ids, out.responses], dim=1)
-        attn = torch.cat([mask, out.response_mask.long()], dim=1)
-        logits = segment_logits(model, full, attn, ids.shape[1], self.temperature)
-        ent = entropy_from_logits(logits)
-        m = out.response_mask.float()
-        return ((ent * m).sum(-1) / m.sum(-1).clamp(min=1)).tolist()
 
     def _summarise(self, per_example, sources, entropies) -> dict[str, float]:
         by_source: dict[str, list[list[tuple[float, str | None, int]]]] = defaultdict(list)
@@ -166,22 +161,8 @@ class Evaluator:
         """Mean token entropy of one sampled response per example (GTPO's H_ini)."""
         device = next(model.parameters()).device
         total, count = 0.0, 0.0
-        for _exs, ids, mask in self._batches(examples, 1):
-            out = generate(
-                model,
-                ids.to(device),
-                mask.to(device),
-                max_new_tokens=self.max_new_tokens,
-                temperature=self.temperature,
-                top_p=self.top_p,
-                eos_token_id=self.eos,
-                pad_token_id=self.pad,
-                generator=generator,
-            )
-            full = torch.cat([ids.to(device), out.responses], dim=1)
-            attn = torch.cat([mask.to(device), out.response_mask.long()], dim=1)
-            ent = entropy_from_logits(segment_logits(model, full, attn, ids.shape[1], self.temperature))
-            m = out.response_mask.float()
-            total += float((ent * m).sum())
-            count += float(m.sum())
+        for _exs, ids, mask in self._batches(examples, 1, device):
+            out, entropy = self._sample(model, ids, mask, generator)
+            total += float(entropy.sum())
+            count += float(out.response_mask.sum())
         return total / max(count, 1.0)

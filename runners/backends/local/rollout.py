@@ -25,6 +25,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from runners.backends.local.sampler import left_pad
+
 
 @dataclass
 class Slot:
@@ -176,13 +178,8 @@ class RolloutManager:
         """
         self._fill()
         slots = self.active
-        contexts = [s.prompt_ids + s.response_ids for s in slots]
-        ctx_len = max(len(c) for c in contexts)
-        ctx = torch.full((len(slots), ctx_len), self.pad_token_id, dtype=torch.long)
-        ctx_mask = torch.zeros((len(slots), ctx_len), dtype=torch.long)
-        for i, c in enumerate(contexts):
-            ctx[i, ctx_len - len(c) :] = torch.tensor(c, dtype=torch.long)
-            ctx_mask[i, ctx_len - len(c) :] = 1
+        ctx, ctx_mask = left_pad([s.prompt_ids + s.response_ids for s in slots], pad_token_id=self.pad_token_id)
+        ctx_len = ctx.shape[1]
         budget = torch.tensor([self.max_response_length - len(s.response_ids) for s in slots])
         max_new = int(min(self.window, int(budget.max())))
         out = generate(ctx, ctx_mask, max_new)

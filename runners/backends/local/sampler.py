@@ -232,6 +232,22 @@ def generate(
     )
 
 
+def left_pad(sequences: Sequence[Sequence[int]], *, pad_token_id: int) -> tuple[Tensor, Tensor]:
+    """Token lists -> (input_ids [B,L], attention_mask [B,L]) with each row's tokens flush right.
+
+    L is the longest sequence; the mask is 1 on real tokens. This is the prompt layout
+    :func:`generate` expects.
+    """
+    width = max(len(seq) for seq in sequences)
+    ids = torch.full((len(sequences), width), pad_token_id, dtype=torch.long)
+    mask = torch.zeros((len(sequences), width), dtype=torch.long)
+    for i, seq in enumerate(sequences):
+        if seq:
+            ids[i, width - len(seq) :] = torch.as_tensor(seq, dtype=torch.long)
+            mask[i, width - len(seq) :] = 1
+    return ids, mask
+
+
 def join_left_padded(
     prompt_ids: Tensor, prompt_mask: Tensor, responses: Tensor, response_mask: Tensor, *, pad_token_id: int
 ) -> tuple[Tensor, Tensor]:
