@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from runners.backends.local.sampler import filter_top_p, generate, join_left_padded
+from runners.backends.local.sampler import filter_top_p, generate, join_left_padded, left_pad
 from runners.models.decoders import supports_fast_decode
 from runners.models.tiny import build_tiny_model
 
@@ -305,3 +305,15 @@ def test_bad_arguments_raise(model, change, match):
     kwargs = {"max_new_tokens": 4, "eos_token_id": EOS, "pad_token_id": PAD, **change}
     with pytest.raises(ValueError, match=match):
         generate(model, ids, mask, **kwargs)
+
+
+def test_left_pad_matches_torch_pad_sequence():
+    """left_pad lays token lists out as torch's own left padding does, with the mask on real tokens."""
+    seqs = [[5, 6, 7], [8], [], [1, 2, 3, 4]]
+    ids, mask = left_pad(seqs, pad_token_id=0)
+    ref = torch.nn.utils.rnn.pad_sequence(
+        [torch.tensor(s, dtype=torch.long) for s in seqs], batch_first=True, padding_value=0, padding_side="left"
+    )
+    assert torch.equal(ids, ref)
+    assert mask.sum(-1).tolist() == [len(s) for s in seqs]
+    assert torch.equal(mask, (torch.arange(4)[None, :] >= 4 - torch.tensor([len(s) for s in seqs])[:, None]).long())
