@@ -24,6 +24,7 @@ import fcntl
 import os
 import re
 import shutil
+import socket
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -146,6 +147,30 @@ def wait_for(probe: Callable[[], object], timeout: float, what: str, interval: f
         if time.monotonic() > deadline:
             pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}")
         time.sleep(interval)
+
+
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct TCP ports on 127.0.0.1 that were free a moment ago."""
+    sockets = [socket.socket() for _ in range(count)]
+    for s in sockets:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in sockets]
+    for s in sockets:
+        s.close()
+    return ports
+
+
+def processes_mentioning(text: str) -> list[int]:
+    """Pids whose command line contains ``text`` (to check that a test left no process behind)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if text.encode() in (entry / "cmdline").read_bytes():
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
 
 
 def _state_dir() -> Path:

@@ -15,13 +15,14 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+
+from .cluster import free_ports, processes_mentioning
 
 SCRIPT = Path(__file__).resolve().parents[2] / "slurm" / "ray_on_slurm.sh"
 
@@ -35,29 +36,6 @@ print("RAY_PROBE " + json.dumps({"resources": ray.cluster_resources(), "alive_no
 time.sleep(60)
 sys.exit(6)
 """
-
-
-def _free_ports(count: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(count)]
-    for s in sockets:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in sockets]
-    for s in sockets:
-        s.close()
-    return ports
-
-
-def _processes_mentioning(text: str) -> list[int]:
-    """Pids whose command line contains ``text``."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if text.encode() in (entry / "cmdline").read_bytes():
-                    found.append(int(entry.name))
-            except OSError:
-                continue
-    return found
 
 
 def _script(*args: str, **env: str) -> subprocess.CompletedProcess:
@@ -108,7 +86,7 @@ def test_bootstrap_builds_ray_cluster_matching_allocation(slurm_cluster, tmp_pat
         nodes, allocation = 1, ["--nodes=1", "--gpus=2"]
     else:
         pytest.skip(f"slurm: the test cluster has {slurm_cluster.gpus} GPU(s) per node, this test needs 2 in all")
-    gcs_port, client_port, agent_port = _free_ports(3)
+    gcs_port, client_port, agent_port = free_ports(3)
     python_dir = os.path.dirname(sys.executable)
     body = f"""export PATH={python_dir}:$PATH
 export TB_RAY_PORT={gcs_port} TB_RAY_CLIENT_PORT={client_port} TB_RAY_OBJECT_STORE_MB=100 TB_RAY_WAIT_S=120
@@ -141,8 +119,8 @@ exec bash {SCRIPT} {sys.executable} -c '{PROBE}'"""
         assert info["JobState"] == "FAILED"
         assert info["ExitCode"] == "5:0"
         deadline = time.monotonic() + 10  # the job ends when its steps do; give stragglers a moment
-        while _processes_mentioning(temp_dir) and time.monotonic() < deadline:
+        while processes_mentioning(temp_dir) and time.monotonic() < deadline:
             time.sleep(0.5)
-        assert _processes_mentioning(temp_dir) == []
+        assert processes_mentioning(temp_dir) == []
     finally:
         shutil.rmtree(temp_dir, ignore_errors=True)

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import sqlite3
 import subprocess
 import sys
@@ -34,7 +33,7 @@ import pytest
 
 from runners import schema, tracking_server
 
-from .cluster import REPO_ROOT, wait_for
+from .cluster import REPO_ROOT, free_ports, wait_for
 
 pytestmark = pytest.mark.slurm
 
@@ -57,12 +56,6 @@ TINY = [
 SLURM = ["launcher=slurm", "launcher.cpus_per_task=1", "launcher.mem_gb=1", "launcher.time_min=10"]
 METHODS = "+method=grpo,grpo_troll,grpo_trm,gtpo,repo_r,dapo"
 TIMEOUT_S = 420
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass
@@ -125,7 +118,7 @@ def _signal_after_checkpoint(sweep: Sweep, cluster) -> None:
 def sweeps(slurm_cluster, tmp_path_factory):
     """Start the four sweeps at once; tests then wait for the one they check."""
     root = tmp_path_factory.mktemp("sweeps")
-    port = _free_port()
+    (port,) = free_ports(1)
     runs = {
         # 2-minute limit, USR2 110 s before it: due 10 s into each attempt, delivered 10-40 s in
         # (slurmctld checks time limits every 30 s). Two steps of 38 s: the signal always comes before

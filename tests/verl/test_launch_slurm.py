@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -25,32 +24,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.slurm.cluster import free_ports, processes_mentioning
 from tests.verl.test_backend import FAKE_VERL
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[2]
-
-
-def _free_ports(count: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(count)]
-    for s in sockets:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in sockets]
-    for s in sockets:
-        s.close()
-    return ports
-
-
-def _processes_mentioning(text: str) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if text.encode() in (entry / "cmdline").read_bytes():
-                    found.append(int(entry.name))
-            except OSError:
-                continue
-    return found
 
 
 def test_sbatch_runs_the_cell_through_ray_on_the_allocated_nodes(slurm_cluster, tmp_path, monkeypatch):
@@ -64,7 +42,7 @@ def test_sbatch_runs_the_cell_through_ray_on_the_allocated_nodes(slurm_cluster, 
 
     node_names = slurm_cluster.run("sinfo", "-h", "-N", "-o", "%N").stdout.split()
     nodes = min(2, len(set(node_names)))
-    gcs, client, agent = _free_ports(3)
+    gcs, client, agent = free_ports(3)
     fake = tmp_path / "fake_verl.py"
     fake.write_text(FAKE_VERL)
     home = tmp_path / "home"
@@ -128,8 +106,8 @@ def test_sbatch_runs_the_cell_through_ray_on_the_allocated_nodes(slurm_cluster, 
         history = MlflowClient(tracking_uri=cfg.tracking.uri).get_metric_history(status["run_id"], schema.SCORE_MEAN)
         assert sorted(m.step for m in history) == [1, 2]
         deadline = time.monotonic() + 15  # the job ends when its steps do; give stragglers a moment
-        while _processes_mentioning(temp_dir) and time.monotonic() < deadline:
+        while processes_mentioning(temp_dir) and time.monotonic() < deadline:
             time.sleep(0.5)
-        assert _processes_mentioning(temp_dir) == []
+        assert processes_mentioning(temp_dir) == []
     finally:
         shutil.rmtree(temp_dir, ignore_errors=True)
