@@ -89,7 +89,13 @@ register_report(
         "generic",
         "Experiment report",
         "No dedicated report is registered for this experiment: final values and curves of every logged metric.",
-        (OVERVIEW, _t("generic:eval_start_end_table"), _t("generic:final_metrics_table"), _f("curves:all_metrics_figure"), CONFIG_DIFF),
+        (
+            OVERVIEW,
+            _t("generic:eval_start_end_table"),
+            _t("generic:final_metrics_table"),
+            _f("curves:all_metrics_figure"),
+            CONFIG_DIFF,
+        ),
     )
 )
 register_report(

@@ -86,7 +86,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     except _compose_errors() as err:
         return _config_error(err)
     if args.no_wait:
-        print(f"queued {len(jobs)} job(s); `trustbench sweep {args.name}` again later reports (and skips) what finished")
+        print(
+            f"queued {len(jobs)} job(s); `trustbench sweep {args.name}` again later reports (and skips) what finished"
+        )
         return 0
     print()
     bad = sweep.report_outcomes(plan)
@@ -100,7 +102,18 @@ def cmd_ui(args: argparse.Namespace) -> int:
     from runners import paths, tracking
 
     uri = tracking.ensure_store(args.tracking_uri or paths.default_tracking_uri())
-    cmd = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri, "--host", args.host, "--port", str(args.port)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "mlflow",
+        "ui",
+        "--backend-store-uri",
+        uri,
+        "--host",
+        args.host,
+        "--port",
+        str(args.port),
+    ]
     if uri.startswith("sqlite:"):
         cmd += ["--default-artifact-root", paths.artifact_root().as_uri()]
     print(f"MLflow UI for {uri} at http://{args.host}:{args.port} (Ctrl-C to stop)")
@@ -119,12 +132,18 @@ def cmd_list(args: argparse.Namespace) -> int:
             return CONFIG_ERROR
         print(f"{group}:")
         for f in sorted(folder.glob("*.yaml")):
-            doc = next((ln[1:].strip() for ln in f.read_text().splitlines() if ln.startswith("# ") and "@package" not in ln), "")
+            doc = next(
+                (ln[1:].strip() for ln in f.read_text().splitlines() if ln.startswith("# ") and "@package" not in ln),
+                "",
+            )
             print(f"  {f.stem:<26} {doc}")
     if not args.group:
         print("sweeps (trustbench sweep NAME):")
         for f in sorted(SWEEPS_DIR.glob("*.yaml")):
-            doc = next((ln[1:].strip() for ln in f.read_text().splitlines() if ln.startswith("# ") and "@package" not in ln), "")
+            doc = next(
+                (ln[1:].strip() for ln in f.read_text().splitlines() if ln.startswith("# ") and "@package" not in ln),
+                "",
+            )
             print(f"  {f.stem:<26} {doc}")
     return 0
 

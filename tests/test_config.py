@@ -161,5 +161,17 @@ def test_config_error_names_the_full_key():
 
 def test_conf_tree_has_one_folder_per_axis():
     groups = {p.name for p in Path(CONF_DIR).iterdir() if p.is_dir()}
-    assert {"algorithm", "estimator", "objective", "mask", "entropy_control", "loss_agg", "rollout", "model",
-            "dataset", "backend", "launcher", "tracking"} <= groups
+    assert {
+        "algorithm",
+        "estimator",
+        "objective",
+        "mask",
+        "entropy_control",
+        "loss_agg",
+        "rollout",
+        "model",
+        "dataset",
+        "backend",
+        "launcher",
+        "tracking",
+    } <= groups

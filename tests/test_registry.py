@@ -53,8 +53,6 @@ def test_importing_the_library_does_not_import_torch():
     assert out.stdout.strip() == "False"
 
 
-@pytest.mark.parametrize(
-    "kind,name", [(kind, name) for kind, reg in REGISTRIES.items() for name in reg.names()]
-)
+@pytest.mark.parametrize("kind,name", [(kind, name) for kind, reg in REGISTRIES.items() for name in reg.names()])
 def test_every_builtin_entry_resolves(kind, name):
     assert callable(REGISTRIES[kind].get(name))

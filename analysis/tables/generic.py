@@ -131,7 +131,9 @@ def eval_start_end_table(data: ExperimentData) -> Table:
                 if method in s.index:
                     values.loc[method, (dataset, when)] = s.at[method, "mean"]
                     text = fmt_mean_std(s.at[method, "mean"], s.at[method, "std"], 3)
-                    display.loc[method, (dataset, when)] = ("+" + text) if when == "change" and s.at[method, "mean"] > 0 else text
+                    display.loc[method, (dataset, when)] = (
+                        ("+" + text) if when == "change" and s.at[method, "mean"] > 0 else text
+                    )
     return Table(
         key="eval_start_end",
         title="Evaluation before and after training",

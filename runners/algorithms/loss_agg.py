@@ -33,17 +33,13 @@ def token_mean(loss_mat: Tensor, loss_mask: Tensor, *, num_tokens: float | None 
     return (loss_mat * mask).sum() / denom
 
 
-def seq_mean_token_mean(
-    loss_mat: Tensor, loss_mask: Tensor, *, num_seqs: float | None = None, **_: object
-) -> Tensor:
+def seq_mean_token_mean(loss_mat: Tensor, loss_mask: Tensor, *, num_seqs: float | None = None, **_: object) -> Tensor:
     mask = loss_mask.to(loss_mat.dtype)
     per_seq = (loss_mat * mask).sum(-1) / mask.sum(-1).clamp(min=1)
     return per_seq.sum() / _seq_count(mask, num_seqs)
 
 
-def seq_mean_token_sum(
-    loss_mat: Tensor, loss_mask: Tensor, *, num_seqs: float | None = None, **_: object
-) -> Tensor:
+def seq_mean_token_sum(loss_mat: Tensor, loss_mask: Tensor, *, num_seqs: float | None = None, **_: object) -> Tensor:
     mask = loss_mask.to(loss_mat.dtype)
     return (loss_mat * mask).sum(-1).sum() / _seq_count(mask, num_seqs)
 

@@ -481,6 +481,7 @@ COMPONENTS: dict[str, dict[str, type]] = {
     },
 }
 
+
 def register_configs() -> None:
     """Register the root schema and every group schema in Hydra's ConfigStore (idempotent)."""
     cs = ConfigStore.instance()

@@ -123,8 +123,16 @@ def _check_components(c: _Checker, cfg: DictConfig) -> None:
         c.require("objective.clip_ratio_c", lambda v: v > 1, "dual-clip bound must be > 1")
     if obj.name == "bapo":
         c.in_open_unit("objective.rho")
-        c.require("objective.ratio_low_start", lambda v: 0 < v <= obj.ratio_low_max < 1, "needs 0 < ratio_low_start <= ratio_low_max < 1")
-        c.require("objective.ratio_high_start", lambda v: 1 < v <= obj.ratio_high_max, "needs 1 < ratio_high_start <= ratio_high_max")
+        c.require(
+            "objective.ratio_low_start",
+            lambda v: 0 < v <= obj.ratio_low_max < 1,
+            "needs 0 < ratio_low_start <= ratio_low_max < 1",
+        )
+        c.require(
+            "objective.ratio_high_start",
+            lambda v: 1 < v <= obj.ratio_high_max,
+            "needs 1 < ratio_high_start <= ratio_high_max",
+        )
         c.positive("objective.ratio_low_step", "objective.ratio_high_step")
         c.one_of("objective.rule", ("paper", "recipe"))
     if obj.name == "troll":
@@ -152,14 +160,24 @@ def _check_components(c: _Checker, cfg: DictConfig) -> None:
     if ec.name in ("repo_r", "repo_d"):
         c.positive("entropy_control.zeta_min", "entropy_control.zeta_max")
         c.require("entropy_control.zeta_max", lambda v: v >= ec.zeta_min, "must be >= entropy_control.zeta_min")
-        c.require("entropy_control.zeta0", lambda v: ec.zeta_min <= abs(v) <= ec.zeta_max, "|zeta0| must lie in [zeta_min, zeta_max]")
+        c.require(
+            "entropy_control.zeta0",
+            lambda v: ec.zeta_min <= abs(v) <= ec.zeta_max,
+            "|zeta0| must lie in [zeta_min, zeta_max]",
+        )
     if ec.name == "adapo":
         c.in_open_unit("entropy_control.eps_low")
-        c.require("entropy_control.eps_high", lambda v: ec.eps_high_min <= v <= ec.eps_high_max, "must lie in [eps_high_min, eps_high_max]")
+        c.require(
+            "entropy_control.eps_high",
+            lambda v: ec.eps_high_min <= v <= ec.eps_high_max,
+            "must lie in [eps_high_min, eps_high_max]",
+        )
         c.require("entropy_control.increase", lambda v: v > 1, "must be > 1")
         c.in_open_unit("entropy_control.decrease")
         if obj.name != "clip":
-            raise ConfigError("entropy_control.name", f"adapo steers clip_ratio_high and needs objective clip (got {obj.name!r})")
+            raise ConfigError(
+                "entropy_control.name", f"adapo steers clip_ratio_high and needs objective clip (got {obj.name!r})"
+            )
     if ec.name == "bonus":
         c.non_negative("entropy_control.beta0")
         c.require("entropy_control.beta_max", lambda v: v >= ec.beta_min >= 0, "needs 0 <= beta_min <= beta_max")
@@ -194,7 +212,11 @@ def _check_run(c: _Checker, cfg: DictConfig) -> None:
     c.at_least("trainer.prompts_per_step", 1)
     c.at_least("trainer.n", 1)
     if cfg.estimator.name in GROUP_ESTIMATORS or cfg.objective.name == "gtpo":
-        c.require("trainer.n", lambda v: v >= 2, f"{cfg.estimator.name}/{cfg.objective.name} compare responses within a group: needs n >= 2")
+        c.require(
+            "trainer.n",
+            lambda v: v >= 2,
+            f"{cfg.estimator.name}/{cfg.objective.name} compare responses within a group: needs n >= 2",
+        )
     c.at_least("trainer.ppo_epochs", 1)
     c.at_least("trainer.mini_batch_prompts", 1)
     c.require(
@@ -233,7 +255,11 @@ def _check_run(c: _Checker, cfg: DictConfig) -> None:
     c.one_of("dataset.name", sorted(PRESETS))
     if d.eval_name is not None:
         c.one_of("dataset.eval_name", sorted(PRESETS))
-    c.require("dataset.extra_eval", lambda v: all(x in PRESETS for x in v), f"every entry must be one of {', '.join(sorted(PRESETS))}")
+    c.require(
+        "dataset.extra_eval",
+        lambda v: all(x in PRESETS for x in v),
+        f"every entry must be one of {', '.join(sorted(PRESETS))}",
+    )
     for key in ("path", "eval_path"):
         if d.get(key):
             c.require(f"dataset.{key}", lambda v: Path(v).expanduser().is_file(), "dataset file not found")

@@ -29,7 +29,9 @@ def _with_reward(cfg: DictConfig, examples: list) -> list:
 
 def train_examples(cfg: DictConfig) -> list:
     d = cfg.dataset
-    examples = load_examples(d.name, split=d.train_split, path=d.path, limit=d.train_limit, seed=cfg.seed, **_options(cfg))
+    examples = load_examples(
+        d.name, split=d.train_split, path=d.path, limit=d.train_limit, seed=cfg.seed, **_options(cfg)
+    )
     return _with_reward(cfg, examples)
 
 

@@ -154,7 +154,9 @@ class LlamaFamilyDecoder:
             attn, mlp = layer.self_attn, layer.mlp
             qk_norm = None
             if hasattr(attn, "q_norm"):  # qwen3: per-head RMSNorm of q and k, one weight row per head
-                qk_norm = torch.cat([attn.q_norm.weight.expand(self.n_heads, -1), attn.k_norm.weight.expand(self.n_kv, -1)])
+                qk_norm = torch.cat(
+                    [attn.q_norm.weight.expand(self.n_heads, -1), attn.k_norm.weight.expand(self.n_kv, -1)]
+                )
             self.layers.append(
                 {
                     "norm1": (layer.input_layernorm.weight, layer.input_layernorm.variance_epsilon),

@@ -155,9 +155,7 @@ def train_embedded_model(recipe: EmbeddedRecipe, *, progress: bool = True):
 
     started, started_cpu = time.perf_counter(), time.process_time()
     tokenizer = build_char_tokenizer(EMBEDDED_ALPHABET)
-    examples = generate_embedded(
-        recipe.n_train, split="train", seed=recipe.seed, digits=recipe.digits, ops=recipe.ops
-    )
+    examples = generate_embedded(recipe.n_train, split="train", seed=recipe.seed, digits=recipe.digits, ops=recipe.ops)
     input_ids, attention_mask, labels = encode_sft_batch(examples, tokenizer)
     lengths = attention_mask.sum(dim=1)
     data_s = time.perf_counter() - started
@@ -177,9 +175,7 @@ def train_embedded_model(recipe: EmbeddedRecipe, *, progress: bool = True):
         pad_token_id=tokenizer.pad_token_id,
     )
     model.train()
-    optimizer = torch.optim.AdamW(
-        model.parameters(), lr=recipe.lr, betas=(0.9, 0.98), weight_decay=recipe.weight_decay
-    )
+    optimizer = torch.optim.AdamW(model.parameters(), lr=recipe.lr, betas=(0.9, 0.98), weight_decay=recipe.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: _lr_factor(step, recipe))
     order = torch.Generator().manual_seed(recipe.seed)
     losses: list[float] = []
@@ -221,9 +217,7 @@ def _is_built(folder: Path) -> bool:
     return (folder / "build.json").is_file() and (folder / "config.json").is_file()
 
 
-def build_embedded_model(
-    recipe: EmbeddedRecipe, *, cache_dir: str | Path | None = None, progress: bool = True
-) -> Path:
+def build_embedded_model(recipe: EmbeddedRecipe, *, cache_dir: str | Path | None = None, progress: bool = True) -> Path:
     """Train and save the recipe's model unless already cached; returns its folder.
 
     Safe under concurrency: a file lock next to the folder makes one process build while the others
@@ -292,9 +286,13 @@ def main(argv: list[str] | None = None) -> int:
         f"{build['torch_threads']} threads), final loss {build['final_loss']:.4f}"
     )
     for temperature in (0.0, 1.0):
-        result = evaluate_embedded(model, tokenizer, n=args.n, temperature=temperature, digits=recipe.digits, ops=recipe.ops)
-        print(f"temperature {temperature}: accuracy {result['accuracy']:.3f}, mean response length "
-              f"{result['response_length']:.1f} tokens, finished {result['finished']:.3f}")
+        result = evaluate_embedded(
+            model, tokenizer, n=args.n, temperature=temperature, digits=recipe.digits, ops=recipe.ops
+        )
+        print(
+            f"temperature {temperature}: accuracy {result['accuracy']:.3f}, mean response length "
+            f"{result['response_length']:.1f} tokens, finished {result['finished']:.3f}"
+        )
     return 0
 
 

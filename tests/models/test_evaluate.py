@@ -19,7 +19,9 @@ def scripted_sampler(tokenizer, respond):
     """A stand-in for ``generate`` answering each prompt with ``respond(prompt_text)`` then EOS."""
 
     def fake_generate(model, input_ids, attention_mask, *, max_new_tokens, pad_token_id, **_):
-        texts = [tokenizer.decode(row[mask.bool()], skip_special_tokens=True) for row, mask in zip(input_ids, attention_mask)]
+        texts = [
+            tokenizer.decode(row[mask.bool()], skip_special_tokens=True) for row, mask in zip(input_ids, attention_mask)
+        ]
         rows = [tokenizer(respond(t), add_special_tokens=False).input_ids + [tokenizer.eos_token_id] for t in texts]
         width = max(len(r) for r in rows)
         responses = torch.full((len(rows), width), pad_token_id)

@@ -146,8 +146,16 @@ def test_logp_equals_full_forward(model, compact, temperature, top_p):
     ids, mask = left_padded_prompts(batch=12, seed=5)
     eos = [EOS, 2, 3, 4, 5]
     out = generate(
-        model, ids, mask, max_new_tokens=48, temperature=temperature, top_p=top_p, eos_token_id=eos,
-        pad_token_id=PAD, generator=torch.Generator().manual_seed(0), compact=compact,
+        model,
+        ids,
+        mask,
+        max_new_tokens=48,
+        temperature=temperature,
+        top_p=top_p,
+        eos_token_id=eos,
+        pad_token_id=PAD,
+        generator=torch.Generator().manual_seed(0),
+        compact=compact,
     )
     lengths = out.response_mask.sum(dim=1)
     assert lengths.min() < lengths.max() // 2, "the case must exercise rows finishing early"
@@ -189,8 +197,14 @@ def test_first_token_follows_model_distribution(model, temperature):
     n = 4000
     ids = torch.randint(3, V, (1, 6), generator=torch.Generator().manual_seed(7)).expand(n, 6)
     out = generate(
-        model, ids, torch.ones_like(ids), max_new_tokens=1, temperature=temperature, eos_token_id=None,
-        pad_token_id=PAD, generator=torch.Generator().manual_seed(1),
+        model,
+        ids,
+        torch.ones_like(ids),
+        max_new_tokens=1,
+        temperature=temperature,
+        eos_token_id=None,
+        pad_token_id=PAD,
+        generator=torch.Generator().manual_seed(1),
     )
     with torch.no_grad():
         logits = model(input_ids=ids[:1]).logits[0, -1].float()
@@ -204,7 +218,13 @@ def test_top_p_never_samples_outside_nucleus(model):
     n = 2000
     ids = torch.randint(3, V, (1, 6), generator=torch.Generator().manual_seed(8)).expand(n, 6)
     out = generate(
-        model, ids, torch.ones_like(ids), max_new_tokens=1, top_p=0.3, eos_token_id=None, pad_token_id=PAD,
+        model,
+        ids,
+        torch.ones_like(ids),
+        max_new_tokens=1,
+        top_p=0.3,
+        eos_token_id=None,
+        pad_token_id=PAD,
         generator=torch.Generator().manual_seed(2),
     )
     with torch.no_grad():
@@ -220,7 +240,12 @@ def test_eos_padding_and_finished_flags(model):
     ids, mask = left_padded_prompts(batch=16, seed=9)
     eos = [EOS, 2, 3, 4]
     out = generate(
-        model, ids, mask, max_new_tokens=30, eos_token_id=eos, pad_token_id=PAD,
+        model,
+        ids,
+        mask,
+        max_new_tokens=30,
+        eos_token_id=eos,
+        pad_token_id=PAD,
         generator=torch.Generator().manual_seed(3),
     )
     assert 0 < int(out.finished.sum()) < 16, "the case must contain finished and unfinished rows"

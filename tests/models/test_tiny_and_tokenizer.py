@@ -63,7 +63,10 @@ def tokenizer():
 
 def test_char_tokenizer_ids_and_round_trip(tokenizer):
     assert (tokenizer.pad_token_id, tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.unk_token_id) == (
-        0, 1, 2, 3
+        0,
+        1,
+        2,
+        3,
     )
     assert len(tokenizer) == 4 + len(set(EMBEDDED_ALPHABET))
     for example in generate_embedded(20, split="train", seed=3):

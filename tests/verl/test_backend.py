@@ -234,19 +234,32 @@ def test_reward_entry_through_verls_loader_matches_runners_rewards(tmp_path):
     emitted = VerlPaths.under(tmp_path).reward_path  # what the translation puts in the config
     assert emitted == REWARD_FUNCTION_PATH
     loaded = [
-        get_custom_reward_fn(OmegaConf.create({"reward": {"custom_reward_function": {"path": path, "name": REWARD_FUNCTION_NAME}}}))
+        get_custom_reward_fn(
+            OmegaConf.create({"reward": {"custom_reward_function": {"path": path, "name": REWARD_FUNCTION_NAME}}})
+        )
         for path in (emitted, data_module.__file__)  # as a package module, and by file path
     ]
     examples = [
-        Example(prompt="347+285=?\n" if src == "embedded" else "What is it?", answer=gold, data_source=src,
-                reward_fn=PRESETS[src].reward_fn)
+        Example(
+            prompt="347+285=?\n" if src == "embedded" else "What is it?",
+            answer=gold,
+            data_source=src,
+            reward_fn=PRESETS[src].reward_fn,
+        )
         for src, _, gold in ADVERSARIAL
     ]
     rows = pd.read_parquet(write_verl_parquet(tmp_path / "rows.parquet", examples))
     scores = []
     for (_, row), (src, response, gold), example in zip(rows.iterrows(), ADVERSARIAL, examples):
-        got = [fn(data_source=row["data_source"], solution_str=response, ground_truth=row["reward_model"]["ground_truth"],
-                  extra_info=dict(row["extra_info"])) for fn in loaded]
+        got = [
+            fn(
+                data_source=row["data_source"],
+                solution_str=response,
+                ground_truth=row["reward_model"]["ground_truth"],
+                extra_info=dict(row["extra_info"]),
+            )
+            for fn in loaded
+        ]
         assert got[0] == got[1] == compute_reward(example.reward_fn, response, gold, prompt=example.prompt_text()), src
         scores.append(got[0])
     assert scores == [1.0, 0.0, 1.0, 0.0, 1.0, 0.0, 1.0, 0.0]
@@ -268,8 +281,14 @@ def test_slurm_allocation_and_launch_command(tmp_path):
     assert inside == ["bash", str(RAY_BOOTSTRAP), "/py", "-m", "verl.trainer.main_ppo", "a=1"]
     assert launch_argv(cfg, ["a=1"], in_slurm=False, python="/py") == ["/py", "-m", "verl.trainer.main_ppo", "a=1"]
     script = render_sbatch(cfg, ["backend=verl", "model=qwen3_1.7b"], python="/py")
-    for line in ("#SBATCH --nodes=1", "#SBATCH --gpus-per-node=2", "#SBATCH --partition=gpu", "#SBATCH --requeue",
-                 "#SBATCH --time=120", "#SBATCH --signal=B:USR1@960"):
+    for line in (
+        "#SBATCH --nodes=1",
+        "#SBATCH --gpus-per-node=2",
+        "#SBATCH --partition=gpu",
+        "#SBATCH --requeue",
+        "#SBATCH --time=120",
+        "#SBATCH --signal=B:USR1@960",
+    ):
         assert line in script.splitlines()
     assert "/py -m runners.backends.verl.backend run-cell backend=verl model=qwen3_1.7b &" in script
 
@@ -340,7 +359,9 @@ def fake_verl(tmp_path, monkeypatch):
 def _history(cfg, run_id, key):
     from mlflow import MlflowClient
 
-    return sorted((m.step, m.value) for m in MlflowClient(tracking_uri=cfg.tracking.uri).get_metric_history(run_id, key))
+    return sorted(
+        (m.step, m.value) for m in MlflowClient(tracking_uri=cfg.tracking.uri).get_metric_history(run_id, key)
+    )
 
 
 @pytest.mark.slow
@@ -385,7 +406,9 @@ def test_run_stop_resume_and_finish_into_one_mlflow_run(tmp_path, fake_verl, mon
         monkeypatch.setattr(run_module._StopFlag, "received", None)
     result = run(cfg, choices)
     assert result["status"] == "FINISHED" and result["run_id"] == status["run_id"]
-    second = json.loads(next(line for line in capfd.readouterr().out.splitlines() if line.startswith("FAKE_VERL "))[10:])
+    second = json.loads(
+        next(line for line in capfd.readouterr().out.splitlines() if line.startswith("FAKE_VERL "))[10:]
+    )
     assert second["start"] == 2 and second["args"]["trainer.val_before_train"] == "false"
     assert _history(cfg, result["run_id"], schema.SCORE_MEAN) == [(s, s / 10) for s in (1, 2, 3, 4)]
     assert _history(cfg, result["run_id"], schema.val_acc_mean("embedded", 4)) == [(0, 0.25), (2, 0.2), (4, 0.4)]
@@ -398,7 +421,9 @@ def _tracker(cfg, key: str, *, new: bool):
     from runners import tracking
 
     uri = tracking.ensure_store(cfg.tracking.uri)
-    return tracking.RunTracker.open(uri=uri, experiment="guards", run_key=key, run_name=key, tags={}, params={}, new=new)
+    return tracking.RunTracker.open(
+        uri=uri, experiment="guards", run_key=key, run_name=key, tags={}, params={}, new=new
+    )
 
 
 @pytest.mark.parametrize(

@@ -88,7 +88,10 @@ def test_sbatch_runs_the_cell_through_ray_on_the_allocated_nodes(slurm_cluster, 
     }
     submitted = subprocess.run(
         ["sbatch", "--parsable", f"--chdir={tmp_path}", f"--output={tmp_path}/slurm-%j.out", str(script)],
-        env=env, capture_output=True, text=True, check=True,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
     )
     job = int(submitted.stdout.strip().split(";")[0])
     slurm_cluster.submitted.append(job)
@@ -100,7 +103,10 @@ def test_sbatch_runs_the_cell_through_ray_on_the_allocated_nodes(slurm_cluster, 
         record = json.loads(next(line for line in output.splitlines() if line.startswith("FAKE_VERL "))[10:])
         assert record["alive_nodes"] == nodes and record["resources"].get("GPU") == float(nodes)
         assert record["args"]["trainer.nnodes"] == str(nodes) and record["args"]["trainer.n_gpus_per_node"] == "1"
-        assert record["env"]["RAY_ADDRESS"] and record["env"]["VERL_USE_EXTERNAL_MODULES"] == "runners.backends.verl.plugins"
+        assert (
+            record["env"]["RAY_ADDRESS"]
+            and record["env"]["VERL_USE_EXTERNAL_MODULES"] == "runners.backends.verl.plugins"
+        )
         status = json.loads((paths.run_dir(run_key(cfg)) / "status.json").read_text())
         assert status["status"] == "FINISHED"
         history = MlflowClient(tracking_uri=cfg.tracking.uri).get_metric_history(status["run_id"], schema.SCORE_MEAN)

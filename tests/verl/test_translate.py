@@ -146,14 +146,23 @@ def assert_same_cell(cfg, vc, algo, actor):
     assert vc.trainer.nnodes * vc.trainer.n_gpus_per_node == res["nodes"] * res["gpus_per_node"]
     assert vc.trainer.n_gpus_per_node % rollout.tensor_model_parallel_size == 0
     assert (vc.data.train_batch_size, actor.ppo_mini_batch_size, actor.ppo_epochs) == (
-        t.prompts_per_step, t.mini_batch_prompts, t.ppo_epochs)
+        t.prompts_per_step,
+        t.mini_batch_prompts,
+        t.ppo_epochs,
+    )
     assert (rollout.n, rollout.temperature, rollout.top_p) == (t.n, r.temperature, r.top_p)
     assert (rollout.val_kwargs.n, rollout.val_kwargs.temperature) == (t.eval_n, t.eval_temperature)
     assert (vc.data.max_prompt_length, vc.data.max_response_length) == (r.max_prompt_length, r.max_response_length)
     assert (actor.optim.lr, actor.optim.weight_decay, tuple(actor.optim.betas)) == (
-        t.lr, t.weight_decay, (t.adam_beta1, t.adam_beta2))
+        t.lr,
+        t.weight_decay,
+        (t.adam_beta1, t.adam_beta2),
+    )
     assert actor.optim.clip_grad == (t.grad_clip or 1e12)
-    assert (vc.trainer.total_training_steps, vc.trainer.save_freq) == (t.total_steps, t.checkpoint_every or t.total_steps)
+    assert (vc.trainer.total_training_steps, vc.trainer.save_freq) == (
+        t.total_steps,
+        t.checkpoint_every or t.total_steps,
+    )
     assert vc.trainer.test_freq == (t.eval_every or -1)
     assert vc.trainer.v1.trainer_mode == TRAINER_MODE
     assert actor.loss_agg_mode == cfg.loss_agg.name
@@ -163,8 +172,14 @@ def assert_same_cell(cfg, vc, algo, actor):
     if algo.adv_estimator == "grpo":
         assert algo.norm_adv_by_std_in_grpo == (cfg.estimator.name == "grpo")
     obj = cfg.objective
-    uses_plugin = obj.name not in BUILTIN_LOSS or cfg.mask.name != "none" or (
-        cfg.entropy_control.name != "none" and not (cfg.entropy_control.name == "bonus" and not cfg.entropy_control.adaptive))
+    uses_plugin = (
+        obj.name not in BUILTIN_LOSS
+        or cfg.mask.name != "none"
+        or (
+            cfg.entropy_control.name != "none"
+            and not (cfg.entropy_control.name == "bonus" and not cfg.entropy_control.adaptive)
+        )
+    )
     if not uses_plugin:
         assert actor.policy_loss.loss_mode == BUILTIN_LOSS[obj.name]
         if obj.name in ("clip", "gspo"):
@@ -248,7 +263,10 @@ def _with_model(cfg, model: str):
 
     from runners.config.schema import ModelConfig
 
-    node = {**dataclasses.asdict(ModelConfig()), **OmegaConf.to_container(OmegaConf.load(CONF / "model" / f"{model}.yaml"))}
+    node = {
+        **dataclasses.asdict(ModelConfig()),
+        **OmegaConf.to_container(OmegaConf.load(CONF / "model" / f"{model}.yaml")),
+    }
     return OmegaConf.merge(cfg, {"model": node})
 
 
@@ -270,7 +288,10 @@ def test_cross_product_is_covered_by_the_two_axes():
     base = table(axis)
     rows = {model: table(_with_model(axis, model)) for model in HF_MODELS}
     assert {k for row in rows.values() for k, v in row.items() if base.get(k) != v} >= {
-        "trainer.n_gpus_per_node", "actor_rollout_ref.model.path", "critic.model.path"}
+        "trainer.n_gpus_per_node",
+        "actor_rollout_ref.model.path",
+        "critic.model.path",
+    }
     for name in PRESETS:
         key, fix = INEXPRESSIBLE.get(name, (None, None))
         if key is not None and fix is None:
@@ -323,8 +344,16 @@ def test_critic_config_with_local_model(verl_config, tmp_path):
 
 @pytest.mark.parametrize(
     ("objective", "extra"),
-    [("clip", ()), ("dual_clip", ()), ("dapo_clip", ()), ("token_is", ()), ("gspo", ()), ("gpg", ()),
-     ("clip", ("loss_agg=seq-mean-token-sum-norm",)), ("gspo", ("loss_agg=seq-mean-token-mean",))],
+    [
+        ("clip", ()),
+        ("dual_clip", ()),
+        ("dapo_clip", ()),
+        ("token_is", ()),
+        ("gspo", ()),
+        ("gpg", ()),
+        ("clip", ("loss_agg=seq-mean-token-sum-norm",)),
+        ("gspo", ("loss_agg=seq-mean-token-mean",)),
+    ],
 )
 def test_builtin_loss_equals_trustbench_objective(verl_config, objective, extra):
     """verl's own policy loss, called as verl calls it with the actor config built from the
@@ -350,7 +379,10 @@ def test_builtin_loss_equals_trustbench_objective(verl_config, objective, extra)
 
     logp_v = (logp_old + shift).requires_grad_(True)
     loss_v, _ = get_policy_loss_fn(actor.policy_loss.loss_mode)(
-        old_log_prob=logp_old, log_prob=logp_v, advantages=adv, response_mask=mask,
+        old_log_prob=logp_old,
+        log_prob=logp_v,
+        advantages=adv,
+        response_mask=mask,
         loss_agg_mode=actor.loss_agg_mode,
         config=_with_batch_info(actor),
     )
@@ -379,13 +411,19 @@ def test_warmup_schedule_matches_the_builtin_trainer(verl_config):
     from verl.utils.torch_functional import get_cosine_schedule_with_warmup
 
     warm, total = 4, 12
-    cfg = _compose(("algorithm=grpo", "model=qwen3_1.7b", f"trainer.warmup_steps={warm}", f"trainer.total_steps={total}"))
+    cfg = _compose(
+        ("algorithm=grpo", "model=qwen3_1.7b", f"trainer.warmup_steps={warm}", f"trainer.total_steps={total}")
+    )
     optim = omega_conf_to_dataclass(verl_config(_translate(cfg)).actor_rollout_ref.actor.optim)
     assert optim.lr_scheduler_type == "cosine"
     opt = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0)
     sched = get_cosine_schedule_with_warmup(
-        opt, num_warmup_steps=optim.lr_warmup_steps, num_training_steps=total, min_lr_ratio=optim.min_lr_ratio,
-        num_cycles=optim.num_cycles, zero_indexed_step=optim.zero_indexed_step,
+        opt,
+        num_warmup_steps=optim.lr_warmup_steps,
+        num_training_steps=total,
+        min_lr_ratio=optim.min_lr_ratio,
+        num_cycles=optim.num_cycles,
+        zero_indexed_step=optim.zero_indexed_step,
     )
     verl_lrs = []
     for _ in range(total):
@@ -441,14 +479,25 @@ def test_resume_and_user_overrides():
         (("model=tiny_qwen2",), "model.kind"),
         (("model=qwen3_1.7b", "+backend.options.unknown=1"), "backend.options.unknown"),
         (("model=qwen3_1.7b", "backend.options.metrics_via=wandb"), "backend.options.metrics_via"),
-        (("model=qwen3_8b", "trainer.prompts_per_step=3", "trainer.mini_batch_prompts=3", "trainer.n=3"),
-         "trainer.prompts_per_step"),
+        (
+            ("model=qwen3_8b", "trainer.prompts_per_step=3", "trainer.mini_batch_prompts=3", "trainer.n=3"),
+            "trainer.prompts_per_step",
+        ),
         (("model=qwen3_8b", "trainer.mini_batch_prompts=1", "trainer.n=4"), "trainer.mini_batch_prompts"),
         (("model=qwen3_8b", "trainer.micro_batch_size=3"), "trainer.micro_batch_size"),
-        (("model=qwen3_1.7b", "launcher.gpus_per_node=3", "trainer.n=6",
-          "backend.options.profiles=[{max_params_b:100,tensor_model_parallel_size:2}]"), "backend.options.profiles"),
-        (("model=qwen3_1.7b", "backend.options.profiles=[{tensor_model_parallel_size:2}]"),
-         "backend.options.profiles.0.max_params_b"),
+        (
+            (
+                "model=qwen3_1.7b",
+                "launcher.gpus_per_node=3",
+                "trainer.n=6",
+                "backend.options.profiles=[{max_params_b:100,tensor_model_parallel_size:2}]",
+            ),
+            "backend.options.profiles",
+        ),
+        (
+            ("model=qwen3_1.7b", "backend.options.profiles=[{tensor_model_parallel_size:2}]"),
+            "backend.options.profiles.0.max_params_b",
+        ),
     ],
 )
 def test_inexpressible_settings_name_the_key(overrides, key):
@@ -458,15 +507,19 @@ def test_inexpressible_settings_name_the_key(overrides, key):
     assert err.value.key == key
 
 
-_IDENT = st.from_regex(r"[A-Za-z_][A-Za-z0-9_]{0,8}", fullmatch=True).filter(lambda k: k.lower() not in ("true", "false", "null", "inf", "nan"))
+_IDENT = st.from_regex(r"[A-Za-z_][A-Za-z0-9_]{0,8}", fullmatch=True).filter(
+    lambda k: k.lower() not in ("true", "false", "null", "inf", "nan")
+)
 _SCALAR = st.one_of(
     st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=20),
-    st.integers(-10**12, 10**12),
+    st.integers(-(10**12), 10**12),
     st.floats(allow_nan=False, allow_infinity=False, width=64),
     st.booleans(),
     st.none(),
 )
-_VALUE = st.recursive(_SCALAR, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(_IDENT, inner, max_size=3), max_leaves=6)
+_VALUE = st.recursive(
+    _SCALAR, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(_IDENT, inner, max_size=3), max_leaves=6
+)
 
 
 @settings(max_examples=300, deadline=None)
@@ -510,9 +563,13 @@ def test_estimator_parameters_verl_fixes_go_to_the_trustbench_estimator(verl_con
     assert OmegaConf.to_container(vc.algorithm[ESTIMATOR_PARAMS_KEY]) == node
 
 
-@pytest.mark.xfail(strict=True, raises=Exception, reason="the plugins' contract puts the estimator parameters in algorithm."
-                   "trustbench_estimator, an extra key verl's AlgoConfig dataclass rejects (verl 0.9.1's trainer "
-                   "reads the DictConfig and never builds AlgoConfig, so training is unaffected)")
+@pytest.mark.xfail(
+    strict=True,
+    raises=Exception,
+    reason="the plugins' contract puts the estimator parameters in algorithm."
+    "trustbench_estimator, an extra key verl's AlgoConfig dataclass rejects (verl 0.9.1's trainer "
+    "reads the DictConfig and never builds AlgoConfig, so training is unaffected)",
+)
 def test_estimator_plugin_config_builds_verls_algo_dataclass(verl_config):
     from verl.utils.config import omega_conf_to_dataclass
 
@@ -527,7 +584,11 @@ def test_metrics_via_mlflow_keeps_verls_logged_config_constant_across_attempts()
     from runners.backends.verl.backend import worker_env
 
     cfg = _compose(("algorithm=grpo", "model=qwen3_1.7b", "backend.options.metrics_via=mlflow"))
-    env = {"VERL_FILE_LOGGER_PATH": "/runs/metrics.2.jsonl", "MLFLOW_RUN_ID": "abc", "MLFLOW_TRACKING_URI": "http://h:5000"}
+    env = {
+        "VERL_FILE_LOGGER_PATH": "/runs/metrics.2.jsonl",
+        "MLFLOW_RUN_ID": "abc",
+        "MLFLOW_TRACKING_URI": "http://h:5000",
+    }
     fresh = _translate(cfg, worker_env=worker_env(env, "mlflow"))
     resumed = _translate(cfg, resuming=True, worker_env=worker_env(env, "mlflow"))
     assert fresh == resumed and "trainer.logger=[console,mlflow]" in fresh

@@ -46,7 +46,9 @@ class ValueModel(nn.Module):
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor, context_length: int) -> Tensor:
         position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
-        out = self.backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
+        out = self.backbone(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
+        )
         # V(s_t) for the state before each segment token: use the hidden state that predicts it
         hidden = out.last_hidden_state[:, context_length - 1 : -1]
         return self.head(hidden).squeeze(-1).float()

@@ -90,7 +90,9 @@ class LocalTrainer:
         threads = cfg.backend.num_threads or os.cpu_count() or 1
         torch.set_num_threads(threads)
         self.device = torch.device(
-            "cuda" if cfg.backend.device == "cuda" or (cfg.backend.device == "auto" and torch.cuda.is_available()) else "cpu"
+            "cuda"
+            if cfg.backend.device == "cuda" or (cfg.backend.device == "auto" and torch.cuda.is_available())
+            else "cpu"
         )
         _seed_everything(cfg.seed)
 
@@ -403,7 +405,9 @@ class LocalTrainer:
         weights: dict[str, float] = defaultdict(float)
         seq_masks, grad_norms = [], []
         overrides = self.controller.objective_overrides()
-        need_grad_entropy = self.cfg.objective.name in GRAD_ENTROPY_OBJECTIVES or self.cfg.entropy_control.name == "bonus"
+        need_grad_entropy = (
+            self.cfg.objective.name in GRAD_ENTROPY_OBJECTIVES or self.cfg.entropy_control.name == "bonus"
+        )
         objective_kw = {**self.objective_kw, **overrides}
         if self.cfg.objective.name == "gtpo":
             objective_kw["h_ini"] = self.h_ini
@@ -441,7 +445,11 @@ class LocalTrainer:
                         loss_mat = loss_mat + t.kl_coef * k3_kl(logp, old["ref_logp"][micro])
                     seq_mask = masked.seq_mask.to(loss_mat.dtype)
                     loss = self.agg(
-                        loss_mat * seq_mask[:, None], mask, num_tokens=num_tokens, num_seqs=num_seqs, norm_len=self.norm_len
+                        loss_mat * seq_mask[:, None],
+                        mask,
+                        num_tokens=num_tokens,
+                        num_seqs=num_seqs,
+                        norm_len=self.norm_len,
                     )
                     loss.backward()
                     tokens = float(mask.sum())
@@ -492,7 +500,9 @@ class LocalTrainer:
             total_tokens = critic_data["mask"].sum().clamp(min=1)
             for s in range(0, len(rows_all), self._micro_rows(len(rows_all))):
                 rows = rows_all[s : s + self._micro_rows(len(rows_all))]
-                v = self.critic(critic_data["input_ids"][rows], critic_data["attention_mask"][rows], critic_data["context_length"])
+                v = self.critic(
+                    critic_data["input_ids"][rows], critic_data["attention_mask"][rows], critic_data["context_length"]
+                )
                 mask = critic_data["mask"][rows]
                 out = value_loss(
                     v,
@@ -558,7 +568,9 @@ class LocalTrainer:
     def _initial_entropy(self, prompts: int) -> float:
         """H_ini of GTPO: mean token entropy of the initial model on the first training prompts."""
         examples = self.rollout.stream.examples[:prompts]
-        return self.evaluator.mean_entropy(self.model, examples, generator=torch.Generator().manual_seed(self.cfg.seed + 5))
+        return self.evaluator.mean_entropy(
+            self.model, examples, generator=torch.Generator().manual_seed(self.cfg.seed + 5)
+        )
 
     def _batch_metrics(self, batch, data, old, advantages, returns, values, entropy) -> dict[str, float]:
         mask = data["mask"]
@@ -573,7 +585,9 @@ class LocalTrainer:
             m[schema.RESPONSE_LENGTH_MEAN] = float(lengths.mean())
             m[schema.RESPONSE_LENGTH_MAX] = float(lengths.max())
             m[schema.RESPONSE_LENGTH_MIN] = float(lengths.min())
-            m[schema.RESPONSE_LENGTH_CLIP_RATIO] = float((lengths >= self.cfg.rollout.max_response_length).float().mean())
+            m[schema.RESPONSE_LENGTH_CLIP_RATIO] = float(
+                (lengths >= self.cfg.rollout.max_response_length).float().mean()
+            )
         valid = mask > 0
         adv = advantages[valid]
         if adv.numel():

@@ -180,7 +180,9 @@ def entry_command(cfg: DictConfig, python: str = sys.executable) -> list[str]:
     return [python, entry] if entry.endswith(".py") else [python, "-m", entry]
 
 
-def launch_argv(cfg: DictConfig, overrides: Sequence[str], *, in_slurm: bool, python: str = sys.executable) -> list[str]:
+def launch_argv(
+    cfg: DictConfig, overrides: Sequence[str], *, in_slurm: bool, python: str = sys.executable
+) -> list[str]:
     """The command that runs verl: through the Ray-on-Slurm bootstrap inside an allocation."""
     command = [*entry_command(cfg, python), *overrides]
     return ["bash", str(RAY_BOOTSTRAP), *command] if in_slurm else command
@@ -285,7 +287,9 @@ class VerlBackend:
         allocation = slurm_allocation()
         if allocation is not None:
             if allocation[1] < 1:
-                raise RuntimeError(f"the Slurm allocation {os.environ.get('SLURM_JOB_ID')} has no GPUs; verl needs them")
+                raise RuntimeError(
+                    f"the Slurm allocation {os.environ.get('SLURM_JOB_ID')} has no GPUs; verl needs them"
+                )
             return allocation[0], allocation[1], True
         return None, _visible_gpus() or None, False
 
@@ -350,7 +354,9 @@ class VerlBackend:
             from runners.backends.local.trainer import StopRequested
 
             raise StopRequested(f"stopped on request before verl started; resumes from checkpoint {resume_step}")
-        rc, stopped_at = self._run(argv, env, layout.log_file(attempt), MetricsFile(vpaths.metrics_file) if via == "tracker" else None)
+        rc, stopped_at = self._run(
+            argv, env, layout.log_file(attempt), MetricsFile(vpaths.metrics_file) if via == "tracker" else None
+        )
         self.tracker.flush(wait=True)
         step = latest_checkpoint_step(layout.checkpoints)
         if self.stop_requested:
@@ -369,7 +375,9 @@ class VerlBackend:
             )
         return self._final_metrics()
 
-    def _run(self, argv: list[str], env: dict[str, str], log_path: Path, metrics: MetricsFile | None) -> tuple[int, int | None]:
+    def _run(
+        self, argv: list[str], env: dict[str, str], log_path: Path, metrics: MetricsFile | None
+    ) -> tuple[int, int | None]:
         """Run verl to completion (or a stop); returns (exit status, step the stop hook ended at)."""
         proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
         reader = _stream(proc, log_path, self.echo)

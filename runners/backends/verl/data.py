@@ -109,5 +109,7 @@ def compute_score(
     info = extra_info or {}
     name = info.get("reward_fn")
     if not name:
-        raise KeyError(f"verl row from data source {data_source!r} has no extra_info.reward_fn (not a trustbench export)")
+        raise KeyError(
+            f"verl row from data source {data_source!r} has no extra_info.reward_fn (not a trustbench export)"
+        )
     return compute_reward(str(name), solution_str, str(ground_truth), prompt=info.get("question"))

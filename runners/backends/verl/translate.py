@@ -143,11 +143,15 @@ def backend_options(cfg: DictConfig) -> dict[str, Any]:
     options = OmegaConf.to_container(cfg.backend.options, resolve=True) or {}
     unknown = sorted(set(options) - OPTION_KEYS)
     if unknown:
-        raise ConfigError(f"backend.options.{unknown[0]}", f"unknown verl option; valid: {', '.join(sorted(OPTION_KEYS))}")
+        raise ConfigError(
+            f"backend.options.{unknown[0]}", f"unknown verl option; valid: {', '.join(sorted(OPTION_KEYS))}"
+        )
     if options.get("metrics_via", "tracker") not in ("tracker", "mlflow"):
         raise ConfigError("backend.options.metrics_via", f"must be tracker or mlflow (got {options['metrics_via']!r})")
     if options.get("rollout_engine", "vllm") not in ("vllm", "sglang"):
-        raise ConfigError("backend.options.rollout_engine", f"must be vllm or sglang (got {options['rollout_engine']!r})")
+        raise ConfigError(
+            "backend.options.rollout_engine", f"must be vllm or sglang (got {options['rollout_engine']!r})"
+        )
     return options
 
 
@@ -159,7 +163,8 @@ def size_profile(cfg: DictConfig, options: Mapping[str, Any]) -> dict[str, Any]:
         unknown = sorted(set(row) - PROFILE_KEYS)
         if unknown:
             raise ConfigError(
-                f"backend.options.profiles.{i}.{unknown[0]}", f"unknown profile key; valid: {', '.join(sorted(PROFILE_KEYS))}"
+                f"backend.options.profiles.{i}.{unknown[0]}",
+                f"unknown profile key; valid: {', '.join(sorted(PROFILE_KEYS))}",
             )
         if "max_params_b" not in row:
             raise ConfigError(f"backend.options.profiles.{i}.max_params_b", "every profile row needs max_params_b")
@@ -253,7 +258,9 @@ def plugin_method(cfg: DictConfig, *, loss: bool, estimator: bool) -> tuple[dict
         estimator_params=_params(cfg.estimator) if estimator else None,
     )
     keep = ("algorithm.", "+algorithm.") if not loss else ("",)
-    lines = [_hydra_line(line) for line in lines if line.startswith(keep) and override_key(line) != "trainer.v1.trainer_mode"]
+    lines = [
+        _hydra_line(line) for line in lines if line.startswith(keep) and override_key(line) != "trainer.v1.trainer_mode"
+    ]
     values: dict[str, Any] = {}
     if loss:
         values[f"{ACTOR}.entropy_coeff"] = 0.0  # the plugin loss adds the entropy term itself
@@ -267,7 +274,9 @@ def algorithm_overrides(cfg: DictConfig) -> tuple[dict[str, Any], list[str]]:
     """What the method decides (estimator, objective, mask, entropy control, aggregation, KL):
     verl keys with values, and the plugin selection as ready override strings."""
     if cfg.rollout.mode != "full":
-        raise _unsupported("rollout.mode", "verl generates every response to completion within a step (no T-PPO windows)")
+        raise _unsupported(
+            "rollout.mode", "verl generates every response to completion within a step (no T-PPO windows)"
+        )
     if cfg.trainer.logprob_precision != "fp32":
         raise _unsupported("trainer.logprob_precision", "verl computes log-probs from fp32 logits only")
     est, loss = builtin_estimator(cfg), builtin_loss(cfg)
@@ -330,12 +339,18 @@ def batch_overrides(cfg: DictConfig, n_gpus: int, profile: Mapping[str, Any]) ->
             "trainer.micro_batch_size",
             f"must divide the {per_gpu} responses of a mini-batch per GPU ({n_gpus} GPUs)",
         )
-        for key in (f"{actor}.ppo_micro_batch_size_per_gpu", f"{rollout}.log_prob_micro_batch_size_per_gpu",
-                    f"{ref}.log_prob_micro_batch_size_per_gpu", "critic.ppo_micro_batch_size_per_gpu"):
+        for key in (
+            f"{actor}.ppo_micro_batch_size_per_gpu",
+            f"{rollout}.log_prob_micro_batch_size_per_gpu",
+            f"{ref}.log_prob_micro_batch_size_per_gpu",
+            "critic.ppo_micro_batch_size_per_gpu",
+        ):
             out[key] = micro
         out[f"{actor}.use_dynamic_bsz"] = False
     else:  # a whole mini-batch per step, split by token budget (same gradient: global normalisation)
-        budget = max(int(profile.get("max_token_len_per_gpu", 16384)), int(r.max_prompt_length) + int(r.max_response_length))
+        budget = max(
+            int(profile.get("max_token_len_per_gpu", 16384)), int(r.max_prompt_length) + int(r.max_response_length)
+        )
         out[f"{actor}.use_dynamic_bsz"] = True
         out[f"{actor}.ppo_max_token_len_per_gpu"] = budget
         out["critic.ppo_max_token_len_per_gpu"] = 2 * budget
@@ -382,7 +397,9 @@ def optimizer_overrides(cfg: DictConfig) -> dict[str, Any]:
     return out
 
 
-def rollout_overrides(cfg: DictConfig, options: Mapping[str, Any], profile: Mapping[str, Any], gpus_per_node: int) -> dict[str, Any]:
+def rollout_overrides(
+    cfg: DictConfig, options: Mapping[str, Any], profile: Mapping[str, Any], gpus_per_node: int
+) -> dict[str, Any]:
     r, t = cfg.rollout, cfg.trainer
     rollout = "actor_rollout_ref.rollout"
     tp = int(profile.get("tensor_model_parallel_size", 1))
