@@ -55,7 +55,8 @@ def panels_figure(
     styles = method_styles(data.labels())
     ncols = min(ncols, len(panels))
     nrows = math.ceil(len(panels) / ncols)
-    fig, axes = plt.subplots(nrows, ncols, figsize=(3.6 * ncols, 2.8 * nrows), squeeze=False)
+    # a lone panel gets a readable width (the page scales the SVG to its natural size)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(max(3.6 * ncols, 6.0), 2.8 * nrows), squeeze=False)
     windows = []
     for ax, (metric, panel_title, window, *panel_ylabel) in zip(axes.flat, panels):
         windows.append(_draw(ax, data, metric, window, styles, scale))
@@ -71,12 +72,15 @@ def panels_figure(
     for ax in axes.flat:
         for handle, label in zip(*ax.get_legend_handles_labels()):
             seen.setdefault(label, handle)
-    handles, labels = list(seen.values()), list(seen)
+    # at most 6 per row, rows of (nearly) equal length, read left to right (matplotlib fills columns)
+    ncol = math.ceil(len(seen) / math.ceil(len(seen) / 6))
+    order = [i * ncol + j for j in range(ncol) for i in range(math.ceil(len(seen) / ncol)) if i * ncol + j < len(seen)]
+    handles, labels = [list(seen.values())[k] for k in order], [list(seen)[k] for k in order]
     fig.legend(
         handles,
         labels,
         loc="lower center",
-        ncol=min(6, len(labels)),
+        ncol=ncol,
         bbox_to_anchor=(0.5, -0.02 - 0.04 * (len(labels) > 6)),
     )
     fig.tight_layout(rect=(0, 0.08 if len(labels) <= 6 else 0.14, 1, 1))
