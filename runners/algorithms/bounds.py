@@ -76,7 +76,7 @@ def _sum_min1_sqrt(n: np.ndarray, a: np.ndarray, cap: bool = True) -> np.ndarray
     n, a = np.broadcast_arrays(np.asarray(n, dtype=np.int64), np.asarray(a, dtype=np.float64))
     if not cap:
         return np.sqrt(a) * _sum_sqrt(np.maximum(n - 1, 0))
-    with np.errstate(divide="ignore"):
+    with np.errstate(divide="ignore", over="ignore"):  # 1/a is inf for subnormal a: k_max = inf is right
         k_max = np.where(a > 0, np.floor(1.0 / np.where(a > 0, a, 1.0)), np.inf)  # sqrt(k a) <= 1 iff k <= 1/a
     m = np.minimum(n, k_max + 1).astype(np.int64)  # number of terms on the sqrt branch
     return np.sqrt(a) * _sum_sqrt(np.maximum(m - 1, 0)) + (n - m)

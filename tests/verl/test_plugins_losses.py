@@ -119,7 +119,7 @@ def plugin_update(loss_mode, method, prob, controller, *, h_ini=None, norm_len=N
         inputs=inputs,
     )
     loss.backward()
-    return float(loss), metrics, logits.grad
+    return float(loss.detach()), metrics, logits.grad
 
 
 def _problem(method: Method, seed: int = 0):

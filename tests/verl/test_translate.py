@@ -28,7 +28,7 @@ import warnings
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from omegaconf import OmegaConf
 
@@ -524,6 +524,9 @@ _VALUE = st.recursive(
 
 @settings(max_examples=300, deadline=None)
 @given(_VALUE)
+@example("TRUE")
+@example("Null")
+@example("nan")
 def test_format_value_round_trips_through_hydras_parser(value):
     """Any value the translation writes (paths, templates with quotes and backslashes, nested
     lists and dicts, floats like 1e10) parses back to itself with Hydra's own override parser."""

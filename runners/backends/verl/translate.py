@@ -597,7 +597,8 @@ def format_value(value: Any) -> str:
                 raise ValueError(f"dict key {key!r} cannot be written as a Hydra override")
         return "{" + ",".join(f"{k}:{format_value(v)}" for k, v in value.items()) + "}"
     text = str(value)
-    if _PLAIN.match(text) and text not in ("true", "false", "null") and not _looks_numeric(text):
+    # Hydra reads true / false / null in any letter case as bool / None
+    if _PLAIN.match(text) and text.lower() not in ("true", "false", "null") and not _looks_numeric(text):
         return text
     # Hydra quoted strings: backslashes are literal except a run before a quote or the end (halved)
     text = re.sub(r"(\\*)'", lambda m: m.group(1) * 2 + "\\'", text)
