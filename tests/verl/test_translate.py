@@ -507,6 +507,7 @@ def test_inexpressible_settings_name_the_key(overrides, key):
     assert err.value.key == key
 
 
+# keys Hydra would convert are refused by the writer (test_keys_hydra_would_convert_are_refused)
 _IDENT = st.from_regex(r"[A-Za-z_][A-Za-z0-9_]{0,8}", fullmatch=True).filter(
     lambda k: k.lower() not in ("true", "false", "null", "inf", "nan")
 )
@@ -536,6 +537,21 @@ def test_format_value_round_trips_through_hydras_parser(value):
 
     parsed = OverridesParser.create().parse_override(format_override("a.b", value)).value()
     assert parsed == value or (isinstance(value, float) and math.isclose(parsed, value, rel_tol=0, abs_tol=0))
+
+
+@pytest.mark.parametrize("key", ["true", "FALSE", "Null", "inf", "NaN", "1a", "a-b"])
+def test_keys_hydra_would_convert_are_refused(key):
+    """Hydra parses the dict key ``true`` as True and ``inf`` as a float (checked here with its own
+    parser): such keys cannot round-trip, so the writer refuses them instead of changing them."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from runners.backends.verl.translate import format_value
+
+    if key.lower() in ("true", "false", "null", "inf", "nan"):
+        parsed = OverridesParser.create().parse_override(f"a={{{key}:1}}").value()
+        assert not isinstance(next(iter(parsed)), str)
+    with pytest.raises(ValueError, match="cannot be written as a Hydra override"):
+        format_value({key: 1})
 
 
 ESTIMATOR_PLUGIN_CELLS = [

@@ -564,6 +564,8 @@ def build_overrides(
 _PLAIN = re.compile(r"^[A-Za-z0-9_./:-]+$")
 _KEY = re.compile(r"^[+~]{0,2}([A-Za-z0-9_.@/-]+)=")
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# words Hydra's parser reads, in any letter case, as bool, None or float rather than as a string
+_CONVERTED_WORDS = ("true", "false", "null", "inf", "nan")
 
 
 def _hydra_line(line: str) -> str:
@@ -593,12 +595,12 @@ def format_value(value: Any) -> str:
         return "[" + ",".join(format_value(v) for v in value) + "]"
     if isinstance(value, Mapping):
         for key in value:
-            if not (isinstance(key, str) and _IDENT.match(key)):
+            # Hydra turns the keys true / false / null / inf / nan (any case) into bool, None or float
+            if not (isinstance(key, str) and _IDENT.match(key)) or key.lower() in _CONVERTED_WORDS:
                 raise ValueError(f"dict key {key!r} cannot be written as a Hydra override")
         return "{" + ",".join(f"{k}:{format_value(v)}" for k, v in value.items()) + "}"
     text = str(value)
-    # Hydra reads true / false / null in any letter case as bool / None
-    if _PLAIN.match(text) and text.lower() not in ("true", "false", "null") and not _looks_numeric(text):
+    if _PLAIN.match(text) and text.lower() not in _CONVERTED_WORDS and not _looks_numeric(text):
         return text
     # Hydra quoted strings: backslashes are literal except a run before a quote or the end (halved)
     text = re.sub(r"(\\*)'", lambda m: m.group(1) * 2 + "\\'", text)
