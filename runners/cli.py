@@ -20,6 +20,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 CONFIG_ERROR = 2
 
@@ -120,6 +121,12 @@ def cmd_ui(args: argparse.Namespace) -> int:
     return subprocess.call(cmd)
 
 
+def _summary_line(path: Path) -> str:
+    """The first comment line of a YAML file (not Hydra's ``@package`` directive), or ''."""
+    lines = path.read_text().splitlines()
+    return next((ln[1:].strip() for ln in lines if ln.startswith("# ") and "@package" not in ln), "")
+
+
 def cmd_list(args: argparse.Namespace) -> int:
     from runners.config import CONF_DIR, SWEEPS_DIR
 
@@ -132,19 +139,11 @@ def cmd_list(args: argparse.Namespace) -> int:
             return CONFIG_ERROR
         print(f"{group}:")
         for f in sorted(folder.glob("*.yaml")):
-            doc = next(
-                (ln[1:].strip() for ln in f.read_text().splitlines() if ln.startswith("# ") and "@package" not in ln),
-                "",
-            )
-            print(f"  {f.stem:<26} {doc}")
+            print(f"  {f.stem:<26} {_summary_line(f)}")
     if not args.group:
         print("sweeps (trustbench sweep NAME):")
         for f in sorted(SWEEPS_DIR.glob("*.yaml")):
-            doc = next(
-                (ln[1:].strip() for ln in f.read_text().splitlines() if ln.startswith("# ") and "@package" not in ln),
-                "",
-            )
-            print(f"  {f.stem:<26} {doc}")
+            print(f"  {f.stem:<26} {_summary_line(f)}")
     return 0
 
 
@@ -192,7 +191,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return int(args.func(args) or 0)
+    try:
+        return int(args.func(args) or 0)
+    except BrokenPipeError:  # output piped into `head` and the like: stop quietly, as Unix tools do
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -175,3 +175,25 @@ def test_conf_tree_has_one_folder_per_axis():
         "launcher",
         "tracking",
     } <= groups
+
+
+def test_list_prints_every_option_with_its_summary_and_survives_a_closed_pipe(tmp_path):
+    """`trustbench list` shows each group's options with the first comment line of their file (not
+    Hydra's @package line); when its reader has gone (`| head`) it exits 0 without a traceback."""
+    import subprocess
+    import sys
+
+    from runners.cli import _summary_line
+
+    sample = tmp_path / "x.yaml"
+    sample.write_text("# @package _global_\n#no space: not a comment line\n# The summary\n# more\nkey: 1\n")
+    assert _summary_line(sample) == "The summary"
+    cmd = [sys.executable, "-m", "runners.cli", "list"]
+    lines = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout.splitlines()
+    for path in sorted((Path(CONF_DIR) / "mask").glob("*.yaml")):
+        assert f"  {path.stem:<26} {_summary_line(path)}" in lines
+    assert len("\n".join(lines)) > 8192, "the output must overflow the pipe's write buffer for the check below"
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE) as proc:
+        proc.stdout.close()  # the reader is gone before anything is written
+        err = proc.stderr.read().decode()
+        assert proc.wait(timeout=60) == 0 and "Traceback" not in err, err
