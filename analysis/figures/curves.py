@@ -34,6 +34,14 @@ def _draw(ax, data: ExperimentData, metric: str, window: int, styles: dict, scal
     return int(curves["window"].max()) if len(curves) else 0
 
 
+def legend_columns(entries: list, max_per_row: int = 6) -> tuple[int, list]:
+    """(ncol, entries reordered) so that a legend reads left to right in rows of (nearly) equal
+    length, at most ``max_per_row`` each: matplotlib fills a legend column by column, so it gets
+    the entries column by column (entry k sits in row k // ncol, column k % ncol)."""
+    ncol = math.ceil(len(entries) / math.ceil(len(entries) / max_per_row)) if entries else 1
+    return ncol, [entries[k] for j in range(ncol) for k in range(j, len(entries), ncol)]
+
+
 def panels_figure(
     data: ExperimentData,
     panels: list[tuple],
@@ -72,10 +80,8 @@ def panels_figure(
     for ax in axes.flat:
         for handle, label in zip(*ax.get_legend_handles_labels()):
             seen.setdefault(label, handle)
-    # at most 6 per row, rows of (nearly) equal length, read left to right (matplotlib fills columns)
-    ncol = math.ceil(len(seen) / math.ceil(len(seen) / 6))
-    order = [i * ncol + j for j in range(ncol) for i in range(math.ceil(len(seen) / ncol)) if i * ncol + j < len(seen)]
-    handles, labels = [list(seen.values())[k] for k in order], [list(seen)[k] for k in order]
+    ncol, by_column = legend_columns(list(seen.items()))
+    labels, handles = [label for label, _ in by_column], [handle for _, handle in by_column]
     fig.legend(
         handles,
         labels,
