@@ -79,6 +79,8 @@ def convert_smollm2(target: Path | None = None) -> Path:
     from filelock import FileLock
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from runners.models.loader import MODEL_BUILD_LOCK
+
     target = Path(target) if target is not None else smollm2_cache_dir()
     if _is_complete(target):
         return target
@@ -88,7 +90,8 @@ def convert_smollm2(target: Path | None = None) -> Path:
         if _is_complete(target):  # another process converted it while we waited
             return target
         tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+        with MODEL_BUILD_LOCK:
+            model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
         _fix_special_tokens(tokenizer, model.config)
         tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
         try:

@@ -20,6 +20,7 @@ local directory, so offline machines fail fast with a message naming the id.
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,13 @@ MODEL_KINDS.register("hub", "runners.models.loader:load_hub_model")
 MODEL_KINDS.register("tiny", "runners.models.loader:load_tiny_model")
 
 DTYPES = ("float32", "bfloat16", "float16", "auto")
+
+# transformers builds a model inside context managers (no_init_weights, no_tie_weights) that swap
+# methods on the PreTrainedModel class and put back on exit what they found on entry. Two threads
+# building models at once can put back each other's stub, which leaves weight tying (or weight
+# initialisation) switched off for every later model in the process: untied lm_heads, and
+# uninitialised ones where a checkpoint relies on tying. Every model construction holds this lock.
+MODEL_BUILD_LOCK = threading.RLock()
 
 
 def resolve_dtype(dtype: str):
@@ -90,7 +98,8 @@ def load_pretrained_dir(
 
     common = {"trust_remote_code": trust_remote_code, "local_files_only": local_files_only}
     tokenizer = load_tokenizer(path, **common)
-    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=resolve_dtype(dtype), **common)
+    with MODEL_BUILD_LOCK:
+        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=resolve_dtype(dtype), **common)
     return model.eval(), prepare_tokenizer(tokenizer)
 
 

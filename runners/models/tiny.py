@@ -61,8 +61,10 @@ def build_tiny_model(arch: str, *, vocab_size: int, seed: int = 0, **config_over
     """
     from transformers import AutoModelForCausalLM
 
+    from runners.models.loader import MODEL_BUILD_LOCK
+
     config = build_tiny_config(arch, vocab_size=vocab_size, **config_overrides)
-    with torch.random.fork_rng(devices=[]):
+    with MODEL_BUILD_LOCK, torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa", dtype=torch.float32)
     return model.eval()

@@ -73,3 +73,41 @@ def test_unknown_kind_and_misplaced_arguments():
     with pytest.raises(TypeError, match=r"does not take \['path'\]"):
         load_model("smollm2", path="/somewhere")
     assert MODEL_KINDS.names() == ["embedded", "hub", "smollm2", "tiny"]
+
+
+def test_concurrent_loads_leave_weight_tying_intact(saved_tiny):
+    """Threads loading and building models at once: every model ties its lm_head to its embedding,
+    and so does a model built afterwards. transformers' load-time contexts swap methods on the
+    PreTrainedModel class; unserialised, overlapping loads leave tying switched off process-wide
+    (without MODEL_BUILD_LOCK this fails in the first round)."""
+    import threading
+
+    from transformers.modeling_utils import PreTrainedModel
+
+    folder = str(saved_tiny[0])
+    originals = {name: getattr(PreTrainedModel, name) for name in ("tie_weights", "init_weights")}
+    models, errors = [], []
+
+    def work(i: int):
+        try:
+            kind = {"path": folder} if i % 2 else {"arch": "llama", "seed": i}
+            models.append(load_model("hub" if i % 2 else "tiny", **kind)[0])
+        except BaseException as err:  # reported below
+            errors.append(err)
+
+    try:
+        for _ in range(3):
+            threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+        after, _ = load_model("tiny", arch="qwen3")
+        swapped = [name for name, method in originals.items() if getattr(PreTrainedModel, name) is not method]
+    finally:  # never leave a broken class behind for the tests that follow
+        for name, method in originals.items():
+            setattr(PreTrainedModel, name, method)
+    assert not errors and len(models) == 12
+    assert swapped == []
+    for model in [*models, after]:
+        assert model.lm_head.weight is model.get_input_embeddings().weight
