@@ -402,6 +402,8 @@ class DebugConfig:
     fail_at_step: Optional[int] = None
     # sleep this long after every step (tests that interrupt a run mid-way)
     step_delay_s: float = 0.0
+    # only steps below this index sleep (None = every step): a slow start, then full speed
+    delay_steps_below: Optional[int] = None
 
 
 @dataclass

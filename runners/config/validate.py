@@ -281,6 +281,8 @@ def _check_run(c: _Checker, cfg: DictConfig) -> None:
     c.non_negative("launcher.max_requeues")
     c.at_least("launcher.time_min", 1)
     c.non_negative("debug.step_delay_s")
+    if cfg.debug.delay_steps_below is not None:
+        c.non_negative("debug.delay_steps_below")
     if cfg.debug.fail_at_step is not None:
         c.non_negative("debug.fail_at_step")
 

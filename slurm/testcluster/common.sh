@@ -5,12 +5,12 @@
 # configs and env.sh), munge/, mysql/, spool/, log/, run/ (pid files) and dev/ (fake GPU devices).
 # Ports default to 16817.. so a system Slurm on 6817-6819 or MariaDB on 3306 is never touched.
 # TB_SLURM_NODES slurmd daemons (default 2) emulate that many nodes on this machine; TB_SLURM_GPUS
-# fake GPUs per node (default 4).
+# fake GPUs per node (default 8: the background sweeps of the tests and the tests beside them fit at once).
 
 TB_SLURM_DIR=${TB_SLURM_DIR:-/tmp/trustbench-slurm}
 TB_SLURM_PORT_BASE=${TB_SLURM_PORT_BASE:-16817}
 TB_SLURM_NODES=${TB_SLURM_NODES:-2}
-TB_SLURM_GPUS=${TB_SLURM_GPUS:-4}
+TB_SLURM_GPUS=${TB_SLURM_GPUS:-8}
 TB_SLURM_ADDR=${TB_SLURM_ADDR:-127.0.0.1}
 
 CTLD_PORT=$TB_SLURM_PORT_BASE

@@ -85,6 +85,21 @@ def test_methods_needing_the_old_distribution_train(method, tb_home):
     assert key in last and 0.0 <= last[key] <= 1.0
 
 
+@pytest.mark.parametrize(("below", "slept_after"), [(None, [0, 1]), (1, [0]), (0, [])])
+def test_step_delay_applies_to_steps_below_the_bound(tb_home, monkeypatch, below, slept_after):
+    """debug.step_delay_s sleeps after every step, or only after steps below debug.delay_steps_below
+    (a sleep after step i happens before step i + 1 is logged)."""
+    import runners.backends.local.trainer as trainer_module
+
+    cfg, _ = compose([*TINY, "debug.step_delay_s=7", f"debug.delay_steps_below={'null' if below is None else below}"])
+    tracker = MemoryTracker()
+    trainer = LocalTrainer(cfg, tracker, tb_home / "run", label="delay")
+    slept = []
+    monkeypatch.setattr(trainer_module.time, "sleep", lambda s: slept.append((max(tracker.history, default=0), s)))
+    trainer.train()
+    assert slept == [(step, 7.0) for step in slept_after]
+
+
 def test_failure_is_recorded_in_mlflow_and_a_marker(tb_home):
     from mlflow import MlflowClient
 

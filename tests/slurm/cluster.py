@@ -40,6 +40,10 @@ REQUIRED_BINARIES = ("munged", "mariadbd", "slurmdbd", "slurmctld", "slurmd", "s
 FINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "DEADLINE", "BOOT_FAIL"}
 
 
+# seconds up.sh and down.sh took in this session (reported in the test summary by tests/conftest.py)
+TIMINGS: dict[str, float] = {}
+
+
 @dataclass
 class SlurmCluster:
     """A running test cluster: where it lives, what it offers, and helpers to drive it."""
@@ -233,7 +237,9 @@ def slurm_cluster() -> Iterator[SlurmCluster]:
                     f"slurm: test cluster not running (health.sh exit {health.returncode}) and not root, "
                     "so it cannot be started here (run slurm/testcluster/up.sh as root)"
                 )
+            t0 = time.monotonic()
             up = _script("up.sh", env, 240)
+            TIMINGS["up"] = time.monotonic() - t0
             if up.returncode != 0:
                 pytest.fail(
                     f"slurm/testcluster/up.sh failed (exit {up.returncode}):\n{up.stderr[-3000:]}\n"
@@ -258,7 +264,9 @@ def slurm_cluster() -> Iterator[SlurmCluster]:
             except BlockingIOError:
                 print(f"slurm_cluster: another session still uses {state_dir}; leaving the cluster up")
             else:
+                t0 = time.monotonic()
                 down = _script("down.sh", env, 120)
+                TIMINGS["down"] = time.monotonic() - t0
                 if down.returncode != 0:
                     print(f"slurm/testcluster/down.sh failed (exit {down.returncode}):\n{down.stderr}")
     finally:

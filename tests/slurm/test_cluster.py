@@ -111,6 +111,7 @@ if [ "${{SLURM_RESTART_COUNT:-0}}" = 0 ]; then scontrol requeue "$SLURM_JOB_ID";
     assert [r["State"] for r in records] == ["REQUEUED", "COMPLETED"]
 
 
+@pytest.mark.slurm_whole_cluster
 def test_preemption_requeues_lower_tier_job(slurm_cluster, tmp_path):
     """A job in the preempting partition that needs a GPU while a default-partition job holds all
     of them makes the controller requeue that job (PreemptMode=REQUEUE); it then runs again with SLURM_RESTART_COUNT=1

@@ -1,7 +1,7 @@
 """``trustbench sweep`` through ``launcher=slurm`` on the test cluster, end to end.
 
-Four sweeps start together when the module starts (the cluster runs them side by side, so the
-module costs about as long as its slowest sweep) and each test checks one of them:
+Four sweeps (tests/slurm/sweeps.py) start together in the background early in the Slurm stage
+(the cluster runs them side by side, next to the other Slurm tests) and each test checks one of them:
 
 - ``main``: 6 cells on 1 fake GPU each; every cell must be FINISHED in MLflow, and launching again
   submits nothing;
@@ -15,139 +15,23 @@ The last two must requeue, resume into the same MLflow run and leave a metric hi
 step exactly once. References: MLflow's store, Slurm's own records (squeue, the job environment),
 and the cells' configs. Requests the cluster cannot satisfy fail before anything is queued.
 
-Run:  pytest -m slurm tests/slurm/test_sweeps.py     (~2 min on the 2-core test machine)
+Run:  pytest -m slurm tests/slurm/test_sweeps.py     (~1.5 min on the 2-core test machine)
 """
 
 from __future__ import annotations
 
 import json
-import os
-import sqlite3
 import subprocess
 import sys
-import threading
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
 from runners import schema, tracking_server
 
-from .cluster import REPO_ROOT, free_ports, wait_for
+from .sweeps import SLURM, TINY, Sweep, sweep_env
 
 pytestmark = pytest.mark.slurm
-
-# tiny model, a few steps, CPU only; the embedded task's own reward (jobs do not import tests/)
-TINY = [
-    "model=tiny_qwen2",
-    "trainer.prompts_per_step=2",
-    "trainer.n=4",
-    "trainer.mini_batch_prompts=1",
-    "trainer.eval_every=0",
-    "rollout.max_response_length=8",
-    "rollout.max_prompt_length=32",
-    "dataset.eval_limit=4",
-    "dataset.train_limit=64",
-    "progress=false",
-    "backend.device=cpu",
-    "backend.num_threads=1",
-]
-# what the test cluster can give: 2 CPUs and ~22 GB per node, MaxTime 10 min
-SLURM = ["launcher=slurm", "launcher.cpus_per_task=1", "launcher.mem_gb=1", "launcher.time_min=10"]
-METHODS = "+method=grpo,grpo_troll,grpo_trm,gtpo,repo_r,dapo"
-TIMEOUT_S = 420
-
-
-@dataclass
-class Sweep:
-    name: str
-    home: Path
-    args: list[str]
-    proc: subprocess.Popen | None = None
-    out: str = ""
-    code: int | None = None
-    notes: dict = field(default_factory=dict)
-
-    def start(self, env: dict[str, str]) -> None:
-        self.home.mkdir(parents=True, exist_ok=True)
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "runners.cli", "sweep", "demo", *self.args],
-            env={**env, "TRUSTBENCH_HOME": str(self.home)},
-            cwd=self.home,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-
-    def result(self) -> tuple[int, str]:
-        if self.code is None:
-            try:
-                self.out, _ = self.proc.communicate(timeout=TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.out = self.proc.communicate()[0]
-                pytest.fail(f"sweep {self.name} did not end in {TIMEOUT_S} s:\n{self.out[-4000:]}")
-            self.code = self.proc.returncode
-        return self.code, self.out
-
-    def run_dirs(self) -> list[Path]:
-        return sorted((self.home / "runs").glob("*"))
-
-    def db(self) -> sqlite3.Connection:
-        return sqlite3.connect(self.home / "mlflow.db")
-
-
-def _env() -> dict[str, str]:
-    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT), HYDRA_FULL_ERROR="1")
-    env.pop("MLFLOW_TRACKING_URI", None)
-    return env
-
-
-def _signal_after_checkpoint(sweep: Sweep, cluster) -> None:
-    """Send submitit's preemption signal to the preempted cell's job once it checkpointed."""
-    try:
-        ckpt = wait_for(lambda: next(sweep.home.glob("runs/*/checkpoint.pt"), None), 300, "a first checkpoint")
-        job = json.loads((ckpt.parent / "job.json").read_text())["job_id"]
-        cluster.run("scancel", "--signal=USR2", job)
-        sweep.notes["signalled"] = job
-    except BaseException as err:  # noqa: BLE001 - reported by the test
-        sweep.notes["error"] = repr(err)
-
-
-@pytest.fixture(scope="module")
-def sweeps(slurm_cluster, tmp_path_factory):
-    """Start the four sweeps at once; tests then wait for the one they check."""
-    root = tmp_path_factory.mktemp("sweeps")
-    (port,) = free_ports(1)
-    runs = {
-        # 2-minute limit, USR2 110 s before it: due 10 s into each attempt, delivered 10-40 s in
-        # (slurmctld checks time limits every 30 s). Two steps of 38 s: the signal always comes before
-        # the last step, so the first attempt stops after step 1; the second runs the last step (a
-        # signal then changes nothing) and finishes well within its limit.
-        "timelimit": Sweep("timelimit", root / "timelimit", [*TINY, *SLURM, "+method=choice(grpo)",
-                           "trainer.total_steps=2", "trainer.checkpoint_every=0", "debug.step_delay_s=38",
-                           "launcher.time_min=2", "launcher.signal_delay_s=110", "launcher.max_requeues=2",
-                           "experiment=slurm-timelimit"]),
-        "main": Sweep("main", root / "main", [*TINY, *SLURM, METHODS, "trainer.total_steps=2",
-                      "trainer.checkpoint_every=0", "launcher.gpus_per_node=1", "experiment=slurm-main"]),
-        "fails": Sweep("fails", root / "fails", [*TINY, *SLURM, "+method=choice(grpo)", "trainer.total_steps=2",
-                       "trainer.checkpoint_every=0", "debug.fail_at_step=0", "experiment=slurm-fails",
-                       "tracking=server", f"tracking.port={port}"]),
-        "preempted": Sweep("preempted", root / "preempted", [*TINY, *SLURM, "+method=choice(grpo)",
-                           "trainer.total_steps=8", "trainer.checkpoint_every=2", "debug.step_delay_s=1",
-                           "experiment=slurm-preempted"]),
-    }  # fmt: skip
-    env = _env()
-    for sweep in runs.values():
-        sweep.start(env)
-    watcher = threading.Thread(target=_signal_after_checkpoint, args=(runs["preempted"], slurm_cluster), daemon=True)
-    watcher.start()
-    yield runs
-    for sweep in runs.values():
-        if sweep.proc is not None and sweep.proc.poll() is None:
-            sweep.proc.kill()
-    for name in runs:
-        slurm_cluster.run("scancel", f"--name=tb-slurm-{name}", check=False)
 
 
 def _mlflow_runs(sweep: Sweep) -> list[tuple[str, str, str]]:
@@ -169,10 +53,10 @@ def _attempts(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "jobs.jsonl").read_text().splitlines()]
 
 
-def test_sweep_finishes_every_cell_and_a_second_launch_submits_nothing(sweeps, slurm_cluster):
+def test_sweep_finishes_every_cell_and_a_second_launch_submits_nothing(slurm_sweeps, slurm_cluster):
     """6 cells queued as one job array run to FINISHED in MLflow; launching the same sweep again
     finds them all finished and queues no job."""
-    sweep = sweeps["main"]
+    sweep = slurm_sweeps["main"]
     code, out = sweep.result()
     assert code == 0, out[-4000:]
     assert "queued 6 cell(s) as job" in out
@@ -183,7 +67,7 @@ def test_sweep_finishes_every_cell_and_a_second_launch_submits_nothing(sweeps, s
 
     again = subprocess.run(
         [sys.executable, "-m", "runners.cli", "sweep", "demo", *sweep.args],
-        env={**_env(), "TRUSTBENCH_HOME": str(sweep.home)},
+        env={**sweep_env(), "TRUSTBENCH_HOME": str(sweep.home)},
         cwd=sweep.home,
         capture_output=True,
         text=True,
@@ -195,10 +79,10 @@ def test_sweep_finishes_every_cell_and_a_second_launch_submits_nothing(sweeps, s
     assert slurm_cluster.run("squeue", "-h", "--name=tb-slurm-main").stdout.strip() == ""
 
 
-def test_gpu_cell_runs_with_its_device_visible(sweeps):
+def test_gpu_cell_runs_with_its_device_visible(slurm_sweeps):
     """Each cell asked for 1 GPU (launcher.gpus_per_node=1): its job saw exactly one of the node's
     fake GPUs in CUDA_VISIBLE_DEVICES, and trained on the CPU as configured."""
-    sweep = sweeps["main"]
+    sweep = slurm_sweeps["main"]
     assert sweep.result()[0] == 0
     for run_dir in sweep.run_dirs():
         (attempt,) = _attempts(run_dir)
@@ -207,17 +91,17 @@ def test_gpu_cell_runs_with_its_device_visible(sweeps):
         assert "device: cpu" in (run_dir / "config.yaml").read_text()
 
 
-def test_failing_cell_is_reported_failed_by_name(sweeps):
+def test_failing_cell_is_reported_failed_by_name(slurm_sweeps):
     """A cell that raises is a completed job for Hydra and submitit; the sweep still reports it as
     FAILED, names it and its reason, and exits 1. It logged through the MLflow server the sweep
     started on 127.0.0.1 (and stopped), whose sqlite store now holds the FAILED run."""
-    code, out = sweeps["fails"].result()
+    code, out = slurm_sweeps["fails"].result()
     assert code == 1, out[-4000:]
     assert "MLflow server at http://127.0.0.1:" in out and "(started here)" in out
     line = next(ln for ln in out.splitlines() if ln.startswith("!! "))
     assert "FAILED" in line and "GRPO | tiny_qwen2 | embedded | s0" in line and "debug.fail_at_step=0 reached" in line
     assert "1 of 1 cells did not finish" in out
-    assert [status for _, status, _ in _mlflow_runs(sweeps["fails"])] == ["FAILED"]
+    assert [status for _, status, _ in _mlflow_runs(slurm_sweeps["fails"])] == ["FAILED"]
     url = out.split("MLflow server at ", 1)[1].split()[0]
     assert not tracking_server.is_up(url)
 
@@ -238,11 +122,11 @@ def _assert_resumed_without_gaps(sweep: Sweep, total_steps: int) -> list[dict]:
     return attempts
 
 
-def test_preempted_cell_requeues_and_resumes_into_the_same_run(sweeps):
+def test_preempted_cell_requeues_and_resumes_into_the_same_run(slurm_sweeps):
     """USR2 (submitit's preemption signal) after the first checkpoint: the trainer finishes its step
     and checkpoints, the job requeues itself, the next run of the job resumes into the same MLflow
     run, and every step is logged exactly once."""
-    sweep = sweeps["preempted"]
+    sweep = slurm_sweeps["preempted"]
     attempts = _assert_resumed_without_gaps(sweep, 8)
     assert "error" not in sweep.notes, sweep.notes
     assert sweep.notes.get("signalled") == attempts[0]["job_id"]
@@ -250,18 +134,18 @@ def test_preempted_cell_requeues_and_resumes_into_the_same_run(sweeps):
 
 
 @pytest.mark.slow
-def test_time_limit_signal_requeues_and_resumes(sweeps):
+def test_time_limit_signal_requeues_and_resumes(slurm_sweeps):
     """A 2-minute job gets USR2 110 s before its limit (sbatch --signal, from submitit's
-    signal_delay_s): it checkpoints after step 1, requeues and resumes into the same MLflow run for
-    the last step, with every step logged once."""
-    attempts = _assert_resumed_without_gaps(sweeps["timelimit"], 2)
+    signal_delay_s): it checkpoints after (the slow) step 1, requeues and resumes into the same
+    MLflow run for the last step, with every step logged once."""
+    attempts = _assert_resumed_without_gaps(slurm_sweeps["timelimit"], 2)
     assert len(attempts) == 2
 
 
 @pytest.mark.parametrize(
     ("override", "key"),
     [
-        ("launcher.gpus_per_node=5", "launcher.gpus_per_node"),
+        ("launcher.gpus_per_node=99", "launcher.gpus_per_node"),
         ("launcher.time_min=30", "launcher.time_min"),
         ("launcher.partition=no_such_partition", "launcher.partition"),
     ],
@@ -272,7 +156,7 @@ def test_unsatisfiable_request_fails_before_submission(slurm_cluster, tmp_path, 
     out = subprocess.run(
         [sys.executable, "-m", "runners.cli", "sweep", "demo", *TINY, *SLURM, "+method=choice(grpo)", override,
          "experiment=slurm-refused"],
-        env={**_env(), "TRUSTBENCH_HOME": str(tmp_path)},
+        env={**sweep_env(), "TRUSTBENCH_HOME": str(tmp_path)},
         cwd=tmp_path,
         capture_output=True,
         text=True,

@@ -226,7 +226,8 @@ class LocalTrainer:
             if self.cfg.debug.fail_at_step is not None and step >= self.cfg.debug.fail_at_step:
                 raise RuntimeError(f"debug.fail_at_step={self.cfg.debug.fail_at_step} reached (test hook)")
             metrics = self.step(step)
-            if self.cfg.debug.step_delay_s:
+            below = self.cfg.debug.delay_steps_below
+            if self.cfg.debug.step_delay_s and (below is None or step < below):
                 time.sleep(self.cfg.debug.step_delay_s)
             done = step + 1
             if t.eval_every and (done % t.eval_every == 0 or done == t.total_steps):
