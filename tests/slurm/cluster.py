@@ -1,8 +1,8 @@
 """The single-node test Slurm cluster of `slurm/testcluster`, as a pytest fixture.
 
 Design: one session-scoped fixture, ``slurm_cluster``, owns the cluster's lifecycle. It reuses a
-cluster that passes ``health.sh`` (CI brings one up before pytest; a developer may keep one running)
-and otherwise, when the Slurm, munge and MariaDB binaries are installed and we are root, runs
+cluster that passes ``health.sh`` (a developer may keep one running) and otherwise, when the
+Slurm, munge and MariaDB binaries are installed and we are root, runs
 ``up.sh`` and tears the cluster down at the end of the session -- only if it started it, and only if
 no other pytest session still uses it (a shared flock on ``$TB_SLURM_DIR.lock``). It exports
 ``SLURM_CONF`` for the whole session, so code under test that shells out to sbatch / squeue / sacct
