@@ -54,6 +54,17 @@ from runners.config.grid import Composer, expand_grid, master_hydra
 
 SUBMITTED = "SUBMITTED"
 JOB_FILE = "job.json"  # in a cell's run directory: the Slurm job that runs it
+# slurmctld checks time limits every 30 s and sends a --signal warning at the first check within
+# 30 s of its due time: up to 30 s early (1-30 s early, measured on the test cluster). A signal in a
+# job's first seconds kills Python before any handler is installed.
+SIGNAL_EARLY_S = 30
+JOB_STARTUP_S = 10
+
+
+def signal_delay(requested_s: int, time_min: int) -> int:
+    """The ``--signal`` delay a job gets: ``launcher.signal_delay_s``, shortened for short time
+    limits so the signal is never sent within the job's first ``JOB_STARTUP_S`` seconds."""
+    return max(0, min(int(requested_s), time_min * 60 - SIGNAL_EARLY_S - JOB_STARTUP_S))
 
 
 @dataclass
@@ -418,8 +429,8 @@ def _group_master(master: DictConfig, p: SweepPlan, res: dict[str, Any]) -> Dict
     with open_dict(gm.hydra.launcher):
         hl = gm.hydra.launcher
         hl.timeout_min = res["time_min"]
-        if "signal_delay_s" in hl:  # never in a job's first 10 s: a signal there kills Python as it starts
-            hl.signal_delay_s = min(int(hl.signal_delay_s), res["time_min"] * 60 - 10)
+        if "signal_delay_s" in hl:
+            hl.signal_delay_s = signal_delay(hl.signal_delay_s, res["time_min"])
         if p.launcher == "slurm":
             hl.nodes = res["nodes"]
             hl.gpus_per_node = res["gpus_per_node"] or None

@@ -189,6 +189,22 @@ def _cluster() -> Cluster:
     return Cluster(parts, nodes)
 
 
+@pytest.mark.parametrize("time_min", [1, 2, 3, 5, 10, 240])
+@pytest.mark.parametrize("requested", [0, 20, 60, 110, 300])
+def test_signal_delay_never_lets_the_signal_come_during_startup(time_min, requested):
+    """Slurm sends the --signal warning up to SIGNAL_EARLY_S before it is due (measured on the test
+    cluster: 1-30 s early), so the earliest arrival, time limit - delay - SIGNAL_EARLY_S, must leave
+    the job JOB_STARTUP_S to install its handlers; otherwise the requested delay is kept."""
+    delay = sweep.signal_delay(requested, time_min)
+    earliest = time_min * 60 - delay - sweep.SIGNAL_EARLY_S
+    assert 0 <= delay <= requested
+    assert earliest >= sweep.JOB_STARTUP_S or delay == 0
+    if time_min * 60 - requested - sweep.SIGNAL_EARLY_S >= sweep.JOB_STARTUP_S:
+        assert delay == requested
+    else:
+        assert earliest == sweep.JOB_STARTUP_S
+
+
 def test_slurm_time_and_gres_parsing():
     assert _minutes("1-00:00:00") == 1440 and _minutes("00:30:00") == 30 and _minutes("UNLIMITED") == float("inf")
     assert _gpus("gpu:h100:8") == 8 and _gpus("gpu:a100:4(S:0-1),gpu:l4:2") == 6 and _gpus("(null)") == 0

@@ -392,7 +392,8 @@ class LauncherConfig:
     # requeues allowed after preemption or time-out before the cell counts as failed
     max_requeues: int = 3
     # seconds before the time limit Slurm signals a job (it checkpoints and requeues itself); must
-    # exceed one training step plus a checkpoint, and Slurm may send it up to 30 s late
+    # exceed one training step plus a checkpoint. Slurm may send it up to 30 s early; for short
+    # limits it is capped so that it never comes in a job's first 10 s (runners.sweep.signal_delay)
     signal_delay_s: int = 300
 
 
@@ -400,7 +401,8 @@ class LauncherConfig:
 class DebugConfig:
     # raise at this step (tests of failure handling); None = never
     fail_at_step: Optional[int] = None
-    # sleep this long after every step (tests that interrupt a run mid-way)
+    # sleep this long after every step, as if steps were slow (tests that interrupt a run mid-way);
+    # a stop signal ends the sleep early
     step_delay_s: float = 0.0
     # only steps below this index sleep (None = every step): a slow start, then full speed
     delay_steps_below: Optional[int] = None

@@ -85,19 +85,55 @@ def test_methods_needing_the_old_distribution_train(method, tb_home):
     assert key in last and 0.0 <= last[key] <= 1.0
 
 
-@pytest.mark.parametrize(("below", "slept_after"), [(None, [0, 1]), (1, [0]), (0, [])])
-def test_step_delay_applies_to_steps_below_the_bound(tb_home, monkeypatch, below, slept_after):
-    """debug.step_delay_s sleeps after every step, or only after steps below debug.delay_steps_below
-    (a sleep after step i happens before step i + 1 is logged)."""
+@pytest.mark.parametrize(("below", "paused_after"), [(None, [0, 1]), (1, [0]), (0, [])])
+def test_step_delay_applies_to_steps_below_the_bound(tb_home, monkeypatch, below, paused_after):
+    """debug.step_delay_s pauses after every step, or only after steps below debug.delay_steps_below
+    (a pause after step i happens before step i + 1 is logged)."""
     import runners.backends.local.trainer as trainer_module
 
     cfg, _ = compose([*TINY, "debug.step_delay_s=7", f"debug.delay_steps_below={'null' if below is None else below}"])
     tracker = MemoryTracker()
     trainer = LocalTrainer(cfg, tracker, tb_home / "run", label="delay")
-    slept = []
-    monkeypatch.setattr(trainer_module.time, "sleep", lambda s: slept.append((max(tracker.history, default=0), s)))
+    paused = []
+    monkeypatch.setattr(trainer_module, "pause", lambda s, stop: paused.append((max(tracker.history, default=0), s)))
     trainer.train()
-    assert slept == [(step, 7.0) for step in slept_after]
+    assert paused == [(step, 7.0) for step in paused_after]
+
+
+def test_a_stop_request_cuts_the_step_delay_short(tb_home, monkeypatch):
+    """A stop signal arriving during the pause after step 1 ends the pause; the trainer checkpoints
+    and stops after step 1 as it would after a real slow step."""
+    import runners.backends.local.trainer as trainer_module
+    from runners.backends.local.trainer import StopRequested, pause
+
+    cfg, _ = compose([*TINY, "debug.step_delay_s=3600"])
+    trainer = LocalTrainer(cfg, MemoryTracker(), tb_home / "run", label="delay")
+    now = [0.0]
+
+    def sleep(seconds):  # a fake clock: the signal "arrives" 5 s into the pause
+        now[0] += seconds
+        trainer.stop_requested = now[0] >= 5.0
+
+    monkeypatch.setattr(
+        trainer_module, "pause", lambda s, stop: pause(s, stop, clock=lambda: now[0], sleep=sleep, tick=1.0)
+    )
+    with pytest.raises(StopRequested, match="after step 1"):
+        trainer.train()
+    assert now[0] == 5.0
+    assert (tb_home / "run" / "checkpoint.pt").exists()
+
+
+def test_pause_sleeps_the_full_time_without_a_stop():
+    from runners.backends.local.trainer import pause
+
+    now, naps = [0.0], []
+
+    def sleep(seconds):
+        naps.append(seconds)
+        now[0] += seconds
+
+    pause(0.35, lambda: False, clock=lambda: now[0], sleep=sleep, tick=0.1)
+    assert now[0] == pytest.approx(0.35) and len(naps) == 4 and max(naps) == 0.1
 
 
 def test_failure_is_recorded_in_mlflow_and_a_marker(tb_home):

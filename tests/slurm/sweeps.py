@@ -114,13 +114,13 @@ def slurm_sweeps(slurm_cluster, tmp_path_factory) -> Iterator[dict[str, Sweep]]:
     root = tmp_path_factory.mktemp("sweeps")
     (port,) = free_ports(1)
     runs = {
-        # 2-minute limit, USR2 110 s before it: due 10 s into each attempt, delivered 10-40 s in
-        # (slurmctld checks time limits every 30 s). Step 1 sleeps 38 s, so the signal always comes
-        # before step 2 can start and the first attempt stops after step 1; the second attempt runs
-        # step 2 at full speed (a signal then changes nothing) and ends well within its limit.
+        # 2-minute limit, USR2 60 s before it: due 60 s into each attempt, sent 30-60 s in
+        # (slurmctld checks time limits every 30 s and sends the warning up to 30 s early). Step 1
+        # is followed by a pause of up to 100 s that the signal cuts short, so the first attempt
+        # stops after step 1; the second runs step 2 at full speed and is done before a signal.
         "timelimit": Sweep("timelimit", root / "timelimit", [*TINY, *SLURM, "+method=choice(grpo)",
-                           "trainer.total_steps=2", "trainer.checkpoint_every=0", "debug.step_delay_s=38",
-                           "debug.delay_steps_below=1", "launcher.time_min=2", "launcher.signal_delay_s=110",
+                           "trainer.total_steps=2", "trainer.checkpoint_every=0", "debug.step_delay_s=100",
+                           "debug.delay_steps_below=1", "launcher.time_min=2", "launcher.signal_delay_s=60",
                            "launcher.max_requeues=2", "experiment=slurm-timelimit"]),
         "main": Sweep("main", root / "main", [*TINY, *SLURM, METHODS, "trainer.total_steps=2",
                       "trainer.checkpoint_every=0", "launcher.gpus_per_node=1", "experiment=slurm-main"]),

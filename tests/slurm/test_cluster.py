@@ -137,7 +137,8 @@ if [ "${{SLURM_RESTART_COUNT:-0}}" = 0 ]; then touch holding; {IDLE}; fi"""
 @pytest.mark.slow
 def test_signal_before_time_limit(slurm_cluster, timelimit_job):
     """`--signal=B:USR1@50` with `--time=1` delivers USR1 to the batch shell before the time limit
-    (Slurm checks every 30 s, so it arrives 10-40 s into the job), and the job ends COMPLETED by its
+    (Slurm checks every 30 s and sends it up to 30 s early, so it arrives in the first 10 s), and
+    the job ends COMPLETED by its
     trap instead of TIMEOUT."""
     job_id, cwd, _ = timelimit_job
     info = slurm_cluster.wait_job(job_id, timeout=75)

@@ -135,7 +135,7 @@ def test_preempted_cell_requeues_and_resumes_into_the_same_run(slurm_sweeps):
 
 @pytest.mark.slow
 def test_time_limit_signal_requeues_and_resumes(slurm_sweeps):
-    """A 2-minute job gets USR2 110 s before its limit (sbatch --signal, from submitit's
+    """A 2-minute job gets USR2 60 s before its limit (sbatch --signal, from submitit's
     signal_delay_s): it checkpoints after (the slow) step 1, requeues and resumes into the same
     MLflow run for the last step, with every step logged once."""
     attempts = _assert_resumed_without_gaps(slurm_sweeps["timelimit"], 2)

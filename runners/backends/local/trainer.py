@@ -73,6 +73,19 @@ class PhaseTimer:
         return {f"timing_s/{k}": v for k, v in self.seconds.items()}
 
 
+def pause(seconds: float, stop, *, clock=time.monotonic, sleep=time.sleep, tick: float = 0.1) -> None:
+    """Sleep ``seconds``, or less if ``stop()`` turns true first (checked every ``tick`` s).
+
+    ``debug.step_delay_s`` uses it as a stand-in for a long step: a stop signal that arrives during
+    the pause is acted on at its end, as one arriving during a real step is at the step's end."""
+    deadline = clock() + seconds
+    while not stop():
+        left = deadline - clock()
+        if left <= 0:
+            return
+        sleep(min(left, tick))
+
+
 class StopRequested(Exception):
     """Raised after a checkpoint when a stop signal (preemption, time limit) was received."""
 
@@ -228,7 +241,7 @@ class LocalTrainer:
             metrics = self.step(step)
             below = self.cfg.debug.delay_steps_below
             if self.cfg.debug.step_delay_s and (below is None or step < below):
-                time.sleep(self.cfg.debug.step_delay_s)
+                pause(self.cfg.debug.step_delay_s, lambda: self.stop_requested)
             done = step + 1
             if t.eval_every and (done % t.eval_every == 0 or done == t.total_steps):
                 metrics.update(self._evaluate())
