@@ -137,14 +137,13 @@ if [ "${{SLURM_RESTART_COUNT:-0}}" = 0 ]; then touch holding; {IDLE}; fi"""
 @pytest.mark.slow
 def test_signal_before_time_limit(slurm_cluster, timelimit_job):
     """`--signal=B:USR1@50` with `--time=1` delivers USR1 to the batch shell before the time limit
-    (Slurm checks every 30 s and sends it up to 30 s early, so it arrives in the first 10 s), and
-    the job ends COMPLETED by its
-    trap instead of TIMEOUT."""
+    (Slurm checks every 30 s and sends it up to 30 s early, so it arrives in the first 10 s, whole
+    seconds here), and the job ends COMPLETED by its trap instead of TIMEOUT."""
     job_id, cwd, _ = timelimit_job
     info = slurm_cluster.wait_job(job_id, timeout=75)
     elapsed = int((cwd / "signalled_after_s").read_text())
     assert info["JobState"] == "COMPLETED"
-    assert 0 < elapsed < 60
+    assert 0 <= elapsed <= 10
 
 
 def _double_and_report(x: int) -> tuple[int, str | None, str | None]:
@@ -158,7 +157,9 @@ def test_submitit_job_runs_on_the_cluster(slurm_cluster, tmp_path):
     alone: a pickled function runs as a Slurm job with the GPU it asked for and returns its value."""
     submitit = pytest.importorskip("submitit")
     executor = submitit.AutoExecutor(folder=tmp_path / "%j", cluster="slurm")
-    executor.update_parameters(timeout_min=2, slurm_partition=slurm_cluster.default_partition, gpus_per_node=1)
+    # 5 minutes: submitit's default USR2 90 s before the limit (which Slurm may send up to 30 s
+    # early) then never comes while the job starts, when no handler is installed yet
+    executor.update_parameters(timeout_min=5, slurm_partition=slurm_cluster.default_partition, gpus_per_node=1)
     job = executor.submit(_double_and_report, 21)
     slurm_cluster.submitted.append(int(job.job_id))
     value, job_id, visible = job.result()
