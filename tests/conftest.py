@@ -85,7 +85,7 @@ def pytest_runtest_protocol(item, nextitem):
 
 
 def pytest_terminal_summary(terminalreporter):
-    if len(_SLURM_SPAN) < 2:
+    if len(_SLURM_SPAN) < 2 or not cluster.USED:  # no Slurm test ran (skipped or deselected)
         return
     tests = _SLURM_SPAN[1] - _SLURM_SPAN[0]
     up, down = cluster.TIMINGS.get("up"), cluster.TIMINGS.get("down")

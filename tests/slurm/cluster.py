@@ -42,6 +42,8 @@ FINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT
 
 # seconds up.sh and down.sh took in this session (reported in the test summary by tests/conftest.py)
 TIMINGS: dict[str, float] = {}
+# whether a test of this session got the cluster (else there is no Slurm stage to report)
+USED = False
 
 
 @dataclass
@@ -251,6 +253,8 @@ def slurm_cluster() -> Iterator[SlurmCluster]:
         lock.close()
         raise
     fcntl.flock(lock, fcntl.LOCK_SH)  # other sessions may share it from now on
+    global USED
+    USED = True
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("SLURM_CONF", env["SLURM_CONF"])
         mp.setenv("TB_SLURM_DIR", str(state_dir))
