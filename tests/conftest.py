@@ -68,26 +68,24 @@ def _background_sweeps(request):
         request.getfixturevalue("slurm_sweeps")
 
 
-_SLURM_SPAN: list[float] = []  # start of the first and end of the last slurm test (monotonic)
+_SLURM_SPAN: dict[str, float] = {}  # start of the first and end of the last slurm test (monotonic)
 
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item, nextitem):
-    slurm = item.get_closest_marker("slurm") is not None
-    if slurm and not _SLURM_SPAN:
-        _SLURM_SPAN.append(time.monotonic())
+    if item.get_closest_marker("slurm") is None:
+        return (yield)
+    _SLURM_SPAN.setdefault("start", time.monotonic())
     try:
         return (yield)
     finally:
-        if slurm:
-            del _SLURM_SPAN[1:]
-            _SLURM_SPAN.append(time.monotonic())
+        _SLURM_SPAN["end"] = time.monotonic()
 
 
 def pytest_terminal_summary(terminalreporter):
-    if len(_SLURM_SPAN) < 2 or not cluster.USED:  # no Slurm test ran (skipped or deselected)
+    if "end" not in _SLURM_SPAN or not cluster.USED:  # no Slurm test ran (skipped or deselected)
         return
-    tests = _SLURM_SPAN[1] - _SLURM_SPAN[0]
+    tests = _SLURM_SPAN["end"] - _SLURM_SPAN["start"]
     up, down = cluster.TIMINGS.get("up"), cluster.TIMINGS.get("down")
     parts = [f"tests {tests:.0f} s (cluster start included)" if up else f"tests {tests:.0f} s (cluster was up)"]
     if up:
