@@ -10,7 +10,7 @@ Design: MLflow data is held as two pandas frames rather than one wide frame, so 
   (``run_id`` and ``metric`` categorical, ``step``/``timestamp`` int64, ``value`` float64).
 
 ``ExperimentData.tidy()`` joins them into the single long frame the analysis code uses
-(run_id, the run tags of ``runners.schema`` as columns, optionally params, step, metric, value,
+(run_id, the run tags of ``runners.metric_names`` as columns, optionally params, step, metric, value,
 timestamp), adding a display ``method`` label and an integer ``seed``.
 
     from analysis import load_experiment
@@ -25,24 +25,24 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from runners import schema
+from runners import metric_names
 
 RUN_COLUMNS = ["run_id", "experiment", "experiment_id", "run_name", "status", "start_time", "end_time"]
 METRIC_COLUMNS = ["run_id", "metric", "step", "value", "timestamp"]
 
 # Run tags that become columns of the tidy frame (display label first).
 LABEL_TAGS = [
-    schema.TAG_METHOD,
-    schema.TAG_ALGORITHM,
-    schema.TAG_ESTIMATOR,
-    schema.TAG_OBJECTIVE,
-    schema.TAG_MASK,
-    schema.TAG_ENTROPY_CONTROL,
-    schema.TAG_MODEL,
-    schema.TAG_DATASET,
-    schema.TAG_SEED,
-    schema.TAG_BACKEND,
-    schema.TAG_SWEEP,
+    metric_names.TAG_METHOD,
+    metric_names.TAG_ALGORITHM,
+    metric_names.TAG_ESTIMATOR,
+    metric_names.TAG_OBJECTIVE,
+    metric_names.TAG_MASK,
+    metric_names.TAG_ENTROPY_CONTROL,
+    metric_names.TAG_MODEL,
+    metric_names.TAG_DATASET,
+    metric_names.TAG_SEED,
+    metric_names.TAG_BACKEND,
+    metric_names.TAG_SWEEP,
 ]
 
 # Tag marking the run that holds a report's artifacts (excluded from analysis).
@@ -79,11 +79,11 @@ def normalize_metrics(df: pd.DataFrame) -> pd.DataFrame:
 
 def method_label(row: pd.Series) -> str:
     """Display label of a run: the ``method`` tag, else algorithm(+objective), else the run name."""
-    value = row.get(f"tags.{schema.TAG_METHOD}")
+    value = row.get(f"tags.{metric_names.TAG_METHOD}")
     if isinstance(value, str) and value:
         return value
-    algorithm = row.get(f"tags.{schema.TAG_ALGORITHM}")
-    objective = row.get(f"tags.{schema.TAG_OBJECTIVE}")
+    algorithm = row.get(f"tags.{metric_names.TAG_ALGORITHM}")
+    objective = row.get(f"tags.{metric_names.TAG_OBJECTIVE}")
     if isinstance(algorithm, str) and algorithm:
         if isinstance(objective, str) and objective and objective not in ("clip", algorithm):
             return f"{algorithm}+{objective}"
@@ -108,11 +108,11 @@ class ExperimentData:
         for tag in LABEL_TAGS:
             col = f"tags.{tag}"
             out[tag] = runs[col].to_numpy() if col in runs else None
-        out[schema.TAG_METHOD] = [method_label(r) for _, r in runs.iterrows()] if len(runs) else []
-        seeds = pd.to_numeric(out[schema.TAG_SEED], errors="coerce")
+        out[metric_names.TAG_METHOD] = [method_label(r) for _, r in runs.iterrows()] if len(runs) else []
+        seeds = pd.to_numeric(out[metric_names.TAG_SEED], errors="coerce")
         if seeds.isna().any() and "params.seed" in runs:
             seeds = seeds.fillna(pd.to_numeric(runs["params.seed"], errors="coerce").reset_index(drop=True))
-        out[schema.TAG_SEED] = seeds.fillna(-1).astype("int64")
+        out[metric_names.TAG_SEED] = seeds.fillna(-1).astype("int64")
         for col in ("experiment", "run_name", "status"):
             out[col] = runs[col].to_numpy() if col in runs else None
         return out

@@ -3,7 +3,7 @@
 Design: every curve is a closed-form function of the step plus seeded Gaussian noise, so a test can
 recompute any table entry with numpy from the arrays returned by ``log_synthetic_experiment``
 (they are exactly what was logged) without calling the analysis code. Runs use the metric names
-and tags of ``runners.schema`` and are tagged ``trustbench.synthetic=1`` (reports show a banner).
+and tags of ``runners.metric_names`` and are tagged ``trustbench.synthetic=1`` (reports show a banner).
 ``profile(name)`` gives a sweep shaped like each registered report (``reports.registry``).
 
     python -m analysis.synthetic troll_table1 --tracking-uri sqlite:///$PWD/.trustbench/mlflow.db
@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 
 from analysis.frames import ExperimentData, normalize_metrics
-from runners import schema
+from runners import metric_names
 
 TAG_SYNTHETIC = "trustbench.synthetic"
 # response-length buckets of the TRM acceptance metrics and TV position buckets
@@ -72,28 +72,28 @@ def generate_run(spec: SyntheticSpec, method: SyntheticMethod, seed: int) -> dic
         return np.clip(x + rng.normal(0.0, scale, size=x.shape), lo, hi)
 
     out: dict[str, tuple[np.ndarray, np.ndarray]] = {}
-    out[schema.SCORE_MEAN] = (steps, noisy(method.final * learn, hi=1.0))
+    out[metric_names.SCORE_MEAN] = (steps, noisy(method.final * learn, hi=1.0))
     eval_steps = np.unique(np.r_[0, steps[steps % spec.eval_every == 0]])
     for k, data in enumerate(spec.eval_sets):
         scale = 0.95 - 0.08 * k
         x = method.final * scale * (1.0 - np.exp(-method.rate * eval_steps)) + 0.05
-        out[schema.val_acc_mean(data, 1)] = (eval_steps, noisy(x, hi=1.0))
-    out[schema.ENTROPY] = (steps, noisy(method.entropy0 * np.exp(-method.entropy_decay * t), 0.01, lo=1e-3))
-    out[schema.RESPONSE_LENGTH_MEAN] = (steps, noisy(200.0 + 150.0 * learn, 5.0, lo=1.0))
-    objective = method.tags.get(schema.TAG_OBJECTIVE, "clip")
+        out[metric_names.val_acc_mean(data, 1)] = (eval_steps, noisy(x, hi=1.0))
+    out[metric_names.ENTROPY] = (steps, noisy(method.entropy0 * np.exp(-method.entropy_decay * t), 0.01, lo=1e-3))
+    out[metric_names.RESPONSE_LENGTH_MEAN] = (steps, noisy(200.0 + 150.0 * learn, 5.0, lo=1.0))
+    objective = method.tags.get(metric_names.TAG_OBJECTIVE, "clip")
     if objective == "troll":
-        out[schema.TROLL_PROJECTED_FRAC] = (steps, noisy(np.full_like(t, 2e-3) * (1 + t / spec.steps), 2e-4, lo=0.0))
-        out[schema.TROLL_KEPT_TOKENS] = (steps, noisy(np.full_like(t, 7.0), 0.5, lo=1.0))
+        out[metric_names.TROLL_PROJECTED_FRAC] = (steps, noisy(np.full_like(t, 2e-3) * (1 + t / spec.steps), 2e-4, lo=0.0))
+        out[metric_names.TROLL_KEPT_TOKENS] = (steps, noisy(np.full_like(t, 7.0), 0.5, lo=1.0))
     else:
-        out[schema.PG_CLIPFRAC] = (steps, noisy(np.full_like(t, 1.5e-3), 2e-4, lo=0.0))
+        out[metric_names.PG_CLIPFRAC] = (steps, noisy(np.full_like(t, 1.5e-3), 2e-4, lo=0.0))
     if "timing" in spec.families:
-        critic = method.tags.get(schema.TAG_ESTIMATOR) in ("gae", "egae")
-        truncated = method.tags.get(schema.TAG_ALGORITHM) == "tppo"
+        critic = method.tags.get(metric_names.TAG_ESTIMATOR) in ("gae", "egae")
+        truncated = method.tags.get(metric_names.TAG_ALGORITHM) == "tppo"
         phases = {
-            schema.TIMING_GEN: 12.0 / (2.5 if truncated else 1.0),
-            schema.TIMING_OLD_LOG_PROB: 2.0,
-            schema.TIMING_UPDATE_ACTOR: 5.0 + (1.0 if objective == "troll" else 0.0),
-            schema.TIMING_UPDATE_CRITIC: 3.0 if critic else 0.0,
+            metric_names.TIMING_GEN: 12.0 / (2.5 if truncated else 1.0),
+            metric_names.TIMING_OLD_LOG_PROB: 2.0,
+            metric_names.TIMING_UPDATE_ACTOR: 5.0 + (1.0 if objective == "troll" else 0.0),
+            metric_names.TIMING_UPDATE_CRITIC: 3.0 if critic else 0.0,
         }
         total = np.zeros_like(t)
         for name, mean in phases.items():
@@ -101,28 +101,28 @@ def generate_run(spec: SyntheticSpec, method: SyntheticMethod, seed: int) -> dic
                 vals = noisy(np.full_like(t, mean), 0.3, lo=0.01)
                 out[name] = (steps, vals)
                 total += vals
-        out[schema.TIMING_STEP] = (steps, total + noisy(np.full_like(t, 0.5), 0.05, lo=0.0))
+        out[metric_names.TIMING_STEP] = (steps, total + noisy(np.full_like(t, 0.5), 0.05, lo=0.0))
     if "perf" in spec.families:
         base = 25.0 + (1.8 if objective == "troll" else 0.0) + (-0.6 if "chunk" in method.label.lower() else 0.0)
-        out[schema.MAX_MEMORY_ALLOCATED_GB] = (steps, noisy(np.full_like(t, base), 0.2, lo=0.1))
+        out[metric_names.MAX_MEMORY_ALLOCATED_GB] = (steps, noisy(np.full_like(t, base), 0.2, lo=0.1))
     if "roofline" in spec.families:
-        ai = 250.0 if method.tags.get(schema.TAG_ALGORITHM) == "tppo" else 85.0
-        out[schema.ROLLOUT_ARITHMETIC_INTENSITY] = (steps, noisy(np.full_like(t, ai), 5.0, lo=1.0))
-        out[schema.ROLLOUT_TFLOPS] = (steps, noisy(np.full_like(t, ai * 3.35 * 0.6), 10.0, lo=1.0))
+        ai = 250.0 if method.tags.get(metric_names.TAG_ALGORITHM) == "tppo" else 85.0
+        out[metric_names.ROLLOUT_ARITHMETIC_INTENSITY] = (steps, noisy(np.full_like(t, ai), 5.0, lo=1.0))
+        out[metric_names.ROLLOUT_TFLOPS] = (steps, noisy(np.full_like(t, ai * 3.35 * 0.6), 10.0, lo=1.0))
     if "trm" in spec.families:
         p = method.violation_p
         accept_buckets = []
         for lo, hi in LENGTH_BUCKETS:
             mid = 0.5 * (lo + hi)
             vals = noisy(np.full_like(t, (1.0 - p) ** mid), 0.01, hi=1.0)
-            out[schema.trm_accept_rate_bucket(lo, hi)] = (steps, vals)
+            out[metric_names.trm_accept_rate_bucket(lo, hi)] = (steps, vals)
             accept_buckets.append(vals)
-        out[schema.TRM_ACCEPT_RATE] = (steps, np.mean(accept_buckets, axis=0))
-        out[schema.TRM_PPL_GAP] = (steps, noisy(np.full_like(t, 0.01 + 50 * p), 0.002, lo=0.0))
-        out[schema.TRM_MAX_KL] = (steps, noisy(np.full_like(t, 2e-4 + p), 1e-5, lo=0.0))
-        out[schema.TRM_MEAN_KL] = (steps, noisy(np.full_like(t, 1e-5 + p / 10), 1e-6, lo=0.0))
+        out[metric_names.TRM_ACCEPT_RATE] = (steps, np.mean(accept_buckets, axis=0))
+        out[metric_names.TRM_PPL_GAP] = (steps, noisy(np.full_like(t, 0.01 + 50 * p), 0.002, lo=0.0))
+        out[metric_names.TRM_MAX_KL] = (steps, noisy(np.full_like(t, 2e-4 + p), 1e-5, lo=0.0))
+        out[metric_names.TRM_MEAN_KL] = (steps, noisy(np.full_like(t, 1e-5 + p / 10), 1e-6, lo=0.0))
         for lo, hi in POSITION_BUCKETS:
-            out[schema.trm_tv_position_bucket(lo, hi)] = (
+            out[metric_names.trm_tv_position_bucket(lo, hi)] = (
                 steps,
                 noisy(np.full_like(t, 2e-3 / (1 + lo / 256)), 1e-4, lo=0.0, hi=1.0),
             )
@@ -137,9 +137,9 @@ def run_params(spec: SyntheticSpec, method: SyntheticMethod, seed: int) -> dict[
         "dataset.name": spec.dataset,
         "trainer.total_steps": spec.steps,
         "trainer.test_freq": spec.eval_every,
-        "algorithm.name": method.tags.get(schema.TAG_ALGORITHM, method.label),
-        "algorithm.objective": method.tags.get(schema.TAG_OBJECTIVE, "clip"),
-        "algorithm.mask": method.tags.get(schema.TAG_MASK, "none"),
+        "algorithm.name": method.tags.get(metric_names.TAG_ALGORITHM, method.label),
+        "algorithm.objective": method.tags.get(metric_names.TAG_OBJECTIVE, "clip"),
+        "algorithm.mask": method.tags.get(metric_names.TAG_MASK, "none"),
         "optim.lr": 1e-6,
         **method.params,
     }
@@ -164,12 +164,12 @@ def log_synthetic_experiment(tracking_uri: str, spec: SyntheticSpec) -> dict[tup
     for method in spec.methods:
         for seed in spec.seeds:
             tags = {
-                schema.TAG_METHOD: method.label,
-                schema.TAG_MODEL: spec.model,
-                schema.TAG_DATASET: spec.dataset,
-                schema.TAG_SEED: str(seed),
-                schema.TAG_SWEEP: spec.experiment,
-                schema.TAG_BACKEND: "synthetic",
+                metric_names.TAG_METHOD: method.label,
+                metric_names.TAG_MODEL: spec.model,
+                metric_names.TAG_DATASET: spec.dataset,
+                metric_names.TAG_SEED: str(seed),
+                metric_names.TAG_SWEEP: spec.experiment,
+                metric_names.TAG_BACKEND: "synthetic",
                 TAG_SYNTHETIC: "1",
                 **method.tags,
             }
@@ -198,11 +198,11 @@ def synthetic_data(spec: SyntheticSpec) -> tuple[ExperimentData, dict[tuple[str,
         for seed in spec.seeds:
             run_id = f"{method.label}-s{seed}"
             tags = {
-                schema.TAG_METHOD: method.label,
-                schema.TAG_MODEL: spec.model,
-                schema.TAG_DATASET: spec.dataset,
-                schema.TAG_SEED: str(seed),
-                schema.TAG_SWEEP: spec.experiment,
+                metric_names.TAG_METHOD: method.label,
+                metric_names.TAG_MODEL: spec.model,
+                metric_names.TAG_DATASET: spec.dataset,
+                metric_names.TAG_SEED: str(seed),
+                metric_names.TAG_SWEEP: spec.experiment,
                 TAG_SYNTHETIC: "1",
                 **method.tags,
             }
@@ -232,9 +232,9 @@ def synthetic_data(spec: SyntheticSpec) -> tuple[ExperimentData, dict[tuple[str,
 
 
 def _m(label: str, algorithm: str, objective: str = "clip", estimator: str | None = None, **kw) -> SyntheticMethod:
-    tags = {schema.TAG_ALGORITHM: algorithm, schema.TAG_OBJECTIVE: objective}
-    tags[schema.TAG_ESTIMATOR] = estimator or {"ppo": "gae", "tppo": "egae", "gspo": "grpo"}.get(algorithm, algorithm)
-    for key in (schema.TAG_MASK, schema.TAG_ENTROPY_CONTROL):
+    tags = {metric_names.TAG_ALGORITHM: algorithm, metric_names.TAG_OBJECTIVE: objective}
+    tags[metric_names.TAG_ESTIMATOR] = estimator or {"ppo": "gae", "tppo": "egae", "gspo": "grpo"}.get(algorithm, algorithm)
+    for key in (metric_names.TAG_MASK, metric_names.TAG_ENTROPY_CONTROL):
         if key in kw:
             tags[key] = kw.pop(key)
     return SyntheticMethod(label, tags, **kw)

@@ -120,7 +120,7 @@ def render_html(
 ) -> str:
     from analysis.paper_data import data_files, paper_source
     from analysis.synthetic import TAG_SYNTHETIC
-    from runners import __version__, schema
+    from runners import __version__, metric_names
 
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(TEMPLATES), autoescape=jinja2.select_autoescape(["html", "j2"])
@@ -150,7 +150,7 @@ def render_html(
     labels = data.labels()
     synthetic_col = f"tags.{TAG_SYNTHETIC}"
     synthetic = int(data.runs[synthetic_col].notna().sum()) if synthetic_col in data.runs else 0
-    seeds = sorted({int(s) for s in labels[schema.TAG_SEED] if s >= 0}) if len(labels) else []
+    seeds = sorted({int(s) for s in labels[metric_names.TAG_SEED] if s >= 0}) if len(labels) else []
     provenance = [(name, paper_source(name[:-4])) for name in data_files() if name.endswith(".csv")]
     return env.get_template("report.html.j2").render(
         version=__version__,
@@ -159,7 +159,7 @@ def render_html(
         experiment=experiment,
         items=rows,
         n_runs=len(labels),
-        n_methods=labels[schema.TAG_METHOD].nunique() if len(labels) else 0,
+        n_methods=labels[metric_names.TAG_METHOD].nunique() if len(labels) else 0,
         seeds=", ".join(map(str, seeds)),
         tracking_uri=tracking_uri,
         generated=_dt.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z"),

@@ -127,7 +127,7 @@ def requeue_or_fail(cfg: DictConfig, signal: str | None = "SIGUSR1") -> dict:
 
 def _fail(cfg: DictConfig, run_dir: Path, reason: str, previous: dict | None = None) -> None:
     """Mark the cell FAILED in its marker and in MLflow (its run was left KILLED by the stop)."""
-    from runners import schema, tracking
+    from runners import metric_names, tracking
     from runners.run import tracking_uri
 
     previous = (
@@ -141,7 +141,7 @@ def _fail(cfg: DictConfig, run_dir: Path, reason: str, previous: dict | None = N
         found = tracking.find_run(uri, str(cfg.experiment), run_key(cfg))
         if found is not None:
             client = tracking._client(uri)
-            client.set_tag(found.info.run_id, schema.TAG_FAILURE, reason)
+            client.set_tag(found.info.run_id, metric_names.TAG_FAILURE, reason)
             client.set_terminated(found.info.run_id, status="FAILED")
     except Exception as err:  # noqa: BLE001 - the marker already says FAILED
         print(f"[trustbench] could not mark the MLflow run FAILED: {err}")

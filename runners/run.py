@@ -37,13 +37,10 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from runners import paths, schema, tracking
-from runners.algorithms.registry import Registry
+from runners import metric_names, paths, tracking
+from runners.backends import BACKENDS
+from runners.backends.base import StopRequested
 from runners.config import method_label, resolved, run_key, run_name, validate
-
-BACKENDS = Registry("backend")
-BACKENDS.register("local", "runners.backends.local.trainer:LocalTrainer")
-BACKENDS.register("verl", "runners.backends.verl.backend:VerlBackend")
 
 STATUS_FILE = "status.json"
 STOP_SIGNALS = ("SIGUSR1", "SIGUSR2", "SIGTERM")
@@ -90,18 +87,18 @@ def tracking_uri(cfg: DictConfig) -> str:
 def run_tags(cfg: DictConfig, label: str, choices: Mapping[str, str] | None) -> dict[str, str]:
     choices = choices or {}
     tags = {
-        schema.TAG_METHOD: label,
-        schema.TAG_ALGORITHM: cfg.algorithm.name,
-        schema.TAG_OBJECTIVE: choices.get("objective", cfg.objective.name),
-        schema.TAG_ESTIMATOR: choices.get("estimator", cfg.estimator.name),
-        schema.TAG_MASK: choices.get("mask", cfg.mask.name),
-        schema.TAG_ENTROPY_CONTROL: choices.get("entropy_control", cfg.entropy_control.name),
-        schema.TAG_MODEL: cfg.model.name,
-        schema.TAG_DATASET: cfg.dataset.name,
-        schema.TAG_SEED: str(cfg.seed),
-        schema.TAG_BACKEND: cfg.backend.name,
-        schema.TAG_SWEEP: cfg.experiment,
-        schema.TAG_GIT_REVISION: tracking.git_revision(),
+        metric_names.TAG_METHOD: label,
+        metric_names.TAG_ALGORITHM: cfg.algorithm.name,
+        metric_names.TAG_OBJECTIVE: choices.get("objective", cfg.objective.name),
+        metric_names.TAG_ESTIMATOR: choices.get("estimator", cfg.estimator.name),
+        metric_names.TAG_MASK: choices.get("mask", cfg.mask.name),
+        metric_names.TAG_ENTROPY_CONTROL: choices.get("entropy_control", cfg.entropy_control.name),
+        metric_names.TAG_MODEL: cfg.model.name,
+        metric_names.TAG_DATASET: cfg.dataset.name,
+        metric_names.TAG_SEED: str(cfg.seed),
+        metric_names.TAG_BACKEND: cfg.backend.name,
+        metric_names.TAG_SWEEP: cfg.experiment,
+        metric_names.TAG_GIT_REVISION: tracking.git_revision(),
         "mlflow.note.content": f"trustbench cell {label} (run key {run_key(cfg)})",
     }
     tags.update(tracking.host_tags())
@@ -169,10 +166,9 @@ def run(cfg: DictConfig, choices: Mapping[str, str] | None = None) -> dict[str, 
     run_dir = paths.run_dir(key)
     uri = tracking.ensure_store(tracking_uri(cfg))
     existing = None if cfg.force else tracking.find_run(uri, cfg.experiment, key)
+    backend_cls = BACKENDS.get(cfg.backend.name)
     if cfg.force:
-        from runners.backends.local import checkpoint
-
-        checkpoint.path(run_dir).unlink(missing_ok=True)
+        backend_cls.discard_checkpoints(run_dir)
     if existing is not None and existing.info.status == "FINISHED":
         write_status(run_dir, "FINISHED", run_id=existing.info.run_id, name=name, skipped=True)
         return {"status": "SKIPPED", "run_key": key, "run_id": existing.info.run_id, "name": name, "metrics": {}}
@@ -199,14 +195,11 @@ def run(cfg: DictConfig, choices: Mapping[str, str] | None = None) -> dict[str, 
     attempts = (read_status(run_dir) or {}).get("attempts", 0) + 1
     write_status(run_dir, "RUNNING", run_id=tracker.run_id, name=name, attempts=attempts)
 
-    backend_cls = BACKENDS.get(cfg.backend.name)
     try:
         trainer = backend_cls(cfg, tracker, run_dir, label)
         with _StopFlag(trainer):
             metrics = trainer.train()
     except BaseException as err:  # noqa: BLE001 - record every way a run can end
-        from runners.backends.local.trainer import StopRequested
-
         if isinstance(err, StopRequested):
             tracker.finish("KILLED", reason=None)
             stop_signal = _StopFlag.received

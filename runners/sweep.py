@@ -40,7 +40,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from runners import paths, schema, tracking
+from runners import metric_names, paths, tracking
 from runners.config import (
     SEARCHPATH_OVERRIDE,
     SWEEPS_DIR,
@@ -153,7 +153,7 @@ def _existing_runs(uri: str, experiment: str) -> dict[str, str]:
     while True:
         page = client.search_runs([exp.experiment_id], max_results=5000, page_token=token)
         for r in page:
-            key = r.data.tags.get(schema.TAG_RUN_KEY)
+            key = r.data.tags.get(metric_names.TAG_RUN_KEY)
             if key and (key not in out or r.info.start_time > out[key][0]):
                 out[key] = (r.info.start_time, r.info.status)
         token = page.token
@@ -174,7 +174,7 @@ def _existing_runs_sql(db: Path, experiment: str) -> dict[str, str]:
         WHERE e.name = ? AND t.key = ? AND r.lifecycle_stage = 'active'
         ORDER BY r.start_time"""
     with sqlite3.connect(f"{db.resolve().as_uri()}?mode=ro", uri=True) as con:
-        rows = con.execute(query, (experiment, schema.TAG_RUN_KEY)).fetchall()
+        rows = con.execute(query, (experiment, metric_names.TAG_RUN_KEY)).fetchall()
     return dict(rows)  # newest last wins
 
 

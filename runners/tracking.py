@@ -48,7 +48,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from runners import paths, schema
+from runners import metric_names, paths
 
 # metric logged every step; its history tells which steps are already in MLflow
 STEP_METRIC = "training/global_step"
@@ -105,7 +105,7 @@ def find_run(uri: str, experiment: str, run_key: str):
         return None
     runs = client.search_runs(
         [exp.experiment_id],
-        filter_string=f"tags.`{schema.TAG_RUN_KEY}` = '{run_key}'",
+        filter_string=f"tags.`{metric_names.TAG_RUN_KEY}` = '{run_key}'",
         order_by=["attributes.start_time DESC"],
         max_results=1,
     )
@@ -148,7 +148,7 @@ def git_revision(path: Path | None = None) -> str:
 
 
 def host_tags() -> dict[str, str]:
-    tags = {schema.TAG_HOST: socket.gethostname()}
+    tags = {metric_names.TAG_HOST: socket.gethostname()}
     for var in ("SLURM_JOB_ID", "SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID", "SLURM_RESTART_COUNT"):
         if os.environ.get(var):
             tags[f"slurm.{var.lower()}"] = os.environ[var]
@@ -317,7 +317,7 @@ class RunTracker:
             run = find_run(uri, experiment, run_key)
         resumed = run is not None
         if run is None:
-            all_tags = {schema.TAG_RUN_KEY: run_key, **{k: str(v) for k, v in tags.items()}}
+            all_tags = {metric_names.TAG_RUN_KEY: run_key, **{k: str(v) for k, v in tags.items()}}
             run = client.create_run(experiment_id, tags=all_tags, run_name=run_name)
             _log_params(client, run.info.run_id, params)
         else:
@@ -458,7 +458,7 @@ class RunTracker:
         finally:
             client = _client(self.uri)
             if reason:
-                client.set_tag(self.run_id, schema.TAG_FAILURE, reason[:_MAX_PARAM_LEN])
+                client.set_tag(self.run_id, metric_names.TAG_FAILURE, reason[:_MAX_PARAM_LEN])
             client.set_terminated(self.run_id, status=status)
 
 

@@ -14,11 +14,8 @@ from hydra.errors import HydraException
 from omegaconf import OmegaConf
 
 from runners.algorithms import REGISTRIES
+from runners.algorithms.method import GROUPS as COMPONENTS
 from runners.config import CONF_DIR, ConfigError, compose, method_label, run_key
-from runners.config.schema import COMPONENTS
-
-# keys of component nodes the trainer consumes itself instead of passing them to the function
-TRAINER_KEYS = {"objective": {"k", "delta", "h_ini_prompts"}}
 
 
 def options(group: str) -> list[str]:
@@ -68,7 +65,7 @@ def test_component_options_bind_to_their_functions(group):
         node = OmegaConf.load(CONF_DIR / group / f"{name}.yaml")
         cfg, _ = compose([f"{group}={name}", *COMPANIONS.get((group, name), [])], check=False)
         kwargs = {k: v for k, v in OmegaConf.to_container(cfg[group]).items() if k != "name"}
-        for key in TRAINER_KEYS.get(group, ()):
+        for key in REGISTRIES[group].entry(node.name).trainer_keys:  # consumed by the trainer, declared
             kwargs.pop(key, None)
         fn = REGISTRIES[group].get(node.name)
         positional = {"estimator": ["inp"], "objective": ["inp"], "mask": ["inp"], "loss_agg": ["mat", "mask"]}
@@ -107,8 +104,8 @@ BAD = [
     (["model=nope"], "model"),
     (["objective=troll", "objective.eps=0"], "objective.eps"),
     (["objective=troll", "objective.eps=-0.1"], "objective.eps"),
-    (["objective=troll", "objective.k=0"], "objective.k"),
-    (["objective=troll", "objective.delta=1.5"], "objective.delta"),
+    (["objective=troll", "objective.top_k=0"], "objective.top_k"),
+    (["objective=troll", "objective.tail_mass=1.5"], "objective.tail_mass"),
     (["objective.clip_ratio_low=1.2"], "objective.clip_ratio_low"),
     (["objective.clip_ratio_high=0"], "objective.clip_ratio_high"),
     (["objective.clip_ratio_c=0.5"], "objective.clip_ratio_c"),

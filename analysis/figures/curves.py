@@ -18,7 +18,7 @@ from analysis.figures.style import RAW_ALPHA, Figure, method_styles, render, set
 from analysis.frames import ExperimentData
 from analysis.names import eval_metrics
 from analysis.skip import SkipItem
-from runners import schema
+from runners import metric_names
 
 TRAIN_WINDOW, EVAL_WINDOW = 7, 21
 
@@ -96,7 +96,7 @@ def panels_figure(
 
 def success_figure(data: ExperimentData) -> Figure:
     names = data.metric_names()
-    panels = [(schema.SCORE_MEAN, "training success (critic/score/mean)", TRAIN_WINDOW)]
+    panels = [(metric_names.SCORE_MEAN, "training success (critic/score/mean)", TRAIN_WINDOW)]
     panels += [(m, f"eval: {d}", EVAL_WINDOW) for d, m in eval_metrics(names).items()]
     return panels_figure(
         data,
@@ -114,7 +114,7 @@ def success_figure(data: ExperimentData) -> Figure:
 def entropy_figure(data: ExperimentData) -> Figure:
     return panels_figure(
         data,
-        [(schema.ENTROPY, "token entropy of the policy (actor/entropy)", TRAIN_WINDOW)],
+        [(metric_names.ENTROPY, "token entropy of the policy (actor/entropy)", TRAIN_WINDOW)],
         "entropy (nats)",
         "entropy_curves",
         "Policy entropy",
@@ -127,7 +127,7 @@ def entropy_figure(data: ExperimentData) -> Figure:
 def response_length_figure(data: ExperimentData) -> Figure:
     return panels_figure(
         data,
-        [(schema.RESPONSE_LENGTH_MEAN, "mean response length (response_length/mean)", TRAIN_WINDOW)],
+        [(metric_names.RESPONSE_LENGTH_MEAN, "mean response length (response_length/mean)", TRAIN_WINDOW)],
         "response length (tokens)",
         "response_length",
         "Response length",
@@ -143,13 +143,13 @@ def clip_projection_figure(data: ExperimentData) -> Figure:
     panels = [
         (m, t, TRAIN_WINDOW)
         for m, t in (
-            (schema.PG_CLIPFRAC, "clipped tokens (actor/pg_clipfrac)"),
-            (schema.TROLL_PROJECTED_FRAC, "projected tokens (troll/projected_frac)"),
+            (metric_names.PG_CLIPFRAC, "clipped tokens (actor/pg_clipfrac)"),
+            (metric_names.TROLL_PROJECTED_FRAC, "projected tokens (troll/projected_frac)"),
         )
         if m in names
     ]
     if not panels:
-        raise SkipItem(f"no run logs {schema.PG_CLIPFRAC} or {schema.TROLL_PROJECTED_FRAC}")
+        raise SkipItem(f"no run logs {metric_names.PG_CLIPFRAC} or {metric_names.TROLL_PROJECTED_FRAC}")
     return panels_figure(
         data,
         panels,

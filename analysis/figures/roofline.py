@@ -16,7 +16,7 @@ from analysis.figures.style import PALETTE, Figure, method_styles, render, set_l
 from analysis.frames import ExperimentData
 from analysis.paper_data import model_configs, paper_table
 from analysis.roofline import attainable_tflops, decode_arithmetic_intensity, hardware_table
-from runners import schema
+from runners import metric_names
 
 
 def roofline_figure(
@@ -45,11 +45,11 @@ def roofline_figure(
         ax.scatter([x], [y], marker="*", s=90, color="black", zorder=5)
         ax.annotate(f"paper {p['method']} ({x:.0f})", (x, y), textcoords="offset points", xytext=(4, -12), fontsize=7)
     measured = ""
-    if data is not None and {schema.ROLLOUT_ARITHMETIC_INTENSITY, schema.ROLLOUT_TFLOPS} <= set(data.metric_names()):
-        x = per_run(data, schema.ROLLOUT_ARITHMETIC_INTENSITY, "median").set_index("run_id")
-        y = per_run(data, schema.ROLLOUT_TFLOPS, "median").set_index("run_id")["value"]
+    if data is not None and {metric_names.ROLLOUT_ARITHMETIC_INTENSITY, metric_names.ROLLOUT_TFLOPS} <= set(data.metric_names()):
+        x = per_run(data, metric_names.ROLLOUT_ARITHMETIC_INTENSITY, "median").set_index("run_id")
+        y = per_run(data, metric_names.ROLLOUT_TFLOPS, "median").set_index("run_id")["value"]
         styles = method_styles(data.labels())
-        for method, g in x.groupby(schema.TAG_METHOD, sort=False):
+        for method, g in x.groupby(metric_names.TAG_METHOD, sort=False):
             ax.scatter(
                 g["value"],
                 y.reindex(g.index),

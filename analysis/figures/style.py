@@ -23,7 +23,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 
-from runners import schema  # noqa: E402
+from runners import metric_names  # noqa: E402
 
 MAX_SVG_BYTES = 700_000
 PALETTE = sns.color_palette("tab10") + sns.color_palette("Dark2")
@@ -84,13 +84,13 @@ def method_styles(labels: pd.DataFrame) -> dict[str, dict]:
     except the objective) share a colour, TROLL solid and Clip dashed. Every other method gets its
     own colour, solid.
     """
-    first = labels.drop_duplicates(schema.TAG_METHOD)
-    keys = [schema.TAG_ALGORITHM, schema.TAG_ESTIMATOR, schema.TAG_MASK, schema.TAG_ENTROPY_CONTROL, schema.TAG_MODEL]
+    first = labels.drop_duplicates(metric_names.TAG_METHOD)
+    keys = [metric_names.TAG_ALGORITHM, metric_names.TAG_ESTIMATOR, metric_names.TAG_MASK, metric_names.TAG_ENTROPY_CONTROL, metric_names.TAG_MODEL]
     groups: dict[tuple, dict[str, list[str]]] = {}
     for _, row in first.iterrows():
         key = tuple(str(row.get(k)) for k in keys)
-        kind = "troll" if str(row[schema.TAG_OBJECTIVE]).startswith("troll") else "other"
-        groups.setdefault(key, {"troll": [], "other": []})[kind].append(row[schema.TAG_METHOD])
+        kind = "troll" if str(row[metric_names.TAG_OBJECTIVE]).startswith("troll") else "other"
+        groups.setdefault(key, {"troll": [], "other": []})[kind].append(row[metric_names.TAG_METHOD])
     styles: dict[str, dict] = {}
     colour = 0
     for members in groups.values():
@@ -103,7 +103,7 @@ def method_styles(labels: pd.DataFrame) -> dict[str, dict]:
             if method not in styles:
                 styles[method] = {"color": PALETTE[colour % len(PALETTE)], "linestyle": "-"}
                 colour += 1
-    return {m: styles[m] for m in first[schema.TAG_METHOD]}
+    return {m: styles[m] for m in first[metric_names.TAG_METHOD]}
 
 
 def step_axis(ax) -> None:

@@ -15,26 +15,26 @@ from analysis.figures.style import PALETTE, Figure, render, setup
 from analysis.frames import ExperimentData
 from analysis.skip import SkipItem
 from analysis.tables.troll import _runtime_per_run
-from runners import schema
+from runners import metric_names
 
 
 def phase_times(data: ExperimentData) -> pd.DataFrame:
     """Mean seconds per step: rows methods, columns phases (+ "other")."""
     names = set(data.metric_names())
-    phases = [p for p in schema.TIMING_PHASES if p in names]
+    phases = [p for p in metric_names.TIMING_PHASES if p in names]
     if not phases:
-        raise SkipItem(f"no run logs {', '.join(schema.TIMING_PHASES)}")
+        raise SkipItem(f"no run logs {', '.join(metric_names.TIMING_PHASES)}")
     labels = data.labels().set_index("run_id")
     out = {}
     for p in phases:
         per = _runtime_per_run(data, p)
-        out[p.split("/", 1)[1]] = per.groupby(labels[schema.TAG_METHOD].reindex(per.index)).mean()
+        out[p.split("/", 1)[1]] = per.groupby(labels[metric_names.TAG_METHOD].reindex(per.index)).mean()
     frame = pd.DataFrame(out).fillna(0.0)
-    if schema.TIMING_STEP in names:
-        step = _runtime_per_run(data, schema.TIMING_STEP)
-        total = step.groupby(labels[schema.TAG_METHOD].reindex(step.index)).mean()
+    if metric_names.TIMING_STEP in names:
+        step = _runtime_per_run(data, metric_names.TIMING_STEP)
+        total = step.groupby(labels[metric_names.TAG_METHOD].reindex(step.index)).mean()
         frame["other"] = (total.reindex(frame.index) - frame.sum(axis=1)).clip(lower=0.0)
-    order = list(dict.fromkeys(labels[schema.TAG_METHOD]))
+    order = list(dict.fromkeys(labels[metric_names.TAG_METHOD]))
     return frame.reindex([m for m in order if m in frame.index])
 
 

@@ -16,7 +16,7 @@ from analysis.figures.style import Figure, method_styles, render, set_log, setup
 from analysis.frames import ExperimentData
 from analysis.names import accept_rate_buckets
 from analysis.skip import SkipItem
-from runners import schema
+from runners import metric_names
 from runners.algorithms.bounds import trm_max_acceptance
 
 
@@ -24,9 +24,9 @@ def acceptance_figure(data: ExperimentData) -> Figure:
     return panels_figure(
         data,
         [
-            (schema.TRM_ACCEPT_RATE, "sequences accepted (trm/accept_rate)", TRAIN_WINDOW, "fraction of sequences"),
+            (metric_names.TRM_ACCEPT_RATE, "sequences accepted (trm/accept_rate)", TRAIN_WINDOW, "fraction of sequences"),
             (
-                schema.TRM_PPL_GAP,
+                metric_names.TRM_PPL_GAP,
                 "log absolute PPL gap (trm/ppl_gap)",
                 TRAIN_WINDOW,
                 "|log PPL(train) − log PPL(roll)|",
@@ -54,8 +54,8 @@ def acceptance_by_length_figure(data: ExperimentData) -> Figure:
     table = {}
     for j, (_, _, metric) in enumerate(buckets):
         f = per_run(data, metric, "mean")
-        methods = list(dict.fromkeys(f[schema.TAG_METHOD])) if methods is None else methods
-        for m, g in f.groupby(schema.TAG_METHOD):
+        methods = list(dict.fromkeys(f[metric_names.TAG_METHOD])) if methods is None else methods
+        for m, g in f.groupby(metric_names.TAG_METHOD):
             table.setdefault(m, np.full(len(buckets), np.nan))[j] = g["value"].mean()
     for m in methods:
         ax.plot(mids, table[m], marker="o", label=m, **styles.get(m, {}))

@@ -22,7 +22,7 @@ from analysis.names import algorithm_name, eval_metrics, find_eval, norm
 from analysis.paper_data import paper_source, paper_table
 from analysis.skip import SkipItem
 from analysis.tables.base import MISSING, Table, fmt_change, fmt_mean_std, fmt_num
-from runners import schema
+from runners import metric_names
 
 
 def _test_sets(names: list[str]) -> tuple[str, list[tuple[str, str]], str | None, list[str]]:
@@ -43,14 +43,14 @@ def _test_sets(names: list[str]) -> tuple[str, list[tuple[str, str]], str | None
 
 def entropy_table(data: ExperimentData) -> Table:
     names = data.metric_names()
-    if schema.ENTROPY not in names:
-        raise SkipItem(f"no run logs {schema.ENTROPY}")
+    if metric_names.ENTROPY not in names:
+        raise SkipItem(f"no run logs {metric_names.ENTROPY}")
     bench, tests, selection, notes = _test_sets(names)
     labels = data.labels()
     series = {name: run_series(data, metric) for name, metric in tests}
     sel_series = run_series(data, selection) if selection else None
-    ent = run_series(data, schema.ENTROPY)
-    models = labels[schema.TAG_MODEL].dropna()
+    ent = run_series(data, metric_names.ENTROPY)
+    models = labels[metric_names.TAG_MODEL].dropna()
     model = str(models.iloc[0]) if len(models) else "?"
     big = "32b" in norm(model)
     table_no = {"AppWorld": 2 if big else 1, "AIME": 4 if big else 3}[bench]
@@ -72,7 +72,7 @@ def entropy_table(data: ExperimentData) -> Table:
         step = best_checkpoint(chosen)
         if step is None:
             continue
-        row = {"label": lab[schema.TAG_METHOD], "algorithm": lab[schema.TAG_ALGORITHM], "step": step}
+        row = {"label": lab[metric_names.TAG_METHOD], "algorithm": lab[metric_names.TAG_ALGORITHM], "step": step}
         for t, _ in tests:
             row[f"{t}/at_best"] = value_at(series[t][rid], step)
             row[f"{t}/max"] = float(series[t][rid].max())
@@ -131,7 +131,7 @@ def entropy_table(data: ExperimentData) -> Table:
         caption=(
             f"Reproduces entropy.txt Table {table_no}. Ours, per run: checkpoint with {selection_text}; "
             "test scores there (mean ± std over seeds, ddof=1), best score over all seeds and evaluations, and "
-            f"ΔH = {schema.ENTROPY} at that checkpoint minus at the first step (relative change in parentheses, mean over seeds). "
+            f"ΔH = {metric_names.ENTROPY} at that checkpoint minus at the first step (relative change in parentheses, mean over seeds). "
             "Paper: " + paper_source("entropy_tables")
         ),
         values=values,

@@ -9,7 +9,7 @@ from analysis.aggregate import per_run, summarize
 from analysis.frames import ExperimentData
 from analysis.skip import SkipItem
 from analysis.tables.base import MISSING, Table, fmt_mean_std
-from runners import schema
+from runners import metric_names
 
 # params that always differ between runs and say nothing about the compared methods
 _IGNORED_PARAMS = ("seed",)
@@ -23,14 +23,14 @@ def overview_table(data: ExperimentData) -> Table:
     last = data.metrics.astype({"run_id": str}).groupby("run_id")["step"].max()
     labels["last_step"] = labels["run_id"].map(last)
     rows = []
-    for method, g in labels.groupby(schema.TAG_METHOD, sort=False):
+    for method, g in labels.groupby(metric_names.TAG_METHOD, sort=False):
         rows.append(
             {
                 "Method": method,
                 "runs": len(g),
-                "seeds": ", ".join(str(s) for s in sorted(g[schema.TAG_SEED]) if s >= 0) or MISSING,
-                "model": ", ".join(sorted(g[schema.TAG_MODEL].dropna().astype(str).unique())) or MISSING,
-                "dataset": ", ".join(sorted(g[schema.TAG_DATASET].dropna().astype(str).unique())) or MISSING,
+                "seeds": ", ".join(str(s) for s in sorted(g[metric_names.TAG_SEED]) if s >= 0) or MISSING,
+                "model": ", ".join(sorted(g[metric_names.TAG_MODEL].dropna().astype(str).unique())) or MISSING,
+                "dataset": ", ".join(sorted(g[metric_names.TAG_DATASET].dropna().astype(str).unique())) or MISSING,
                 "status": ", ".join(f"{k}×{v}" for k, v in g["status"].value_counts().items()),
                 "last step": int(g["last_step"].max()) if g["last_step"].notna().any() else -1,
             }
@@ -56,12 +56,12 @@ def final_metrics_table(
         raise SkipItem("no metrics logged")
     notes = [f"{len(names) - max_metrics} more metrics not shown"] if len(names) > max_metrics else []
     names = names[:max_metrics]
-    methods = list(dict.fromkeys(data.labels()[schema.TAG_METHOD]))
+    methods = list(dict.fromkeys(data.labels()[metric_names.TAG_METHOD]))
     values = pd.DataFrame(np.nan, index=pd.Index(names, name="metric"), columns=pd.Index(methods, name="Method"))
     std = values.copy()
     display = pd.DataFrame(MISSING, index=values.index, columns=values.columns)
     for m in names:
-        s = summarize(per_run(data, m, "final", last_n), ci=False).set_index(schema.TAG_METHOD)
+        s = summarize(per_run(data, m, "final", last_n), ci=False).set_index(metric_names.TAG_METHOD)
         for method in methods:
             if method in s.index:
                 values.loc[m, method], std.loc[m, method] = s.at[method, "mean"], s.at[method, "std"]
@@ -85,8 +85,8 @@ def config_diff_table(data: ExperimentData, max_rows: int = 40) -> Table:
     if not differing:
         raise SkipItem("all runs share the same params (apart from the seed)")
     labels = data.labels()
-    methods = list(dict.fromkeys(labels[schema.TAG_METHOD]))
-    by_method = {m: runs[labels[schema.TAG_METHOD].to_numpy() == m] for m in methods}
+    methods = list(dict.fromkeys(labels[metric_names.TAG_METHOD]))
+    by_method = {m: runs[labels[metric_names.TAG_METHOD].to_numpy() == m] for m in methods}
     notes = []
     if len(differing) > max_rows:
         notes.append(f"{len(differing) - max_rows} more differing params not shown")
@@ -117,7 +117,7 @@ def eval_start_end_table(data: ExperimentData) -> Table:
     metrics = eval_metrics(data.metric_names())
     if not metrics:
         raise SkipItem("no evaluation metrics (val-core/<data>/acc/mean_at_N) logged")
-    methods = list(dict.fromkeys(data.labels()[schema.TAG_METHOD]))
+    methods = list(dict.fromkeys(data.labels()[metric_names.TAG_METHOD]))
     columns = pd.MultiIndex.from_product([list(metrics), ["start", "end", "change"]], names=["data", "when"])
     values = pd.DataFrame(np.nan, index=pd.Index(methods, name="Method"), columns=columns)
     display = pd.DataFrame(MISSING, index=values.index, columns=columns)
@@ -126,7 +126,7 @@ def eval_start_end_table(data: ExperimentData) -> Table:
         last = per_run(data, metric, "final", 1)
         change = last.assign(value=last["value"].to_numpy() - first["value"].to_numpy())
         for when, frame in (("start", first), ("end", last), ("change", change)):
-            s = summarize(frame, ci=False).set_index(schema.TAG_METHOD)
+            s = summarize(frame, ci=False).set_index(metric_names.TAG_METHOD)
             for method in methods:
                 if method in s.index:
                     values.loc[method, (dataset, when)] = s.at[method, "mean"]

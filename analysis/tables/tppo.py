@@ -19,7 +19,7 @@ from analysis.skip import SkipItem
 from analysis.tables.base import MISSING, Table, fmt_num
 from analysis.tables.common import seed_cell
 from analysis.tables.troll import _runtime_per_run
-from runners import schema
+from runners import metric_names
 
 
 def tppo_table1(data: ExperimentData, last_n_eval: int = 3) -> Table:
@@ -35,8 +35,8 @@ def tppo_table1(data: ExperimentData, last_n_eval: int = 3) -> Table:
     n = metric.rsplit("_", 1)[-1]
     finals = per_run(data, metric, "final", last_n_eval)
     finals = finals[finals["value"].notna()].copy()
-    finals["Method"] = [paper_method(a, m) for a, m in zip(finals[schema.TAG_ALGORITHM], finals[schema.TAG_METHOD])]
-    step_time = _runtime_per_run(data, schema.TIMING_STEP) if schema.TIMING_STEP in names else pd.Series(dtype=float)
+    finals["Method"] = [paper_method(a, m) for a, m in zip(finals[metric_names.TAG_ALGORITHM], finals[metric_names.TAG_METHOD])]
+    step_time = _runtime_per_run(data, metric_names.TIMING_STEP) if metric_names.TIMING_STEP in names else pd.Series(dtype=float)
     finals["step_time"] = step_time.reindex(finals["run_id"]).to_numpy()
     paper = paper_table("tppo_table1")
     rows = list(paper["method"]) + [m for m in dict.fromkeys(finals["Method"]) if m not in set(paper["method"])]
@@ -72,7 +72,7 @@ def tppo_table1(data: ExperimentData, last_n_eval: int = 3) -> Table:
         title="Results of different algorithms on AIME24",
         caption=(
             f"Reproduces tppo.txt Table 1. Ours: mean of the last {last_n_eval} evaluations of {metric} ×100, "
-            f"mean ± std over seeds; time per step = mean {schema.TIMING_STEP} after the first step. "
+            f"mean ± std over seeds; time per step = mean {metric_names.TIMING_STEP} after the first step. "
             "Paper: " + paper_source("tppo_table1")
         ),
         values=values,

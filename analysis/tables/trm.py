@@ -15,7 +15,7 @@ from analysis.names import accept_rate_buckets, tv_position_buckets
 from analysis.paper_data import paper_source, paper_table
 from analysis.skip import SkipItem
 from analysis.tables.base import MISSING, Table, fmt_num
-from runners import schema
+from runners import metric_names
 from runners.algorithms.bounds import dbar_from_position_buckets, error_bounds, trm_max_acceptance
 
 BOUND_LABELS = {
@@ -120,13 +120,13 @@ def trm_acceptance_table(data: ExperimentData) -> Table:
     """Measured acceptance per response-length bucket (mean over steps and seeds) and the i.i.d. fit."""
     buckets = accept_rate_buckets(data.metric_names())
     if not buckets:
-        raise SkipItem(f"no run logs {schema.trm_accept_rate_bucket(0, 256)}-style length-bucket acceptance metrics")
+        raise SkipItem(f"no run logs {metric_names.trm_accept_rate_bucket(0, 256)}-style length-bucket acceptance metrics")
     methods = None
     means = {}
     for lo, hi, metric in buckets:
         f = per_run(data, metric, "mean")
-        methods = list(dict.fromkeys(f[schema.TAG_METHOD])) if methods is None else methods
-        means[(lo, hi)] = f.groupby(schema.TAG_METHOD)["value"].mean()
+        methods = list(dict.fromkeys(f[metric_names.TAG_METHOD])) if methods is None else methods
+        means[(lo, hi)] = f.groupby(metric_names.TAG_METHOD)["value"].mean()
     mids = np.array([0.5 * (lo + hi) for lo, hi, _ in buckets])
     cols = [f"[{lo}, {hi})" for lo, hi, _ in buckets] + ["fitted p"]
     index = pd.MultiIndex.from_tuples(
@@ -159,17 +159,17 @@ def run_bound_inputs(data: ExperimentData) -> pd.DataFrame:
     """Per method: measured delta (max over steps of trm/max_kl, mean over seeds), T (largest TV
     position bucket end), D_seq = mean token KL x T, and Dbar (mean over steps and seeds per position bucket)."""
     names = data.metric_names()
-    if schema.TRM_MAX_KL not in names:
-        raise SkipItem(f"no run logs {schema.TRM_MAX_KL}")
+    if metric_names.TRM_MAX_KL not in names:
+        raise SkipItem(f"no run logs {metric_names.TRM_MAX_KL}")
     tv = tv_position_buckets(names)
-    delta = per_run(data, schema.TRM_MAX_KL, "max")
-    mean_kl = per_run(data, schema.TRM_MEAN_KL, "mean") if schema.TRM_MEAN_KL in names else None
+    delta = per_run(data, metric_names.TRM_MAX_KL, "max")
+    mean_kl = per_run(data, metric_names.TRM_MEAN_KL, "mean") if metric_names.TRM_MEAN_KL in names else None
     rows = []
-    for method, g in delta.groupby(schema.TAG_METHOD, sort=False):
+    for method, g in delta.groupby(metric_names.TAG_METHOD, sort=False):
         T = max(hi for _, hi, _ in tv) if tv else None
         row = {"method": method, "delta": float(g["value"].mean()), "T": T, "d_seq": np.nan, "dbar": None}
         if mean_kl is not None and T:
-            row["d_seq"] = float(mean_kl.loc[mean_kl[schema.TAG_METHOD] == method, "value"].mean()) * T
+            row["d_seq"] = float(mean_kl.loc[mean_kl[metric_names.TAG_METHOD] == method, "value"].mean()) * T
         if tv:
             buckets = {}
             for lo, hi, metric in tv:

@@ -19,7 +19,7 @@ from analysis.paper_data import paper_source, paper_table
 from analysis.skip import SkipItem
 from analysis.tables.base import MISSING, Table, fmt_num
 from analysis.tables.common import is_troll, objective_column, paper_cell, paper_model, resolve_eval, seed_cell
-from runners import schema
+from runners import metric_names
 
 PAPER_METHODS = ["GRPO", "Dr.GRPO", "PPO", "GSPO", "RF++"]
 TABLE1_MODELS = ["Qwen3-8B", "Qwen2.5-7B-Instruct"]
@@ -41,9 +41,9 @@ def _method_order(name: str) -> tuple[int, str]:
 
 def _with_keys(frame: pd.DataFrame) -> pd.DataFrame:
     frame = frame.copy()
-    frame["Method"] = [paper_method(a, m) for a, m in zip(frame[schema.TAG_ALGORITHM], frame[schema.TAG_METHOD])]
-    frame["Objective"] = [objective_column(o) for o in frame[schema.TAG_OBJECTIVE]]
-    frame["Model"] = frame[schema.TAG_MODEL].fillna("?")
+    frame["Method"] = [paper_method(a, m) for a, m in zip(frame[metric_names.TAG_ALGORITHM], frame[metric_names.TAG_METHOD])]
+    frame["Objective"] = [objective_column(o) for o in frame[metric_names.TAG_OBJECTIVE]]
+    frame["Model"] = frame[metric_names.TAG_MODEL].fillna("?")
     return frame[frame["value"].notna()]
 
 
@@ -51,9 +51,9 @@ def troll_table1(data: ExperimentData, last_n_train: int = 7, last_n_eval: int =
     """troll.txt Table 1, transposed: rows (model, method); columns split x objective x {ours, paper}."""
     names = data.metric_names()
     labels = data.labels()
-    dataset = labels[schema.TAG_DATASET].dropna().iloc[0] if labels[schema.TAG_DATASET].notna().any() else None
+    dataset = labels[metric_names.TAG_DATASET].dropna().iloc[0] if labels[metric_names.TAG_DATASET].notna().any() else None
     notes: list[str] = []
-    splits = {"DAPO Train": (schema.SCORE_MEAN if schema.SCORE_MEAN in names else None, last_n_train)}
+    splits = {"DAPO Train": (metric_names.SCORE_MEAN if metric_names.SCORE_MEAN in names else None, last_n_train)}
     for split, canonical in (("DAPO Eval", "dapo_eval"), ("MATH Eval", "math_eval")):
         metric, note = resolve_eval(names, canonical, dataset)
         splits[split] = (metric, last_n_eval)
@@ -62,7 +62,7 @@ def troll_table1(data: ExperimentData, last_n_train: int = 7, last_n_eval: int =
         if metric is None:
             notes.append(f"{split}: no matching val-core/<data>/acc/mean_at_N metric logged")
     if all(m is None for m, _ in splits.values()):
-        raise SkipItem(f"no run logs {schema.SCORE_MEAN} or an evaluation metric")
+        raise SkipItem(f"no run logs {metric_names.SCORE_MEAN} or an evaluation metric")
     finals = {}
     for split, (metric, n) in splits.items():
         if metric is not None:
@@ -198,23 +198,23 @@ def troll_variant(label: str, objective: object, params: dict[str, object]) -> s
 def troll_table5(data: ExperimentData) -> Table:
     """troll.txt Table 5: peak memory and time per iteration per variant, with Delta vs Clip."""
     names = data.metric_names()
-    mem_metric = next((m for m in (schema.MAX_MEMORY_ALLOCATED_GB, schema.CPU_MEMORY_USED_GB) if m in names), None)
-    time_metric = schema.TIMING_STEP if schema.TIMING_STEP in names else None
+    mem_metric = next((m for m in (metric_names.MAX_MEMORY_ALLOCATED_GB, metric_names.CPU_MEMORY_USED_GB) if m in names), None)
+    time_metric = metric_names.TIMING_STEP if metric_names.TIMING_STEP in names else None
     if mem_metric is None and time_metric is None:
-        raise SkipItem(f"no run logs {schema.MAX_MEMORY_ALLOCATED_GB} or {schema.TIMING_STEP}")
+        raise SkipItem(f"no run logs {metric_names.MAX_MEMORY_ALLOCATED_GB} or {metric_names.TIMING_STEP}")
     labels = data.labels()
     params = data.runs.set_index("run_id")
     pcols = [c for c in params.columns if c.startswith("params.")]
     labels["Variant"] = [
         troll_variant(m, o, {c[7:]: params.at[r, c] for c in pcols if pd.notna(params.at[r, c])})
-        for r, m, o in zip(labels["run_id"], labels[schema.TAG_METHOD], labels[schema.TAG_OBJECTIVE])
+        for r, m, o in zip(labels["run_id"], labels[metric_names.TAG_METHOD], labels[metric_names.TAG_OBJECTIVE])
     ]
     per = {}
     if mem_metric:
         per["VRAM"] = per_run(data, mem_metric, "max").set_index("run_id")["value"]
     if time_metric:
         per["Runtime"] = _runtime_per_run(data, time_metric)
-    models = sorted(labels[schema.TAG_MODEL].fillna("?").unique())
+    models = sorted(labels[metric_names.TAG_MODEL].fillna("?").unique())
     variants = ["Clip", "TROLL", "TROLL Chunked"]
     units = {"VRAM": "GiB", "Runtime": "s"}
     rows = [(metric, v) for metric in per for v in (*variants, "Delta")]
@@ -224,15 +224,15 @@ def troll_table5(data: ExperimentData) -> Table:
     display = pd.DataFrame(MISSING, index=index, columns=cols)
     paper = paper_table("troll_table5")
     notes = []
-    if mem_metric == schema.CPU_MEMORY_USED_GB:
-        notes.append(f"VRAM: no GPU memory logged; ours shows {schema.CPU_MEMORY_USED_GB} (process memory)")
+    if mem_metric == metric_names.CPU_MEMORY_USED_GB:
+        notes.append(f"VRAM: no GPU memory logged; ours shows {metric_names.CPU_MEMORY_USED_GB} (process memory)")
     header = {}
     for model in models:
         pmodel, note = paper_model(model, TABLE5_MODELS, "Qwen3-1.7B")
         header[model] = model if note is None else f"{model} (paper column: {pmodel})"
         if note and note not in notes:
             notes.append(note)
-        in_model = labels[labels[schema.TAG_MODEL].fillna("?") == model]
+        in_model = labels[labels[metric_names.TAG_MODEL].fillna("?") == model]
         for metric, series in per.items():
             means = {}
             for v in variants:

@@ -14,9 +14,15 @@ Extension points and their call contracts (tensors: B responses, T response posi
   trm.txt eq. 50)
 - ``ENTROPY_CONTROLLERS[name](**params)`` -> a controller object (see ``entropy.py``)
 - ``LOSS_AGGS[name](loss_mat, loss_mask, **kw) -> scalar``
+
+Each entry also declares what its component needs (the current logits, the sparse old
+distribution, entropy with gradient, a critic, rollout log-probs, GTPO's H_ini, whole prompt
+groups), what it provides to the others, the config keys the trainer consumes, and its config
+dataclass; ``method.Method`` combines the declarations of a cell and ``policy_loss.PolicyLoss`` is
+the one place that assembles a (micro-)batch's policy loss from the components, for every backend.
 """
 
-from runners.algorithms.registry import Registry, UnknownNameError
+from runners.algorithms.registry import Entry, Registry, UnknownNameError
 
 ESTIMATORS = Registry("estimator")
 OBJECTIVES = Registry("objective")
@@ -25,52 +31,72 @@ ENTROPY_CONTROLLERS = Registry("entropy_control")
 LOSS_AGGS = Registry("loss_agg")
 
 _PKG = "runners.algorithms"
+_SCHEMA = "runners.config.components"
+# what a component needs / provides: the words of runners.algorithms.method.CAPABILITIES
+_GROUPS = ("groups",)
+_CRITIC = ("critic",)
+_EXACT = ("logits", "sparse_old")
+_SAMPLE = ("rollout_logp",)
+_SPARSE_KEYS = ("top_k", "tail_mass")  # size of the stored sparse distribution (trainer-owned)
 
-for _name, _attr in {
-    "grpo": "compute_grpo_advantages",
-    "drgrpo": "compute_drgrpo_advantages",
-    "rloo": "compute_rloo_advantages",
-    "loop": "compute_loop_advantages",
-    "rfpp": "compute_rfpp_advantages",
-    "rfpp_baseline": "compute_rfpp_baseline_advantages",
-    "gpg": "compute_gpg_advantages",
-    "gae": "compute_gae_advantages",
-    "egae": "compute_egae_advantages",
+# name: (target, schema, declarations)
+for _name, (_attr, _schema, _decl) in {
+    "grpo": ("compute_grpo_advantages", "GrpoEstimator", {"needs": _GROUPS}),
+    "drgrpo": ("compute_drgrpo_advantages", None, {"needs": _GROUPS}),
+    "rloo": ("compute_rloo_advantages", None, {"needs": _GROUPS}),
+    "loop": ("compute_loop_advantages", None, {"needs": _GROUPS}),
+    "rfpp": ("compute_rfpp_advantages", "RfppEstimator", {}),
+    "rfpp_baseline": ("compute_rfpp_baseline_advantages", None, {"needs": _GROUPS}),
+    "gpg": ("compute_gpg_advantages", "GpgEstimator", {"needs": _GROUPS}),
+    "gae": ("compute_gae_advantages", "GaeEstimator", {"needs": _CRITIC, "provides": ("partial_responses",)}),
+    "egae": ("compute_egae_advantages", "GaeEstimator", {"needs": _CRITIC, "provides": ("partial_responses",)}),
 }.items():
-    ESTIMATORS.register(_name, f"{_PKG}.estimators:{_attr}")
+    ESTIMATORS.register(_name, f"{_PKG}.estimators:{_attr}", schema=_schema and f"{_SCHEMA}:{_schema}", **_decl)
 
-for _name, _target in {
-    "clip": "objectives:clip_objective",
-    "token_is": "objectives:token_is_objective",
-    "gspo": "objectives:gspo_objective",
-    "gpg": "objectives:gpg_objective",
-    "bapo": "objectives:bapo_objective",
-    "troll": "troll:troll_objective",
-    "gtpo": "gtpo:gtpo_objective",
+for _name, (_target, _schema, _decl) in {
+    "clip": ("objectives:clip_objective", "ClipObjective", {"provides": ("token_clip",)}),
+    "token_is": ("objectives:token_is_objective", None, {}),
+    "gspo": ("objectives:gspo_objective", "GspoObjective", {}),
+    "gpg": ("objectives:gpg_objective", None, {}),
+    "bapo": ("objectives:bapo_objective", "BapoObjective", {}),
+    "troll": ("troll:troll_objective", "TrollObjective", {"needs": _EXACT, "trainer_keys": _SPARSE_KEYS}),
+    "gtpo": (
+        "gtpo:gtpo_objective",
+        "GtpoObjective",
+        {"needs": ("grad_entropy", "h_ini", "groups"), "trainer_keys": ("h_ini_prompts",)},
+    ),
 }.items():
-    OBJECTIVES.register(_name, f"{_PKG}.{_target}")
+    OBJECTIVES.register(_name, f"{_PKG}.{_target}", schema=_schema and f"{_SCHEMA}:{_schema}", **_decl)
 
-for _name, _attr in {
-    "none": "no_mask",
-    "trm_max": "trm_max_mask",
-    "trm_avg": "trm_avg_mask",
-    "trm_max_avg": "trm_max_avg_mask",
-    "trm_max_k2": "trm_max_k2_mask",
-    "trm_avg_k3": "trm_avg_k3_mask",
-    "trm_max_avg_sample": "trm_max_avg_sample_mask",
-    "ln_trm": "ln_trm_mask",
-    "ser": "ser_mask",
+for _name, (_attr, _schema, _needs) in {
+    "none": ("no_mask", None, ()),
+    "trm_max": ("trm_max_mask", "TrmMaxExactMask", _EXACT),
+    "trm_avg": ("trm_avg_mask", "TrmAvgExactMask", _EXACT),
+    "trm_max_avg": ("trm_max_avg_mask", "TrmMaxAvgExactMask", _EXACT),
+    "trm_max_k2": ("trm_max_k2_mask", "TrmMaxMask", _SAMPLE),
+    "trm_avg_k3": ("trm_avg_k3_mask", "TrmAvgMask", _SAMPLE),
+    "trm_max_avg_sample": ("trm_max_avg_sample_mask", "TrmMaxAvgMask", _SAMPLE),
+    "ln_trm": ("ln_trm_mask", "LnTrmMask", _SAMPLE),
+    "ser": ("ser_mask", "SerMask", _SAMPLE),
 }.items():
-    MASKS.register(_name, f"{_PKG}.trm:{_attr}")
+    MASKS.register(
+        _name,
+        f"{_PKG}.trm:{_attr}",
+        schema=_schema and f"{_SCHEMA}:{_schema}",
+        needs=_needs,
+        trainer_keys=_SPARSE_KEYS if _needs == _EXACT else (),
+    )
 
-for _name, _attr in {
-    "none": "NoEntropyControl",
-    "bonus": "EntropyBonusController",
-    "repo_r": "RepoRController",
-    "repo_d": "RepoDController",
-    "adapo": "AdapoController",
+for _name, (_attr, _schema, _needs) in {
+    "none": ("NoEntropyControl", None, ()),
+    "bonus": ("EntropyBonusController", "BonusControl", ("grad_entropy", "batch_entropy")),
+    "repo_r": ("RepoRController", "RepoControl", ("batch_entropy",)),
+    "repo_d": ("RepoDController", "RepoControl", ("batch_entropy",)),
+    "adapo": ("AdapoController", "AdapoControl", ("token_clip", "batch_entropy")),
 }.items():
-    ENTROPY_CONTROLLERS.register(_name, f"{_PKG}.entropy:{_attr}")
+    ENTROPY_CONTROLLERS.register(
+        _name, f"{_PKG}.entropy:{_attr}", schema=_schema and f"{_SCHEMA}:{_schema}", needs=_needs
+    )
 
 for _name, _attr in {
     "token-mean": "token_mean",
@@ -78,7 +104,12 @@ for _name, _attr in {
     "seq-mean-token-sum": "seq_mean_token_sum",
     "seq-mean-token-sum-norm": "seq_mean_token_sum_norm",
 }.items():
-    LOSS_AGGS.register(_name, f"{_PKG}.loss_agg:{_attr}")
+    LOSS_AGGS.register(
+        _name,
+        f"{_PKG}.loss_agg:{_attr}",
+        schema=f"{_SCHEMA}:LossAggConfig",
+        needs=("norm_len",) if _name == "seq-mean-token-sum-norm" else (),
+    )
 
 REGISTRIES = {
     "estimator": ESTIMATORS,
@@ -90,6 +121,7 @@ REGISTRIES = {
 
 __all__ = [
     "ENTROPY_CONTROLLERS",
+    "Entry",
     "ESTIMATORS",
     "LOSS_AGGS",
     "MASKS",

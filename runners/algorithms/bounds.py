@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from runners.schema import trm_tv_position_bucket
+from runners.metric_names import trm_tv_position_bucket
 
 # zeta(-1/2), the constant term of sum_{k=1..N} sqrt(k) (Euler-Maclaurin)
 _ZETA_MINUS_HALF = -0.20788622497735456601
@@ -190,7 +190,7 @@ def dbar_from_position_buckets(buckets: Mapping[tuple[int, int], float] | Mappin
     """Piecewise-constant ``Dbar`` [T] from per-bucket mean TV (the ``trm/tv/pos_{lo}_{hi}`` metrics).
 
     ``buckets`` maps ``(lo, hi)`` (0-based response positions, lo <= k < hi) or the metric names of
-    ``runners.schema.trm_tv_position_bucket`` to the bucket's mean; other keys are ignored. Position
+    ``runners.metric_names.trm_tv_position_bucket`` to the bucket's mean; other keys are ignored. Position
     k (0-based) is the bound's t = k + 1. Raises when the buckets do not cover positions 0..T-1.
     """
     T = int(_as_length(T))

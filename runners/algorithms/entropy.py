@@ -31,7 +31,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from runners.schema import ENTROPY_BONUS_COEF, ENTROPY_EPS_HIGH, ENTROPY_TARGET, ENTROPY_ZETA
+from runners.metric_names import ENTROPY_BONUS_COEF, ENTROPY_EPS_HIGH, ENTROPY_TARGET, ENTROPY_ZETA
 
 
 def bidirectional_zeta_step(zeta: float, entropy: float, target: float, zeta_min: float, zeta_max: float) -> float:

@@ -119,8 +119,8 @@ def _broadcast(per_seq: Tensor, mask: Tensor) -> Tensor:
 
 
 # -- outcome estimators ----------------------------------------------------------------------
-def compute_grpo_advantages(inp: AdvantageInputs, *, eps: float = 1e-6, norm_by_std: bool = True):
-    """GRPO: ``A_i = (R_i - mean_g R) / (std_g R + eps)`` broadcast over the response (ALGORITHMS.md s1).
+def compute_grpo_advantages(inp: AdvantageInputs, *, std_eps: float = 1e-6, norm_by_std: bool = True):
+    """GRPO: ``A_i = (R_i - mean_g R) / (std_g R + std_eps)`` broadcast over the response (ALGORITHMS.md s1).
 
     ``norm_by_std=False`` is Dr.GRPO (verl's ``norm_adv_by_std_in_grpo=False``). Returns ``(A, A)``.
     """
@@ -130,7 +130,7 @@ def compute_grpo_advantages(inp: AdvantageInputs, *, eps: float = 1e-6, norm_by_
     adv = groups.centered(scores)
     if norm_by_std:
         std = torch.where(groups.singleton, torch.ones_like(groups.std), groups.std)
-        adv = adv / (std + eps)
+        adv = adv / (std + std_eps)
     adv = _broadcast(adv, mask)
     return adv, adv
 

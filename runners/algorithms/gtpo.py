@@ -26,7 +26,7 @@ from torch import Tensor
 
 from runners.algorithms.loss_agg import masked_mean
 from runners.algorithms.types import ObjectiveOutput, PolicyInputs
-from runners.schema import GTPO_CONFLICT_FRAC, GTPO_FILTERED_FRAC
+from runners.metric_names import GTPO_CONFLICT_FRAC, GTPO_FILTERED_FRAC
 
 LN2 = math.log(2.0)
 GTPO_LOSS_AGG = "seq-mean-token-mean"

@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from runners import schema
+from runners import metric_names
 from runners.algorithms.loss_agg import masked_mean
 from runners.algorithms.types import ObjectiveOutput, PolicyInputs
 
@@ -65,15 +65,15 @@ def clipped_surrogate_loss(
     loss1 = -advantages * ratio
     loss2 = -advantages * ratio.clamp(lower, upper)
     clipped = torch.maximum(loss1, loss2)
-    metrics = {schema.PG_CLIPFRAC: _item(masked_mean(torch.gt(loss2, loss1).float(), mask))}
+    metrics = {metric_names.PG_CLIPFRAC: _item(masked_mean(torch.gt(loss2, loss1).float(), mask))}
     if clip_ratio_c is None:
-        metrics[schema.PG_CLIPFRAC_LOWER] = 0.0
+        metrics[metric_names.PG_CLIPFRAC_LOWER] = 0.0
         return clipped, metrics
     loss3 = -advantages * clip_ratio_c
     dual = torch.minimum(loss3, clipped)
     negative = advantages < 0
     lower_hits = torch.gt(clipped, loss3) & negative
-    metrics[schema.PG_CLIPFRAC_LOWER] = _item(masked_mean(lower_hits.float(), mask))
+    metrics[metric_names.PG_CLIPFRAC_LOWER] = _item(masked_mean(lower_hits.float(), mask))
     return torch.where(negative, dual, clipped), metrics
 
 
@@ -105,7 +105,7 @@ def clip_objective(
     loss, metrics = clipped_surrogate_loss(
         lr.exp(), inp.advantages.to(torch.float32), mask, 1 - clip_ratio_low, 1 + clip_ratio_high, clip_ratio_c
     )
-    metrics[schema.PPO_KL] = _item(masked_mean(-lr, mask))
+    metrics[metric_names.PPO_KL] = _item(masked_mean(-lr, mask))
     return ObjectiveOutput(loss_mat=loss, metrics=metrics)
 
 
@@ -113,7 +113,7 @@ def token_is_objective(inp: PolicyInputs) -> ObjectiveOutput:
     """Token-level importance sampling without clipping: objective ``r A``, loss ``-r A`` [B,T]."""
     lr = log_ratio(inp)
     loss = -inp.advantages.to(torch.float32) * lr.exp()
-    return ObjectiveOutput(loss_mat=loss, metrics={schema.PPO_KL: _item(masked_mean(-lr, _mask(inp)))})
+    return ObjectiveOutput(loss_mat=loss, metrics={metric_names.PPO_KL: _item(masked_mean(-lr, _mask(inp)))})
 
 
 def gpg_objective(inp: PolicyInputs) -> ObjectiveOutput:
@@ -141,7 +141,7 @@ def gspo_objective(
     loss, metrics = clipped_surrogate_loss(
         ratio, inp.advantages.to(torch.float32), mask, 1 - clip_ratio_low, 1 + clip_ratio_high, None
     )
-    metrics[schema.PPO_KL] = _item(masked_mean(-diff, mask))
+    metrics[metric_names.PPO_KL] = _item(masked_mean(-diff, mask))
     return ObjectiveOutput(loss_mat=loss, metrics=metrics)
 
 
@@ -176,8 +176,8 @@ def value_loss(
     loss2 = (v_clipped - ret) ** 2
     loss = 0.5 * torch.maximum(loss1, loss2)
     metrics = {
-        schema.VF_LOSS: _item(masked_mean(loss, m)),
-        schema.VF_CLIPFRAC: _item(masked_mean(torch.gt(loss2, loss1).float(), m)),
+        metric_names.VF_LOSS: _item(masked_mean(loss, m)),
+        metric_names.VF_CLIPFRAC: _item(masked_mean(torch.gt(loss2, loss1).float(), m)),
     }
     return ObjectiveOutput(loss_mat=loss, metrics=metrics)
 
@@ -323,7 +323,7 @@ def bapo_objective(
         rule=rule,
     )
     loss, metrics = clipped_surrogate_loss(ratio, advantages, mask, lower, upper, clip_ratio_c)
-    metrics[schema.PPO_KL] = _item(masked_mean(-lr, mask))
+    metrics[metric_names.PPO_KL] = _item(masked_mean(-lr, mask))
     metrics.update({BAPO_CLIP_LOW: lower, BAPO_CLIP_HIGH: upper, BAPO_POS_SHARE: share})
     return ObjectiveOutput(loss_mat=loss, metrics=metrics)
 

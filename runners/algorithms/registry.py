@@ -10,14 +10,22 @@ Registering a name twice raises; looking up an unknown name raises with the list
 
 Plugins register their own entries the same way::
 
-    @OBJECTIVES.register("my_objective")
+    @OBJECTIVES.register("my_objective", needs=("logits",))
     def my_objective(inp, **params): ...
+
+Declarations: an entry also states what its component needs from the backend or from the other
+components of a cell (``needs``), what it offers the others (``provides``), which keys of its config
+node the trainer consumes instead of passing them to the function (``trainer_keys``), and the
+dataclass that types its config node (``schema``, lazy like the target). Backends and validation read
+these (``Registry.entry``, ``runners.algorithms.method.Method``) instead of testing names; the words
+of ``needs`` / ``provides`` are listed in ``runners.algorithms.method.CAPABILITIES``.
 """
 
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 
@@ -28,63 +36,116 @@ class UnknownNameError(KeyError):
         return str(self.args[0])
 
 
+@dataclass(frozen=True)
+class Entry:
+    """One registered component and its declarations (see the module docstring)."""
+
+    name: str
+    target: str | Callable[..., Any]
+    # what the component needs from the backend or another component (e.g. "logits", "critic")
+    needs: frozenset[str] = frozenset()
+    # what it offers the other components of a cell (e.g. "token_clip": clip_ratio_low/high to steer)
+    provides: frozenset[str] = frozenset()
+    # config keys the trainer consumes itself (never passed to the target)
+    trainer_keys: tuple[str, ...] = ()
+    # dataclass typing the component's config node, or a lazy "module:attr" string; None: untyped
+    schema: str | type | None = None
+
+
+def _resolve(target: str | Any) -> Any:
+    if not isinstance(target, str):
+        return target
+    module_name, attr = target.split(":", 1)
+    obj: Any = importlib.import_module(module_name)
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _check_lazy(kind: str, name: str, what: str, target: Any) -> None:
+    if isinstance(target, str) and ":" not in target:
+        raise ValueError(f"lazy {what} for {kind} {name!r} must look like 'module:attr', got {target!r}")
+
+
 class Registry:
     """A name -> target map for one extension point (e.g. ``kind="estimator"``)."""
 
     def __init__(self, kind: str) -> None:
         self.kind = kind
-        self._targets: dict[str, str | Callable[..., Any]] = {}
+        self._entries: dict[str, Entry] = {}
         self._resolved: dict[str, Callable[..., Any]] = {}
 
-    def register(self, name: str, target: str | Callable[..., Any] | None = None):
+    def register(
+        self,
+        name: str,
+        target: str | Callable[..., Any] | None = None,
+        *,
+        needs: Iterable[str] = (),
+        provides: Iterable[str] = (),
+        trainer_keys: Iterable[str] = (),
+        schema: str | type | None = None,
+    ):
         """Register ``target`` under ``name``; without ``target`` acts as a decorator.
 
-        ``target`` may be a ``"package.module:attr"`` string, imported on first ``get``.
+        ``target`` (and ``schema``) may be a ``"package.module:attr"`` string, imported on first use.
         """
+        declared = dict(needs=needs, provides=provides, trainer_keys=trainer_keys, schema=schema)
         if target is None:
 
             def decorator(obj: Callable[..., Any]) -> Callable[..., Any]:
-                self.register(name, obj)
+                self.register(name, obj, **declared)
                 return obj
 
             return decorator
-        if name in self._targets:
+        if name in self._entries:
             raise ValueError(
-                f"{self.kind} {name!r} is already registered (to {self._describe(self._targets[name])}); "
+                f"{self.kind} {name!r} is already registered (to {self._describe(self._entries[name].target)}); "
                 f"refusing to register {self._describe(target)}"
             )
-        if isinstance(target, str) and ":" not in target:
-            raise ValueError(f"lazy target for {self.kind} {name!r} must look like 'module:attr', got {target!r}")
-        self._targets[name] = target
+        _check_lazy(self.kind, name, "target", target)
+        _check_lazy(self.kind, name, "schema", schema)
+        self._entries[name] = Entry(
+            name=name,
+            target=target,
+            needs=frozenset(needs),
+            provides=frozenset(provides),
+            trainer_keys=tuple(trainer_keys),
+            schema=schema,
+        )
         return target
+
+    def entry(self, name: str) -> Entry:
+        """The declarations of ``name`` (raises ``UnknownNameError`` listing the valid names)."""
+        if name not in self._entries:
+            raise UnknownNameError(f"unknown {self.kind} {name!r}; valid names: {', '.join(self.names())}")
+        return self._entries[name]
 
     def get(self, name: str) -> Callable[..., Any]:
         """Return the callable registered as ``name`` (importing it if lazy)."""
-        if name in self._resolved:
-            return self._resolved[name]
-        if name not in self._targets:
-            raise UnknownNameError(f"unknown {self.kind} {name!r}; valid names: {', '.join(self.names())}")
-        target = self._targets[name]
-        if isinstance(target, str):
-            module_name, attr = target.split(":", 1)
-            obj: Any = importlib.import_module(module_name)
-            for part in attr.split("."):
-                obj = getattr(obj, part)
-            target = obj
-        self._resolved[name] = target
-        return target
+        if name not in self._resolved:
+            self._resolved[name] = _resolve(self.entry(name).target)
+        return self._resolved[name]
+
+    def schema(self, name: str) -> type | None:
+        """The config dataclass of ``name`` (imported if lazy); None for an untyped entry."""
+        schema = self.entry(name).schema
+        return None if schema is None else _resolve(schema)
+
+    def with_need(self, need: str) -> list[str]:
+        """Names whose entry declares ``need`` (for messages and docs; decisions read ``entry``)."""
+        return [name for name in self.names() if need in self._entries[name].needs]
 
     def names(self) -> list[str]:
-        return sorted(self._targets)
+        return sorted(self._entries)
 
     def __contains__(self, name: object) -> bool:
-        return name in self._targets
+        return name in self._entries
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.names())
 
     def __len__(self) -> int:
-        return len(self._targets)
+        return len(self._entries)
 
     @staticmethod
     def _describe(target: str | Callable[..., Any]) -> str:

@@ -10,7 +10,7 @@ Criteria (ALGORITHMS.md section 4; every threshold is inclusive, "keep iff stat 
 - exact, from the stored sparse rollout distributions (``inp.old_topk_index/old_topk_logp``) against
   ``inp.logits``: ``D_KL(c_t) = sum_v pi_roll(v) (log pi_roll(v) - log pi_theta(v))`` over the
   stored support (eq. 51): ``trm_max`` (max_t), ``trm_avg`` (mean_t), ``trm_max_avg`` (both);
-- sample-based, from ``log r_t = logp - logp_rollout`` of the sampled tokens (appendix B):
+- sample-based, from ``log r_t = logp - rollout_logp`` of the sampled tokens (appendix B):
   ``trm_max_k2`` (max_t of k2 = 0.5 (log r)^2), ``trm_avg_k3`` (mean_t of k3 = r - 1 - log r),
   ``trm_max_avg_sample`` (both);
 - length-neutral: ``ln_trm`` (eq. 76-77, position-weighted mean of |r_t - 1|) and ``ser`` (eq. 82,
@@ -34,7 +34,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from runners import schema
+from runners import metric_names
 from runners.algorithms.bounds import error_bounds
 from runners.algorithms.types import MaskOutput, PolicyInputs
 
@@ -47,9 +47,9 @@ _CHUNK_ELEMENTS = 1 << 24
 
 
 # -- divergences -----------------------------------------------------------------------------
-def sample_log_ratio(logp: Tensor, logp_roll: Tensor) -> Tensor:
-    """``log r = logp - logp_roll`` [B,T], detached, NaN -> +SAFETY_BOUND, clamped to +-SAFETY_BOUND."""
-    log_ratio = logp.detach().float() - logp_roll.detach().float()
+def sample_log_ratio(logp: Tensor, rollout_logp: Tensor) -> Tensor:
+    """``log r = logp - rollout_logp`` [B,T], detached, NaN -> +SAFETY_BOUND, clamped to +-SAFETY_BOUND."""
+    log_ratio = logp.detach().float() - rollout_logp.detach().float()
     log_ratio = torch.nan_to_num(log_ratio, nan=SAFETY_BOUND, posinf=SAFETY_BOUND, neginf=-SAFETY_BOUND)
     return log_ratio.clamp(-SAFETY_BOUND, SAFETY_BOUND)
 
@@ -64,16 +64,16 @@ def k3_estimator(log_ratio: Tensor) -> Tensor:
     return torch.expm1(log_ratio) - log_ratio
 
 
-def _sparse_token_stats(logits: Tensor, index: Tensor, roll_logp: Tensor, tail_bin: bool) -> tuple[Tensor, Tensor]:
-    """Exact KL and TV [n] for rows ``logits [n,V]``, ``index/roll_logp [n,K]`` (one chunk)."""
+def _sparse_token_stats(logits: Tensor, index: Tensor, topk_logp: Tensor, tail_bin: bool) -> tuple[Tensor, Tensor]:
+    """Exact KL and TV [n] for rows ``logits [n,V]``, ``index/topk_logp [n,K]`` (one chunk)."""
     # a chunk-sized log-softmax then gather: on CPU this beats logsumexp + gather by ~2x (measured)
     logq = torch.log_softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), dim=-1)
     logq = torch.nan_to_num(logq.gather(-1, index.long()), nan=float("-inf"))  # an all -inf row: no mass
-    valid = roll_logp > float("-inf")
-    p = torch.where(valid, roll_logp.double().exp(), 0.0)
+    valid = topk_logp > float("-inf")
+    p = torch.where(valid, topk_logp.double().exp(), 0.0)
     q = torch.where(valid, logq.double().exp(), 0.0)
     # p > 0, not only `valid`: a log-prob that underflows exp() must not give 0 * inf
-    kl_terms = torch.where(p > 0, p * (roll_logp.double() - logq.double()), 0.0)
+    kl_terms = torch.where(p > 0, p * (topk_logp.double() - logq.double()), 0.0)
     kl = kl_terms.sum(-1)
     p_rest = (1.0 - p.sum(-1)).clamp(min=0.0)
     q_rest = (1.0 - q.sum(-1)).clamp(min=0.0)
@@ -87,31 +87,31 @@ def _sparse_token_stats(logits: Tensor, index: Tensor, roll_logp: Tensor, tail_b
 def sparse_token_divergences(
     logits: Tensor,
     index: Tensor,
-    roll_logp: Tensor,
+    topk_logp: Tensor,
     mask: Tensor | None = None,
     *,
     tail_bin: bool = False,
 ) -> tuple[Tensor, Tensor]:
     """Exact token KL(pi_roll || pi_theta) and TV [B,T] from a stored sparse rollout distribution.
 
-    ``logits`` [B,T,V] of pi_theta; ``index``/``roll_logp`` [B,T,K] the kept ids and rollout log-probs
+    ``logits`` [B,T,V] of pi_theta; ``index``/``topk_logp`` [B,T,K] the kept ids and the rollout policy's log-probs
     (-inf marks padding slots, ignored). KL is trm.txt eq. 51 over the stored support; with
     ``tail_bin`` the missing mass adds one "rest" bin term (the KL of the coarse-grained pair, always
     >= 0; equal to eq. 51 when the support is the whole vocabulary). TV (eq. 8) always includes the
     rest bin, so it is exact on a full support and a lower bound otherwise. Positions where ``mask``
     is 0 are skipped and get 0. Computed in chunks of rows, without gradient, float64 sums.
     """
-    if index.shape != roll_logp.shape or logits.shape[:-1] != index.shape[:-1]:
+    if index.shape != topk_logp.shape or logits.shape[:-1] != index.shape[:-1]:
         raise ValueError(
             f"shape mismatch: logits {tuple(logits.shape)}, index {tuple(index.shape)}, "
-            f"roll_logp {tuple(roll_logp.shape)} (expected [B,T,V], [B,T,K], [B,T,K])"
+            f"topk_logp {tuple(topk_logp.shape)} (expected [B,T,V], [B,T,K], [B,T,K])"
         )
     lead = index.shape[:-1]
     V, K = logits.shape[-1], index.shape[-1]
     with torch.no_grad():
         flat_logits = logits.detach().reshape(-1, V)
         flat_index = index.reshape(-1, K)
-        flat_roll = roll_logp.detach().double().reshape(-1, K)
+        flat_roll = topk_logp.detach().double().reshape(-1, K)
         n = flat_index.shape[0]
         kl = torch.zeros(n, dtype=torch.float64, device=index.device)
         tv = torch.zeros_like(kl)
@@ -128,12 +128,12 @@ def sparse_token_divergences(
     return kl.reshape(lead), tv.reshape(lead)
 
 
-def exact_token_kl(logits: Tensor, index: Tensor, roll_logp: Tensor, *, tail_bin: bool = False) -> Tensor:
+def exact_token_kl(logits: Tensor, index: Tensor, topk_logp: Tensor, *, tail_bin: bool = False) -> Tensor:
     """Per-token exact KL(pi_roll || pi_theta) [B,T] over the stored support (trm.txt eq. 51).
 
-    ``logits`` [B,T,V], ``index`` [B,T,K], ``roll_logp`` [B,T,K] (-inf = padding slot, ignored).
+    ``logits`` [B,T,V], ``index`` [B,T,K], ``topk_logp`` [B,T,K] (-inf = padding slot, ignored).
     """
-    return sparse_token_divergences(logits, index, roll_logp, tail_bin=tail_bin)[0]
+    return sparse_token_divergences(logits, index, topk_logp, tail_bin=tail_bin)[0]
 
 
 # -- masked reductions -------------------------------------------------------------------------
@@ -173,7 +173,7 @@ def acceptance_by_length(seq_mask: Tensor, lengths: Tensor, edges: Sequence[int]
     for lo, hi in _buckets(edges):
         sel = (lengths >= max(lo, 1)) & (lengths < hi)
         if sel.any():
-            out[schema.trm_accept_rate_bucket(lo, hi)] = float(seq_mask[sel].float().mean())
+            out[metric_names.trm_accept_rate_bucket(lo, hi)] = float(seq_mask[sel].float().mean())
     return out
 
 
@@ -192,22 +192,22 @@ def tv_by_position(tv: Tensor, mask: Tensor, edges: Sequence[int] = DEFAULT_EDGE
     cum = torch.cat([dbar.new_zeros(1), dbar.cumsum(0)])
     width = dbar.shape[0]
     return {
-        schema.trm_tv_position_bucket(lo, hi): float((cum[min(hi, width)] - cum[min(lo, width)]) / (hi - lo))
+        metric_names.trm_tv_position_bucket(lo, hi): float((cum[min(hi, width)] - cum[min(lo, width)]) / (hi - lo))
         for lo, hi in _buckets(edges)
     }
 
 
-def log_ppl_gap(logp: Tensor, logp_roll: Tensor, mask: Tensor) -> float:
-    """Log absolute PPL gap ``mean_i |mean_t logp - mean_t logp_roll|`` (trm.txt eq. 52).
+def log_ppl_gap(logp: Tensor, rollout_logp: Tensor, mask: Tensor) -> float:
+    """Log absolute PPL gap ``mean_i |mean_t logp - mean_t rollout_logp|`` (trm.txt eq. 52).
 
-    ``logp``, ``logp_roll``, ``mask`` [B,T]; mean over non-empty sequences; the log-ratio is clamped
+    ``logp``, ``rollout_logp``, ``mask`` [B,T]; mean over non-empty sequences; the log-ratio is clamped
     as in ``sample_log_ratio`` so -inf log-probs give a large finite gap, not NaN.
     """
     real = _real(mask)
     rows = real.any(-1)
     if not rows.any():
         return 0.0
-    gap = _seq_mean(sample_log_ratio(logp, logp_roll), mask).abs()
+    gap = _seq_mean(sample_log_ratio(logp, rollout_logp), mask).abs()
     return float(gap[rows].mean())
 
 
@@ -220,7 +220,7 @@ def compute_trm_metrics(
     length_edges: Sequence[int] = DEFAULT_EDGES,
     position_edges: Sequence[int] = DEFAULT_EDGES,
 ) -> dict[str, float]:
-    """The TRM metric set for one batch (names from ``runners.schema``).
+    """The TRM metric set for one batch (names from ``runners.metric_names``).
 
     ``trm/max_kl`` and ``trm/mean_kl`` are the max and token-mean of the exact KL when ``token_kl``
     [B,T] is given, else of the sample estimators (max of k2, mean of k3, the quantities the
@@ -233,17 +233,17 @@ def compute_trm_metrics(
     lengths = real.sum(-1)
     rows = lengths > 0
     metrics = {
-        schema.TRM_ACCEPT_RATE: float(seq_mask[rows].float().mean()) if rows.any() else 1.0,
-        schema.TRM_PPL_GAP: log_ppl_gap(inp.logp, inp.rollout_logp(), mask),
+        metric_names.TRM_ACCEPT_RATE: float(seq_mask[rows].float().mean()) if rows.any() else 1.0,
+        metric_names.TRM_PPL_GAP: log_ppl_gap(inp.logp, inp.rollout_or_old_logp(), mask),
     }
     if token_kl is not None:
         max_src, mean_src = token_kl, token_kl
     else:
-        log_ratio = sample_log_ratio(inp.logp, inp.rollout_logp())
+        log_ratio = sample_log_ratio(inp.logp, inp.rollout_or_old_logp())
         max_src, mean_src = k2_estimator(log_ratio), k3_estimator(log_ratio)
     n_tok = real.sum()
-    metrics[schema.TRM_MAX_KL] = float(torch.where(real, max_src, float("-inf")).max()) if n_tok else 0.0
-    metrics[schema.TRM_MEAN_KL] = float(torch.where(real, mean_src, 0.0).sum() / n_tok.clamp(min=1))
+    metrics[metric_names.TRM_MAX_KL] = float(torch.where(real, max_src, float("-inf")).max()) if n_tok else 0.0
+    metrics[metric_names.TRM_MEAN_KL] = float(torch.where(real, mean_src, 0.0).sum() / n_tok.clamp(min=1))
     metrics.update(acceptance_by_length(seq_mask, lengths, length_edges))
     if token_tv is not None:
         metrics.update(tv_by_position(token_tv, mask, position_edges))
@@ -347,7 +347,7 @@ def trm_max_avg_mask(
 
 
 def _sample_mask(inp, delta, delta_avg, monitor_kw) -> MaskOutput:
-    log_ratio = sample_log_ratio(inp.logp, inp.rollout_logp())
+    log_ratio = sample_log_ratio(inp.logp, inp.rollout_or_old_logp())
     keep = torch.ones(log_ratio.shape[0], dtype=torch.bool, device=log_ratio.device)
     if delta is not None:
         keep &= _seq_max(k2_estimator(log_ratio), inp.response_mask) <= _check_threshold("delta", delta)
@@ -398,13 +398,13 @@ def ln_trm_mask(inp: PolicyInputs, *, delta: float = 1e-4, delta_w: float = 0.05
     quantity SER averages uniformly (twice the per-token TV in expectation), so the default sits in
     SER's recommended 0.03..0.10 range.
     """
-    scores = ln_trm_scores(sample_log_ratio(inp.logp, inp.rollout_logp()), inp.response_mask, float(delta))
+    scores = ln_trm_scores(sample_log_ratio(inp.logp, inp.rollout_or_old_logp()), inp.response_mask, float(delta))
     return _finish(inp, scores <= _check_threshold("delta_w", delta_w), **monitor_kw)
 
 
 def ser_mask(inp: PolicyInputs, *, delta_ser: float = 0.05, **monitor_kw) -> MaskOutput:
     """SER: keep iff ``mean_t |r_t - 1| <= delta_ser`` (trm.txt eq. 82; recommended 0.03..0.10)."""
-    log_ratio = sample_log_ratio(inp.logp, inp.rollout_logp())
+    log_ratio = sample_log_ratio(inp.logp, inp.rollout_or_old_logp())
     score = _seq_mean(torch.expm1(log_ratio).abs(), inp.response_mask)
     return _finish(inp, score <= _check_threshold("delta_ser", delta_ser), **monitor_kw)
 

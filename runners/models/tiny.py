@@ -16,6 +16,8 @@ from typing import Any
 
 import torch
 
+from runners.models.loader import TINY_ARCHS
+
 # defaults shared by every architecture; ``config_overrides`` replace any of them
 TINY_DEFAULTS: dict[str, Any] = {
     "hidden_size": 64,
@@ -34,9 +36,6 @@ def _config_classes() -> dict[str, Any]:
     from transformers import LlamaConfig, Qwen2Config, Qwen3Config
 
     return {"qwen2": Qwen2Config, "qwen3": Qwen3Config, "llama": LlamaConfig}
-
-
-TINY_ARCHS = ("qwen2", "qwen3", "llama")
 
 
 def build_tiny_config(arch: str, *, vocab_size: int, **config_overrides: Any):

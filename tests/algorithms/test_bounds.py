@@ -25,7 +25,7 @@ from runners.algorithms.bounds import (
     ln_trm_normaliser,
     trm_max_acceptance,
 )
-from runners.schema import trm_tv_position_bucket
+from runners.metric_names import trm_tv_position_bucket
 
 
 def _pm_loop(T: int, delta: float, cap: bool = True) -> float:

@@ -16,7 +16,7 @@ from runners.algorithms.entropy import (
     RepoRController,
     entropy_covariance,
 )
-from runners.schema import ENTROPY_BONUS_COEF, ENTROPY_EPS_HIGH, ENTROPY_TARGET, ENTROPY_ZETA
+from runners.metric_names import ENTROPY_BONUS_COEF, ENTROPY_EPS_HIGH, ENTROPY_TARGET, ENTROPY_ZETA
 
 LO, HI, EQ = 0.9, 1.1, 1.0  # entropies below / above / at the target set by the first update (1.0)
 

@@ -131,7 +131,7 @@ def test_grpo_hand_case_and_singleton_convention():
     """Group {1, 0, 1}: mean 2/3, unbiased std 1/sqrt(3); a singleton keeps its raw score (verl)."""
     rewards = torch.tensor([[0.0, 1.0], [0.0, 0.0], [1.0, 0.0], [0.0, 0.7]])
     mask = torch.ones(4, 2)
-    adv, _ = compute_grpo_advantages(AdvantageInputs(rewards, mask, torch.tensor([5, 5, 5, 9])), eps=0.0)
+    adv, _ = compute_grpo_advantages(AdvantageInputs(rewards, mask, torch.tensor([5, 5, 5, 9])), std_eps=0.0)
     std = math.sqrt(1 / 3)
     expected = torch.tensor([1 / 3 / std, -2 / 3 / std, 1 / 3 / std, 0.7])
     torch.testing.assert_close(adv[:, 0], expected)

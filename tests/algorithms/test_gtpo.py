@@ -19,7 +19,7 @@ from runners.algorithms.gtpo import (
 )
 from runners.algorithms.loss_agg import seq_mean_token_mean
 from runners.algorithms.types import PolicyInputs
-from runners.schema import GTPO_CONFLICT_FRAC, GTPO_FILTERED_FRAC
+from runners.metric_names import GTPO_CONFLICT_FRAC, GTPO_FILTERED_FRAC
 
 LN2 = math.log(2.0)
 

@@ -14,7 +14,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from runners import schema
+from runners import metric_names
 from runners.algorithms import LOSS_AGGS, OBJECTIVES
 from runners.algorithms.loss_agg import seq_mean_token_mean, token_mean
 from runners.algorithms.objectives import (
@@ -103,11 +103,11 @@ def test_clip_matches_verl_vanilla(core_algos, case, mode, seed):
     )
     torch.testing.assert_close(loss, ref_loss)
     torch.testing.assert_close(grad, ref_grad)
-    for name in (schema.PG_CLIPFRAC, schema.PG_CLIPFRAC_LOWER, schema.PPO_KL):
+    for name in (metric_names.PG_CLIPFRAC, metric_names.PG_CLIPFRAC_LOWER, metric_names.PPO_KL):
         assert metrics[name] == pytest.approx(ref_metrics[name], abs=1e-6)
-    assert 0 < metrics[schema.PG_CLIPFRAC] < 1
+    assert 0 < metrics[metric_names.PG_CLIPFRAC] < 1
     if case == "dual_clip":
-        assert metrics[schema.PG_CLIPFRAC_LOWER] > 0
+        assert metrics[metric_names.PG_CLIPFRAC_LOWER] > 0
 
 
 @pytest.mark.verl
@@ -122,8 +122,8 @@ def test_gspo_matches_verl(core_algos, mode, low, high):
     )
     torch.testing.assert_close(loss, ref_loss)
     torch.testing.assert_close(grad, ref_grad)
-    assert metrics[schema.PG_CLIPFRAC] == pytest.approx(ref_metrics[schema.PG_CLIPFRAC], abs=1e-6)
-    assert metrics[schema.PPO_KL] == pytest.approx(ref_metrics[schema.PPO_KL], abs=1e-6)
+    assert metrics[metric_names.PG_CLIPFRAC] == pytest.approx(ref_metrics[metric_names.PG_CLIPFRAC], abs=1e-6)
+    assert metrics[metric_names.PPO_KL] == pytest.approx(ref_metrics[metric_names.PPO_KL], abs=1e-6)
 
 
 @pytest.mark.verl
@@ -154,9 +154,9 @@ def test_value_loss_matches_verl_when_symmetric(core_algos, clip):
     v_ref = values.detach().clone().requires_grad_(True)
     ref_loss, ref_clipfrac = core_algos.compute_value_loss(v_ref, returns, v_old, mask, cliprange_value=clip)
     (ref_grad,) = torch.autograd.grad(ref_loss, v_ref)
-    assert out.metrics[schema.VF_LOSS] == pytest.approx(ref_loss.item(), rel=1e-6)
-    assert out.metrics[schema.VF_CLIPFRAC] == pytest.approx(ref_clipfrac.item(), abs=1e-6)
-    assert 0 < out.metrics[schema.VF_CLIPFRAC] < 1
+    assert out.metrics[metric_names.VF_LOSS] == pytest.approx(ref_loss.item(), rel=1e-6)
+    assert out.metrics[metric_names.VF_CLIPFRAC] == pytest.approx(ref_clipfrac.item(), abs=1e-6)
+    assert 0 < out.metrics[metric_names.VF_CLIPFRAC] < 1
     torch.testing.assert_close(grad, ref_grad)
 
 
@@ -218,8 +218,8 @@ def test_value_loss_asymmetric_hand_cases():
     # clip(1) = 0.6 -> max(1, 1.96); clip(-1) = -0.5 -> max(1, 2.25); clip(1) = 0.6 -> max(1, 0.36); inside
     expected = 0.5 * torch.tensor([[1.96, 2.25, 1.0, 0.09]])
     torch.testing.assert_close(out.loss_mat, expected)
-    assert out.metrics[schema.VF_CLIPFRAC] == pytest.approx(0.5)
-    assert out.metrics[schema.VF_LOSS] == pytest.approx(expected.mean().item())
+    assert out.metrics[metric_names.VF_CLIPFRAC] == pytest.approx(0.5)
+    assert out.metrics[metric_names.VF_LOSS] == pytest.approx(expected.mean().item())
 
 
 def test_entropy_bonus_term_sign():

@@ -17,7 +17,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from runners import schema
+from runners import metric_names
 from runners.algorithms import MASKS, loss_agg, trm
 from runners.algorithms.bounds import adaptive_bound, dbar_from_position_buckets, ln_trm_normaliser
 from runners.algorithms.types import PolicyInputs
@@ -33,7 +33,7 @@ def _batch(B=6, T=9, V=11, K=None, scale=0.3, seed=0, lengths=None):
     roll_full = torch.log_softmax(logits + scale * torch.randn(B, T, V, generator=g, dtype=torch.float64), -1)
     y = torch.multinomial(roll_full.exp().reshape(-1, V), 1, generator=g).reshape(B, T)
     logp = torch.log_softmax(logits, -1).gather(-1, y[..., None])[..., 0]
-    logp_roll = roll_full.gather(-1, y[..., None])[..., 0]
+    rollout_logp = roll_full.gather(-1, y[..., None])[..., 0]
     if lengths is None:
         lengths = torch.randint(1, T + 1, (B,), generator=g)
     mask = (torch.arange(T)[None, :] < torch.as_tensor(lengths)[:, None]).double()
@@ -41,7 +41,7 @@ def _batch(B=6, T=9, V=11, K=None, scale=0.3, seed=0, lengths=None):
     order = torch.argsort(roll_full, dim=-1, descending=True)[..., :K]  # top-K support
     inp = PolicyInputs(
         logp=logp,
-        logp_old=logp_roll,
+        logp_old=rollout_logp,
         advantages=torch.zeros(B, T, dtype=torch.float64),
         response_mask=mask,
         logits=logits,
@@ -70,8 +70,8 @@ def test_exact_kl_and_tv_match_dense_on_full_support():
 def test_exact_kl_truncated_support_padding_and_chunks(monkeypatch):
     """Top-K support with -inf padding slots: eq. 51 over the kept ids; tail bin = coarse-grained KL."""
     inp, roll_full = _batch(V=13, K=5, seed=3)
-    index, roll_logp = inp.old_topk_index.clone(), inp.old_topk_logp.clone()
-    roll_logp[..., 4] = float("-inf")  # one padding slot everywhere, its id arbitrary
+    index, topk_logp = inp.old_topk_index.clone(), inp.old_topk_logp.clone()
+    topk_logp[..., 4] = float("-inf")  # one padding slot everywhere, its id arbitrary
     index[..., 4] = 0
     logq = torch.log_softmax(inp.logits, -1)
     kept = torch.zeros_like(roll_full, dtype=torch.bool).scatter(-1, inp.old_topk_index[..., :4], True)
@@ -81,8 +81,8 @@ def test_exact_kl_truncated_support_padding_and_chunks(monkeypatch):
     ref_tail = ref + p_rest * (p_rest.log() - q_rest.log())
     ref_tv = 0.5 * (torch.where(kept, (p - q).abs(), 0.0).sum(-1) + (p_rest - q_rest).abs())
     monkeypatch.setattr(trm, "_CHUNK_ELEMENTS", 13 * 4)  # 4 rows per chunk
-    kl, tv = trm.sparse_token_divergences(inp.logits, index, roll_logp)
-    kl_tail, _ = trm.sparse_token_divergences(inp.logits, index, roll_logp, tail_bin=True)
+    kl, tv = trm.sparse_token_divergences(inp.logits, index, topk_logp)
+    kl_tail, _ = trm.sparse_token_divergences(inp.logits, index, topk_logp, tail_bin=True)
     torch.testing.assert_close(kl, ref, rtol=1e-9, atol=1e-12)
     torch.testing.assert_close(kl_tail, ref_tail, rtol=1e-9, atol=1e-12)
     torch.testing.assert_close(tv, ref_tv, rtol=1e-9, atol=1e-12)
@@ -164,8 +164,8 @@ def test_exact_masks_match_dense_criteria(seed):
         out = MASKS.get(name)(inp, **params[name])
         assert out.seq_mask.tolist() == expected.double().tolist(), name
         assert 0 < out.seq_mask.sum() < len(expected) or name == "trm_max_avg"
-        assert out.metrics[schema.TRM_MAX_KL] == pytest.approx(float(kl[inp.response_mask > 0].max()))
-        assert out.metrics[schema.TRM_MEAN_KL] == pytest.approx(float(kl[inp.response_mask > 0].mean()))
+        assert out.metrics[metric_names.TRM_MAX_KL] == pytest.approx(float(kl[inp.response_mask > 0].max()))
+        assert out.metrics[metric_names.TRM_MEAN_KL] == pytest.approx(float(kl[inp.response_mask > 0].mean()))
 
 
 def test_exact_mask_without_distributions_names_missing_fields():
@@ -255,10 +255,10 @@ def test_ln_trm_and_ser_are_length_neutral_for_constant_deviation():
 
 
 def test_ser_hand_case():
-    logp_roll = torch.zeros(2, 3, dtype=torch.float64)
+    rollout_logp = torch.zeros(2, 3, dtype=torch.float64)
     logp = torch.log(torch.tensor([[1.1, 0.9, 1.0], [1.5, 1.0, 9.0]], dtype=torch.float64))
     mask = torch.tensor([[1, 1, 1], [1, 1, 0]], dtype=torch.float64)
-    inp = PolicyInputs(logp, logp_roll, torch.zeros_like(logp), mask)
+    inp = PolicyInputs(logp, rollout_logp, torch.zeros_like(logp), mask)
     # W = (0.1 + 0.1 + 0) / 3 = 0.0667 and (0.5 + 0) / 2 = 0.25 (the padded 9.0 is ignored)
     assert trm.ser_mask(inp, delta_ser=0.07).seq_mask.tolist() == [1.0, 0.0]
     assert trm.ser_mask(inp, delta_ser=0.25).seq_mask.tolist() == [1.0, 1.0]
@@ -299,17 +299,17 @@ def test_acceptance_by_length_hand_case():
     seq_mask = torch.tensor([1.0, 0.0, 1.0, 1.0, 0.0, 1.0])
     lengths = torch.tensor([10, 20, 100, 200, 0, 5000])
     out = trm.acceptance_by_length(seq_mask, lengths, edges=[0, 64, 256, 1024])
-    assert out == {schema.trm_accept_rate_bucket(0, 64): 0.5, schema.trm_accept_rate_bucket(64, 256): 1.0}
+    assert out == {metric_names.trm_accept_rate_bucket(0, 64): 0.5, metric_names.trm_accept_rate_bucket(64, 256): 1.0}
     with pytest.raises(ValueError, match="strictly increasing"):
         trm.acceptance_by_length(seq_mask, lengths, edges=[0, 64, 64])
 
 
 def test_log_ppl_gap_hand_case():
     logp = torch.tensor([[-1.0, -2.0, -9.0], [-0.5, -0.5, -0.5], [0.0, 0.0, 0.0]])
-    logp_roll = torch.tensor([[-1.5, -1.5, 0.0], [-1.0, -0.1, -0.1], [0.0, 0.0, 0.0]])
+    rollout_logp = torch.tensor([[-1.5, -1.5, 0.0], [-1.0, -0.1, -0.1], [0.0, 0.0, 0.0]])
     mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0], [0.0, 0.0, 0.0]])
     # row 0: |-1.5 - (-1.5)| = 0; row 1: |-0.5 - (-0.4)| = 0.1; row 2 empty, left out
-    assert trm.log_ppl_gap(logp, logp_roll, mask) == pytest.approx(0.05)
+    assert trm.log_ppl_gap(logp, rollout_logp, mask) == pytest.approx(0.05)
 
 
 def test_tv_buckets_reproduce_the_adaptive_bound():
@@ -323,18 +323,18 @@ def test_tv_buckets_reproduce_the_adaptive_bound():
     np.testing.assert_allclose(dbar, dbar_ref.numpy(), rtol=1e-9)
     assert adaptive_bound(dbar, 0.05) == pytest.approx(adaptive_bound(dbar_ref.numpy(), 0.05))
     coarse = trm.tv_by_position(tv, inp.response_mask, edges=[0, 4, 16])
-    assert coarse[schema.trm_tv_position_bucket(4, 16)] == pytest.approx(float(dbar_ref[4:].sum()) / 12)
+    assert coarse[metric_names.trm_tv_position_bucket(4, 16)] == pytest.approx(float(dbar_ref[4:].sum()) / 12)
 
 
 def test_sample_mask_monitors_exact_kl_when_distributions_are_stored():
     inp, roll_full = _batch()
     kl, _ = _dense_kl_tv(inp.logits, roll_full)
     with_dist = trm.trm_max_k2_mask(inp).metrics
-    assert with_dist[schema.TRM_MAX_KL] == pytest.approx(float(kl[inp.response_mask > 0].max()))
+    assert with_dist[metric_names.TRM_MAX_KL] == pytest.approx(float(kl[inp.response_mask > 0].max()))
     inp.logits = None
     without = trm.trm_max_k2_mask(inp).metrics
     k2 = trm.k2_estimator(trm.sample_log_ratio(inp.logp, inp.logp_old))
-    assert without[schema.TRM_MAX_KL] == pytest.approx(float(k2[inp.response_mask > 0].max()))
+    assert without[metric_names.TRM_MAX_KL] == pytest.approx(float(k2[inp.response_mask > 0].max()))
     assert not any(k.startswith("trm/tv/") for k in without)
     assert trm.trm_max_k2_mask(inp, monitor=False).metrics == {}
 
@@ -379,4 +379,4 @@ def test_every_registered_mask_resolves():
     inp, _ = _batch()
     for name in MASKS.names():
         out = MASKS.get(name)(inp)
-        assert out.metrics[schema.TRM_ACCEPT_RATE] == pytest.approx(float(out.seq_mask.mean()))
+        assert out.metrics[metric_names.TRM_ACCEPT_RATE] == pytest.approx(float(out.seq_mask.mean()))

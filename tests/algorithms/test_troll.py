@@ -24,7 +24,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy.optimize import brentq, minimize
 
-from runners import schema
+from runners import metric_names
 from runners.algorithms import OBJECTIVES
 from runners.algorithms.troll import (
     dense_storage_bytes,
@@ -334,7 +334,7 @@ def test_gradcheck_sparse_objective(with_responses):
     _, new_logits, responses, index, logp = _sparse_batch(seed=9, shift=0.5)
     inp = _inputs(new_logits, index, logp, responses, with_responses=with_responses)
     out = troll_objective(inp)
-    assert 0 < out.metrics[schema.TROLL_PROJECTED_FRAC] < 1
+    assert 0 < out.metrics[metric_names.TROLL_PROJECTED_FRAC] < 1
 
     def loss(x):
         inp.logits = x
@@ -349,7 +349,7 @@ def test_gradcheck_dense_objective_and_gspo_form():
     gradient of the sequence objective, so the check is on per-sequence sums (constant A per sequence)."""
     old_logits, new_logits, responses, _, _ = _sparse_batch(length=2, vocab=10, seed=10)
     dense = _inputs(new_logits, None, torch.log_softmax(old_logits, -1), responses)
-    assert 0 < troll_objective(dense).metrics[schema.TROLL_PROJECTED_FRAC] < 1
+    assert 0 < troll_objective(dense).metrics[metric_names.TROLL_PROJECTED_FRAC] < 1
 
     def loss(x):
         dense.logits = x
@@ -396,9 +396,9 @@ def test_on_policy_loss_is_minus_advantage():
     ):
         out = troll_objective(inp)
         torch.testing.assert_close(out.loss_mat, torch.where(mask.bool(), -adv, 0.0), rtol=1e-5, atol=1e-6)
-        assert out.metrics[schema.TROLL_PROJECTED_FRAC] == 0.0
-        assert out.metrics[schema.TROLL_DUAL_STEPS] == 0.0
-        assert abs(out.metrics[schema.TROLL_KL_BEFORE]) < 1e-6
+        assert out.metrics[metric_names.TROLL_PROJECTED_FRAC] == 0.0
+        assert out.metrics[metric_names.TROLL_DUAL_STEPS] == 0.0
+        assert abs(out.metrics[metric_names.TROLL_KL_BEFORE]) < 1e-6
 
 
 def test_sparse_with_every_token_kept_equals_dense_mode():
@@ -408,7 +408,7 @@ def test_sparse_with_every_token_kept_equals_dense_mode():
     sparse = troll_objective(_inputs(new_logits, index, logp, responses))
     dense = troll_objective(_inputs(new_logits, None, torch.log_softmax(old_logits.double(), -1), responses))
     torch.testing.assert_close(sparse.loss_mat, dense.loss_mat, rtol=1e-5, atol=1e-6)
-    for name in (schema.TROLL_PROJECTED_FRAC, schema.TROLL_KL_BEFORE, schema.TROLL_KL_AFTER):
+    for name in (metric_names.TROLL_PROJECTED_FRAC, metric_names.TROLL_KL_BEFORE, metric_names.TROLL_KL_AFTER):
         assert math.isclose(sparse.metrics[name], dense.metrics[name], rel_tol=1e-5, abs_tol=1e-7)
 
 
@@ -424,16 +424,16 @@ def test_gspo_form_values_and_metrics():
     geo = torch.exp((log_r * mask).sum(-1) / mask.sum(-1))
     torch.testing.assert_close(seq.loss_mat, torch.where(mask.bool(), -geo.unsqueeze(-1), 0.0).double())
     assert set(tok.metrics) == {
-        schema.TROLL_PROJECTED_FRAC,
-        schema.TROLL_KEPT_TOKENS,
-        schema.TROLL_KEPT_MASS,
-        schema.TROLL_KL_BEFORE,
-        schema.TROLL_KL_AFTER,
-        schema.TROLL_DUAL_STEPS,
+        metric_names.TROLL_PROJECTED_FRAC,
+        metric_names.TROLL_KEPT_TOKENS,
+        metric_names.TROLL_KEPT_MASS,
+        metric_names.TROLL_KL_BEFORE,
+        metric_names.TROLL_KL_AFTER,
+        metric_names.TROLL_DUAL_STEPS,
     }
     kept = (logp > -math.inf).sum(-1).double()
-    assert math.isclose(tok.metrics[schema.TROLL_KEPT_TOKENS], float(kept[mask.bool()].mean()), rel_tol=1e-9)
-    assert 0 < tok.metrics[schema.TROLL_KEPT_MASS] <= 1
+    assert math.isclose(tok.metrics[metric_names.TROLL_KEPT_TOKENS], float(kept[mask.bool()].mean()), rel_tol=1e-9)
+    assert 0 < tok.metrics[metric_names.TROLL_KEPT_MASS] <= 1
 
 
 def test_objective_errors_name_the_field():

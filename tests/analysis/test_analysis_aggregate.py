@@ -20,7 +20,7 @@ from analysis.aggregate import (
     smooth,
 )
 from analysis.synthetic import profile, synthetic_data
-from runners import schema
+from runners import metric_names
 
 
 @pytest.mark.parametrize("window", [1, 3, 7, 21])
@@ -73,11 +73,11 @@ def test_best_checkpoint_and_entropy_change():
 
 def test_seed_curves_against_numpy():
     data, truth = synthetic_data(profile("demo", steps=30, seeds=(0, 1, 2)))
-    curves = seed_curves(data, schema.SCORE_MEAN, window=7)
+    curves = seed_curves(data, metric_names.SCORE_MEAN, window=7)
     g = curves[curves["method"] == "GRPO"]
-    runs = np.stack([truth[("GRPO", s)]["curves"][schema.SCORE_MEAN][1] for s in (0, 1, 2)])
+    runs = np.stack([truth[("GRPO", s)]["curves"][metric_names.SCORE_MEAN][1] for s in (0, 1, 2)])
     np.testing.assert_allclose(g["raw"], runs.mean(axis=0), atol=1e-12)
     np.testing.assert_allclose(g["smooth"], np.mean([smooth(r, 7) for r in runs], axis=0), atol=1e-12)
     assert (g["lo"] <= g["smooth"] + 1e-12).all() and (g["smooth"] <= g["hi"] + 1e-12).all()
-    finals = per_run(data, schema.SCORE_MEAN, "final", last_n=5)
+    finals = per_run(data, metric_names.SCORE_MEAN, "final", last_n=5)
     assert finals.loc[finals["run_id"] == "GRPO-s1", "value"].item() == pytest.approx(runs[1][-5:].mean())

@@ -16,7 +16,7 @@ from mlflow.entities import Metric
 from analysis import sources
 from analysis.load import ExperimentNotFoundError, load_experiment
 from analysis.synthetic import SyntheticSpec, _m, log_synthetic_experiment
-from runners import schema
+from runners import metric_names
 
 
 def _sorted(metrics: pd.DataFrame) -> pd.DataFrame:
@@ -75,13 +75,13 @@ def test_incremental_refresh_fetches_only_new_runs_and_steps(store, tmp_path):
     client = MlflowClient(store.uri)
     exp_id = client.create_experiment("incremental")
     ts = 1_700_000_000_000
-    finished = client.create_run(exp_id, tags={schema.TAG_METHOD: "A"}).info.run_id
+    finished = client.create_run(exp_id, tags={metric_names.TAG_METHOD: "A"}).info.run_id
     client.log_batch(finished, metrics=[Metric("m", float(s), ts + s, s) for s in range(50)])
     client.set_terminated(finished)
-    running = client.create_run(exp_id, tags={schema.TAG_METHOD: "B"}).info.run_id
+    running = client.create_run(exp_id, tags={metric_names.TAG_METHOD: "B"}).info.run_id
     client.log_batch(running, metrics=[Metric("m", float(s) / 2, ts + s, s) for s in range(10)])
     client.log_batch(running, metrics=[Metric("eval", 0.1, ts + 9, 9)])
-    doomed = client.create_run(exp_id, tags={schema.TAG_METHOD: "C"}).info.run_id
+    doomed = client.create_run(exp_id, tags={metric_names.TAG_METHOD: "C"}).info.run_id
     client.log_batch(doomed, metrics=[Metric("m", 1.0, ts, 0)])
 
     first = load_experiment("incremental", store.uri, cache_dir=tmp_path)
@@ -90,7 +90,7 @@ def test_incremental_refresh_fetches_only_new_runs_and_steps(store, tmp_path):
     # the running run logs more steps (and a point of a metric at its own last step), a new run appears, one is deleted
     client.log_batch(running, metrics=[Metric("m", float(s) / 2, ts + s, s) for s in range(10, 20)])
     client.log_batch(running, metrics=[Metric("eval", 0.3, ts + 19, 19), Metric("loss", 2.0, ts + 19, 19)])
-    fresh = client.create_run(exp_id, tags={schema.TAG_METHOD: "D"}).info.run_id
+    fresh = client.create_run(exp_id, tags={metric_names.TAG_METHOD: "D"}).info.run_id
     client.log_batch(fresh, metrics=[Metric("m", 5.0, ts, 0)])
     client.delete_run(doomed)
 
@@ -148,7 +148,7 @@ def test_tracking_server_bulk_reader(store, mlflow_server, tmp_path, monkeypatch
     exp_id = client.create_experiment("server_windows")
     ts = 1_700_000_000_000
     for label in ("A", "B"):
-        run = client.create_run(exp_id, tags={schema.TAG_METHOD: label}).info.run_id
+        run = client.create_run(exp_id, tags={metric_names.TAG_METHOD: label}).info.run_id
         points = [Metric("m", s * 0.5, ts + s, s) for s in range(8)]
         points += [Metric("dup", s * 0.1, ts + s, s) for s in range(6)] + [Metric("dup", 9.0, ts + 100, 3)]
         client.log_batch(run, metrics=points)

@@ -18,7 +18,7 @@ from analysis.tables.generic import config_diff_table, eval_start_end_table, fin
 from analysis.tables.tppo import tppo_table1
 from analysis.tables.trm import fit_violation_p, trm_acceptance_table, trm_bounds_table, trm_table_d1
 from analysis.tables.troll import troll_table1, troll_table4, troll_table5
-from runners import schema
+from runners import metric_names
 
 
 def _curve(truth, label, seed, metric):
@@ -29,9 +29,9 @@ def test_troll_table1_matches_numpy_on_logged_curves(store):
     spec, truth = store.specs["troll_table1"], store.truth["troll_table1"]
     table = troll_table1(load_experiment("troll_table1", store.uri, cache_dir=None), last_n_train=7, last_n_eval=3)
     splits = {
-        "DAPO Train": (schema.SCORE_MEAN, 7),
-        "DAPO Eval": (schema.val_acc_mean("dapo_math"), 3),  # the in-domain eval (named like the training data)
-        "MATH Eval": (schema.val_acc_mean("math_eval"), 3),
+        "DAPO Train": (metric_names.SCORE_MEAN, 7),
+        "DAPO Eval": (metric_names.val_acc_mean("dapo_math"), 3),  # the in-domain eval (named like the training data)
+        "MATH Eval": (metric_names.val_acc_mean("math_eval"), 3),
     }
     checked = 0
     for method in spec.methods:
@@ -56,7 +56,7 @@ def test_entropy_table_matches_numpy_on_logged_curves(store):
     spec, truth = store.specs["entropy_tables"], store.truth["entropy_tables"]
     table = entropy_table(load_experiment("entropy_tables", store.uri, cache_dir=None))
     assert table.reproduces == "entropy.txt Table 3"  # AIME evaluations, Qwen3-8B
-    a24, a25 = schema.val_acc_mean("aime24"), schema.val_acc_mean("aime25")
+    a24, a25 = metric_names.val_acc_mean("aime24"), metric_names.val_acc_mean("aime25")
     for method in spec.methods:
         at_best = {a24: [], a25: []}
         best_any = {a24: -np.inf, a25: -np.inf}
@@ -68,7 +68,7 @@ def test_entropy_table_matches_numpy_on_logged_curves(store):
             at_best[a24].append(v24[i])
             at_best[a25].append(v25[i])
             best_any[a24], best_any[a25] = max(best_any[a24], v24.max()), max(best_any[a25], v25.max())
-            e_steps, ent = _curve(truth, method.label, s, schema.ENTROPY)
+            e_steps, ent = _curve(truth, method.label, s, metric_names.ENTROPY)
             h = ent[e_steps <= max(steps[i], e_steps[0])][-1]
             dh.append(h - ent[0])
             rel.append((h - ent[0]) / ent[0])
@@ -111,7 +111,7 @@ def test_troll_table4_and_table5_match_numpy():
     for label, objective in (("GRPO", "Clip"),):
         for bench, metric in (("AIME24", "aime24"), ("MATH", "math500"), ("Olympiad", "olympiadbench")):
             expect = np.mean(
-                [np.mean(_curve(truth, label, s, schema.val_acc_mean(metric))[1][-2:]) for s in spec.seeds]
+                [np.mean(_curve(truth, label, s, metric_names.val_acc_mean(metric))[1][-2:]) for s in spec.seeds]
             )
             assert t4.values.loc[("Qwen/Qwen3-1.7B", "GRPO", objective), (bench, "ours")] == pytest.approx(
                 expect, abs=1e-12
@@ -124,11 +124,11 @@ def test_troll_table4_and_table5_match_numpy():
     t5 = troll_table5(data)
     col = ("Qwen/Qwen3-1.7B", "ours")
     mem = {
-        lab: np.mean([_curve(truth, lab, s, schema.MAX_MEMORY_ALLOCATED_GB)[1].max() for s in spec.seeds])
+        lab: np.mean([_curve(truth, lab, s, metric_names.MAX_MEMORY_ALLOCATED_GB)[1].max() for s in spec.seeds])
         for lab in ("GRPO", "GRPO+TROLL (chunked)")
     }
     step = {
-        lab: np.mean([_curve(truth, lab, s, schema.TIMING_STEP)[1][1:].mean() for s in spec.seeds])
+        lab: np.mean([_curve(truth, lab, s, metric_names.TIMING_STEP)[1][1:].mean() for s in spec.seeds])
         for lab in ("GRPO", "GRPO+TROLL (chunked)")
     }
     assert t5.values.loc[("VRAM", "Clip"), col] == pytest.approx(mem["GRPO"], abs=1e-12)
@@ -146,12 +146,12 @@ def test_tppo_table1_matches_numpy_and_lists_the_papers_rows():
     spec = profile("tppo_table1", steps=20, seeds=(0, 1))
     data, truth = synthetic_data(spec)
     table = tppo_table1(data, last_n_eval=2)
-    metric = schema.val_acc_mean("aime24")
+    metric = metric_names.val_acc_mean("aime24")
     for label in ("PPO", "T-PPO"):
         expect = np.mean([100 * np.mean(_curve(truth, label, s, metric)[1][-2:]) for s in spec.seeds])
         assert table.values.loc[label, ("AIME24 avg@1 (%)", "ours")] == pytest.approx(expect, abs=1e-9)
     t = {
-        lab: np.mean([_curve(truth, lab, s, schema.TIMING_STEP)[1][1:].mean() for s in spec.seeds])
+        lab: np.mean([_curve(truth, lab, s, metric_names.TIMING_STEP)[1][1:].mean() for s in spec.seeds])
         for lab in ("PPO", "T-PPO")
     }
     assert table.values.loc["T-PPO", ("time vs PPO", "ours")] == pytest.approx(t["T-PPO"] / t["PPO"], abs=1e-12)
@@ -196,7 +196,7 @@ def test_trm_acceptance_table_fits_the_iid_model():
         for col in table.values.columns[:-1]:
             lo, hi = (int(x) for x in col.strip("[)").split(", "))
             expect = np.mean(
-                [_curve(truth, method.label, s, schema.trm_accept_rate_bucket(lo, hi))[1].mean() for s in spec.seeds]
+                [_curve(truth, method.label, s, metric_names.trm_accept_rate_bucket(lo, hi))[1].mean() for s in spec.seeds]
             )
             assert row[col] == pytest.approx(expect, abs=1e-12)
         # the fitted p: least squares of log(acceptance) = T_mid log(1 - p) through the origin (numpy lstsq)
@@ -219,10 +219,10 @@ def test_generic_tables():
     data, truth = synthetic_data(spec)
     over = overview_table(data)
     assert over.values.loc["GRPO+TROLL", "runs"] == 2
-    final = final_metrics_table(data, metrics=[schema.SCORE_MEAN], last_n=3)
-    expect = [np.mean(_curve(truth, "GRPO", s, schema.SCORE_MEAN)[1][-3:]) for s in spec.seeds]
-    assert final.values.loc[schema.SCORE_MEAN, "GRPO"] == pytest.approx(np.mean(expect), abs=1e-12)
-    assert final.aux["std"].loc[schema.SCORE_MEAN, "GRPO"] == pytest.approx(np.std(expect, ddof=1), abs=1e-12)
+    final = final_metrics_table(data, metrics=[metric_names.SCORE_MEAN], last_n=3)
+    expect = [np.mean(_curve(truth, "GRPO", s, metric_names.SCORE_MEAN)[1][-3:]) for s in spec.seeds]
+    assert final.values.loc[metric_names.SCORE_MEAN, "GRPO"] == pytest.approx(np.mean(expect), abs=1e-12)
+    assert final.aux["std"].loc[metric_names.SCORE_MEAN, "GRPO"] == pytest.approx(np.std(expect, ddof=1), abs=1e-12)
     diff = config_diff_table(data)
     assert set(diff.values.index) == {"algorithm.objective"}  # the only param that differs (seed is left out)
     assert diff.values.loc["algorithm.objective", "GRPO+TROLL"] == "troll"

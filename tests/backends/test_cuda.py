@@ -12,11 +12,11 @@ import math
 import pytest
 import torch
 
-from runners import schema
+from runners import metric_names
 from runners.algorithms.troll import project
-from runners.backends.local.sampler import generate
 from runners.backends.local.trainer import LocalTrainer
 from runners.config import compose
+from runners.models.sampler import generate
 from runners.models.tiny import build_tiny_model
 
 from ._tiny import TINY
@@ -71,5 +71,5 @@ def test_trainer_runs_on_cuda(tb_home):
     assert any(not torch.equal(before[k], after[k]) for k in before)
     for metrics in tracker.history.values():
         assert all(math.isfinite(v) for v in metrics.values())
-        for key in (schema.TIMING_GEN, schema.TIMING_OLD_LOG_PROB, schema.TIMING_UPDATE_ACTOR, schema.PG_LOSS):
+        for key in (metric_names.TIMING_GEN, metric_names.TIMING_OLD_LOG_PROB, metric_names.TIMING_UPDATE_ACTOR, metric_names.PG_LOSS):
             assert key in metrics

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from runners import schema
+from runners import metric_names
 from runners.backends.local.trainer import LocalTrainer
 from runners.config import CONF_DIR, compose, run_key
 from runners.run import RunFailed, read_status, run
@@ -62,17 +62,17 @@ def test_every_preset_trains_a_tiny_model(preset, tb_home):
         bad = {k: v for k, v in metrics.items() if not math.isfinite(v)}
         assert not bad, f"{preset} step {step}: non-finite metrics {bad}"
         for key in (
-            schema.PG_LOSS,
-            schema.ENTROPY,
-            schema.GRAD_NORM,
-            schema.TIMING_GEN,
-            schema.TIMING_OLD_LOG_PROB,
-            schema.TIMING_UPDATE_ACTOR,
-            schema.THROUGHPUT,
+            metric_names.PG_LOSS,
+            metric_names.ENTROPY,
+            metric_names.GRAD_NORM,
+            metric_names.TIMING_GEN,
+            metric_names.TIMING_OLD_LOG_PROB,
+            metric_names.TIMING_UPDATE_ACTOR,
+            metric_names.THROUGHPUT,
         ):
             assert key in metrics, f"{preset}: {key} missing"
     if cfg.estimator.name in ("gae", "egae"):
-        assert schema.TIMING_UPDATE_CRITIC in tracker.history[2]
+        assert metric_names.TIMING_UPDATE_CRITIC in tracker.history[2]
 
 
 @pytest.mark.parametrize("method", ["grpo_troll", "grpo_trm", "gspo_troll"])
@@ -81,7 +81,7 @@ def test_methods_needing_the_old_distribution_train(method, tb_home):
     tracker = MemoryTracker()
     LocalTrainer(cfg, tracker, tb_home / "run", label=method).train()
     last = tracker.history[2]
-    key = schema.TROLL_PROJECTED_FRAC if "troll" in method else schema.TRM_ACCEPT_RATE
+    key = metric_names.TROLL_PROJECTED_FRAC if "troll" in method else metric_names.TRM_ACCEPT_RATE
     assert key in last and 0.0 <= last[key] <= 1.0
 
 
@@ -104,7 +104,7 @@ def test_a_stop_request_cuts_the_step_delay_short(tb_home, monkeypatch):
     """A stop signal arriving during the pause after step 1 ends the pause; the trainer checkpoints
     and stops after step 1 as it would after a real slow step."""
     import runners.backends.local.trainer as trainer_module
-    from runners.backends.local.trainer import StopRequested, pause
+    from runners.backends.base import StopRequested, pause
 
     cfg, _ = compose([*TINY, "debug.step_delay_s=3600"])
     trainer = LocalTrainer(cfg, MemoryTracker(), tb_home / "run", label="delay")
@@ -124,7 +124,7 @@ def test_a_stop_request_cuts_the_step_delay_short(tb_home, monkeypatch):
 
 
 def test_pause_sleeps_the_full_time_without_a_stop():
-    from runners.backends.local.trainer import pause
+    from runners.backends.base import pause
 
     now, naps = [0.0], []
 
@@ -147,7 +147,7 @@ def test_failure_is_recorded_in_mlflow_and_a_marker(tb_home):
     client = MlflowClient(f"sqlite:///{tb_home / 'mlflow.db'}")
     mlrun = client.get_run(status["run_id"])
     assert mlrun.info.status == "FAILED"
-    assert "fail_at_step" in mlrun.data.tags[schema.TAG_FAILURE]
+    assert "fail_at_step" in mlrun.data.tags[metric_names.TAG_FAILURE]
 
 
 def test_finished_cell_is_skipped_not_duplicated(tb_home):
@@ -209,12 +209,12 @@ def test_killed_run_resumes_into_the_same_mlflow_run_without_gaps_or_duplicates(
     assert out.returncode == 0, out.stderr[-3000:]
     clean_id = json.loads(next((clean_home / "runs").iterdir()).joinpath("status.json").read_text())["run_id"]
 
-    for key, first_step in ((schema.SCORE_MEAN, 1), (schema.ENTROPY, 1), ("training/global_step", 0)):
+    for key, first_step in ((metric_names.SCORE_MEAN, 1), (metric_names.ENTROPY, 1), ("training/global_step", 0)):
         got = _history(killed_home, first["run_id"], key)
         assert [s for s, _ in got] == list(range(first_step, steps + 1)), (key, got)
         want = _history(clean_home, clean_id, key)
         assert [v for _, v in got] == pytest.approx([v for _, v in want], rel=1e-5, abs=1e-6), key
-    evals = _history(killed_home, first["run_id"], schema.val_acc_mean("embedded", 4))
+    evals = _history(killed_home, first["run_id"], metric_names.val_acc_mean("embedded", 4))
     assert [s for s, _ in evals] == [0, 4, 8]
 
 

@@ -63,7 +63,7 @@ def run_hf(model, batch, tokens: int, eos, pad: int) -> int:
 
 
 def run_ours(model, batch, tokens: int, eos, pad: int, fast: bool = True) -> int:
-    from runners.backends.local.sampler import generate
+    from runners.models.sampler import generate
 
     out = generate(
         model,

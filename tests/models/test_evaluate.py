@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import torch
 
-import runners.backends.local.sampler as sampler
-from runners.backends.local.sampler import GenerationOutput
+import runners.models.sampler as sampler
 from runners.data.embedded import EMBEDDED_ALPHABET, generate_embedded, parse_prompt
 from runners.models.evaluate import evaluate_embedded
+from runners.models.sampler import GenerationOutput
 from runners.models.tokenizer import build_char_tokenizer
 
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from runners.backends.local.sampler import filter_top_p, generate, join_left_padded, left_pad
 from runners.models.decoders import supports_fast_decode
+from runners.models.sampler import filter_top_p, generate, join_left_padded, left_pad
 from runners.models.tiny import build_tiny_model
 
 V = 64

@@ -37,7 +37,7 @@ def test_smollm2_loads_with_the_checkpoint_config(smollm2):
 
 
 def test_smollm2_generates_like_transformers(smollm2):
-    from runners.backends.local.sampler import generate
+    from runners.models.sampler import generate
 
     model, tokenizer = smollm2
     messages = [[{"role": "user", "content": q}] for q in ("What is 12+30?", "Name a colour.")]

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from runners import schema, tracking_server
+from runners import metric_names, tracking_server
 
 from .sweeps import SLURM, TINY, Sweep, sweep_env
 
@@ -117,7 +117,7 @@ def _assert_resumed_without_gaps(sweep: Sweep, total_steps: int) -> list[dict]:
     assert len({a["job_id"] for a in attempts}) == 1  # requeued: the same Slurm job, not a new one
     ((run_id, mlflow_status, _),) = _mlflow_runs(sweep)
     assert run_id == status["run_id"] and mlflow_status == "FINISHED"
-    for key in ("training/global_step", schema.SCORE_MEAN, schema.ENTROPY):
+    for key in ("training/global_step", metric_names.SCORE_MEAN, metric_names.ENTROPY):
         assert _steps(sweep, run_id, key) == list(range(1, total_steps + 1)), key
     return attempts
 

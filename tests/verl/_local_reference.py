@@ -1,12 +1,11 @@
 """The built-in trainer's actor update as the reference of the verl plugin tests.
 
-``local_update`` runs the real ``LocalTrainer._update_actor`` (runners/backends/local/trainer.py) on
-a stub trainer whose "model" returns given logits, with one mini-batch, one micro-batch, no
-gradient clipping and a zero learning rate: it returns the loss the trainer logs and the gradient
-it leaves on the logits (or on the parameters of a model the stub's forward uses). ``problem``
-builds a random batch: B responses in prompt groups, right-padded, old and current logits over a
-small vocabulary, GRPO advantages, the sparse old distribution as ``LocalTrainer._old_pass``
-stores it.
+``local_update`` runs the built-in trainer's real update (``runners.backends.local.actor.update_actor``)
+on a "model" that returns given logits, with one mini-batch, one micro-batch, no gradient clipping
+and a zero learning rate: it returns the loss the trainer logs and the gradient it leaves on the
+logits (or on the parameters of a model the forward uses). ``problem`` builds a random batch: B
+responses in prompt groups, right-padded, old and current logits over a small vocabulary, GRPO
+advantages, the sparse old distribution as ``actor.old_pass`` stores it.
 """
 
 from __future__ import annotations
@@ -18,17 +17,15 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from omegaconf import OmegaConf
 from torch import Tensor
 
-from runners import schema
-from runners.algorithms import ENTROPY_CONTROLLERS, ESTIMATORS, LOSS_AGGS, MASKS, OBJECTIVES
+from runners import metric_names
+from runners.algorithms import ENTROPY_CONTROLLERS, ESTIMATORS
 from runners.algorithms.numerics import token_logprobs
 from runners.algorithms.troll_sparse import sparsify
 from runners.algorithms.types import AdvantageInputs
 
-TRAINER_KEYS = ("k", "delta", "h_ini_prompts")
-SPARSE_DEFAULTS = {"k": 64, "delta": 1e-5, "p_default": 1e-12, "chunk_size": 1024}
+TRAINER_KEYS = ("top_k", "tail_mass", "h_ini_prompts")
 
 
 @dataclass
@@ -48,8 +45,19 @@ class Method:
         return {k: v for k, v in self.objective_params.items() if k not in TRAINER_KEYS}
 
     @property
+    def mask_kw(self) -> dict:
+        return {k: v for k, v in self.mask_params.items() if k not in TRAINER_KEYS}
+
+    @property
     def sparse(self) -> dict:
-        return {k: self.objective_params.get(k, v) for k, v in SPARSE_DEFAULTS.items()}
+        """``sparsify``'s arguments: the size of the stored distribution from the objective or the mask."""
+        params = {**self.mask_params, **self.objective_params}
+        return {
+            "k": params.get("top_k", 64),
+            "delta": params.get("tail_mass", 1e-5),
+            "p_default": params.get("p_default", 1e-12),
+            "chunk_size": params.get("chunk_size", 1024),
+        }
 
     def controller(self, entropies=(1.0, 1.2, 0.9)):
         """The method's controller after a few iterations (so its coefficient left its start value)."""
@@ -125,31 +133,17 @@ def local_update(
     forward=None,
     model: torch.nn.Module | None = None,
 ) -> tuple[float, dict[str, Any], torch.nn.Module]:
-    """Run ``LocalTrainer._update_actor`` once; returns (logged loss, metrics, the stub's model).
+    """Run the built-in trainer's ``update_actor`` once; returns (logged loss, metrics, the model).
 
     Without ``forward``/``model`` the model is a module holding ``prob.logits`` as a parameter and
-    the gradient is ``model.logits.grad``; otherwise ``forward(rows) -> [rows,T,V]`` is the stub's
-    ``_forward_logits`` and the gradient lands on ``model``'s parameters.
+    the gradient is ``model.logits.grad``; otherwise ``forward(rows) -> [rows,T,V]`` gives the
+    logits and the gradient lands on ``model``'s parameters.
     """
-    trainer_mod = pytest.importorskip("runners.backends.local.trainer")
-    trainer = object.__new__(trainer_mod.LocalTrainer)
-    n_groups = int(prob.groups.max()) + 1
-    trainer.cfg = OmegaConf.create(
-        {
-            "trainer": {
-                "ppo_epochs": 1,
-                "logprob_precision": "fp32",
-                "grad_clip": 0.0,
-                "length_buckets": [0, 2, 4, 8, 16],
-                "mini_batch_prompts": n_groups,
-                "prompts_per_step": n_groups,
-                "micro_batch_size": 0,
-            },
-            "objective": {"name": method.objective},
-            "entropy_control": {"name": method.entropy_control},
-            "mask": {"name": method.mask},
-        }
-    )
+    actor = pytest.importorskip("runners.backends.local.actor")
+    from runners.algorithms.method import Method as LibraryMethod
+    from runners.algorithms.policy_loss import PolicyLoss
+    from runners.backends.local.step_metrics import acceptance_metrics
+
     if model is None:
         model = torch.nn.Module()
         model.logits = torch.nn.Parameter(prob.logits.detach().clone())
@@ -157,23 +151,37 @@ def local_update(
         def forward(rows):
             return model.logits[rows]
 
-    trainer.model = model
-    trainer._forward_logits = lambda _model, _data, rows: forward(rows)
-    trainer.controller = controller
-    trainer.objective = OBJECTIVES.get(method.objective)
-    trainer.objective_kw = method.objective_kw
-    trainer.mask = MASKS.get(method.mask)
-    trainer.mask_kw = dict(method.mask_params)
-    trainer.agg = LOSS_AGGS.get(method.loss_agg)
-    trainer.norm_len = norm_len
-    trainer.h_ini = h_ini
-    trainer.ref_model = None
-    trainer.optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
-    trainer.shuffle_generator = torch.Generator().manual_seed(0)
+    library_method = LibraryMethod.from_params(
+        objective=method.objective,
+        objective_params=method.objective_params,
+        mask=method.mask,
+        mask_params=method.mask_params,
+        entropy_control=method.entropy_control,
+        entropy_control_params=method.entropy_control_params,
+        loss_agg=method.loss_agg,
+        norm_len=norm_len,
+    )
+    settings = actor.UpdateSettings(
+        ppo_epochs=1, mini_batch_share=1.0, micro_batch_size=0, grad_clip=0.0, logprob_precision="fp32"
+    )
     old = {"logp": prob.old_logp}
     if prob.old_topk_index is not None:
         old["old_topk_index"] = prob.old_topk_index
         old["old_topk_logp"] = prob.old_topk_logp
-    data = {"responses": prob.responses, "group_index": prob.groups}
-    metrics = trainer._update_actor(SimpleNamespace(response_mask=prob.mask), data, old, prob.advantages, prob.mask)
-    return metrics[schema.PG_LOSS], metrics, model
+    # on-policy: the sampler's log-probs are the old policy's
+    data = {"responses": prob.responses, "group_index": prob.groups, "rollout_logp": prob.old_logp}
+    metrics, seq_masks = actor.update_actor(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.0),
+        lambda _data, rows: forward(rows),
+        PolicyLoss(library_method, controller),
+        data,
+        old,
+        prob.advantages,
+        prob.mask,
+        settings=settings,
+        shuffle=torch.Generator().manual_seed(0),
+        h_ini=h_ini,
+    )
+    metrics.update(acceptance_metrics(SimpleNamespace(response_mask=prob.mask), seq_masks, [0, 2, 4, 8, 16]))
+    return metrics[metric_names.PG_LOSS], metrics, model

@@ -31,7 +31,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from runners import schema
+from runners import metric_names
 from runners.backends.verl.metrics import MetricsFile, map_metrics
 
 # A step of verl 0.9.1's v1 trainer (GRPO, 8 prompts x 8 responses, 8 GPUs), as its Tracking logs it.
@@ -97,21 +97,21 @@ def test_metric_mapping_on_a_recorded_verl_step():
 
     out = map_metrics(VERL_STEP, responses_per_step=64)
     expected = {
-        schema.ENTROPY: 0.61,
-        schema.PG_CLIPFRAC: 0.003,
-        schema.SCORE_MEAN: 0.375,
-        schema.RESPONSE_LENGTH_MEAN: 412.5,
-        schema.TIMING_GEN: 21.4,
-        schema.TIMING_UPDATE_ACTOR: 9.7,
-        schema.val_acc_mean("gsm8k", 4): 0.71,
-        schema.val_acc_best("gsm8k", 4): 0.86,
-        schema.val_acc_maj("gsm8k", 4): 0.8,
+        metric_names.ENTROPY: 0.61,
+        metric_names.PG_CLIPFRAC: 0.003,
+        metric_names.SCORE_MEAN: 0.375,
+        metric_names.RESPONSE_LENGTH_MEAN: 412.5,
+        metric_names.TIMING_GEN: 21.4,
+        metric_names.TIMING_UPDATE_ACTOR: 9.7,
+        metric_names.val_acc_mean("gsm8k", 4): 0.71,
+        metric_names.val_acc_best("gsm8k", 4): 0.86,
+        metric_names.val_acc_maj("gsm8k", 4): 0.8,
         "val-aux/gsm8k/acc/std_at_4": 0.12,
-        schema.THROUGHPUT: 130560 / 36.9,  # whole step, not per GPU
+        metric_names.THROUGHPUT: 130560 / 36.9,  # whole step, not per GPU
         "perf/throughput_per_gpu": 130560 / 36.9 / 8,
-        schema.GEN_THROUGHPUT: 412.5 * 64 / 21.4,
-        schema.MAX_MEMORY_ALLOCATED_GB: 41.25,
-        schema.CPU_MEMORY_USED_GB: 120.5,
+        metric_names.GEN_THROUGHPUT: 412.5 * 64 / 21.4,
+        metric_names.MAX_MEMORY_ALLOCATED_GB: 41.25,
+        metric_names.CPU_MEMORY_USED_GB: 120.5,
         "actor/kl_loss": 0.001,
         "training/global_step": 3,
     }
@@ -123,7 +123,7 @@ def test_metric_mapping_on_a_recorded_verl_step():
         _validate_metric_name(key)
     # memory: the maximum over the roles present
     both = map_metrics({"actor/perf/max_memory_allocated_gb": 40.0, "critic/perf/max_memory_allocated_gb": 52.5})
-    assert both[schema.MAX_MEMORY_ALLOCATED_GB] == 52.5
+    assert both[metric_names.MAX_MEMORY_ALLOCATED_GB] == 52.5
 
 
 @pytest.mark.verl
@@ -410,10 +410,10 @@ def test_run_stop_resume_and_finish_into_one_mlflow_run(tmp_path, fake_verl, mon
         next(line for line in capfd.readouterr().out.splitlines() if line.startswith("FAKE_VERL "))[10:]
     )
     assert second["start"] == 2 and second["args"]["trainer.val_before_train"] == "false"
-    assert _history(cfg, result["run_id"], schema.SCORE_MEAN) == [(s, s / 10) for s in (1, 2, 3, 4)]
-    assert _history(cfg, result["run_id"], schema.val_acc_mean("embedded", 4)) == [(0, 0.25), (2, 0.2), (4, 0.4)]
-    assert [s for s, _ in _history(cfg, result["run_id"], schema.GEN_THROUGHPUT)] == [1, 2, 3, 4]
-    assert result["metrics"][schema.SCORE_MEAN] == 0.4
+    assert _history(cfg, result["run_id"], metric_names.SCORE_MEAN) == [(s, s / 10) for s in (1, 2, 3, 4)]
+    assert _history(cfg, result["run_id"], metric_names.val_acc_mean("embedded", 4)) == [(0, 0.25), (2, 0.2), (4, 0.4)]
+    assert [s for s, _ in _history(cfg, result["run_id"], metric_names.GEN_THROUGHPUT)] == [1, 2, 3, 4]
+    assert result["metrics"][metric_names.SCORE_MEAN] == 0.4
     assert run(cfg, choices)["status"] == "SKIPPED"
 
 

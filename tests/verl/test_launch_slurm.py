@@ -35,9 +35,9 @@ def test_sbatch_runs_the_cell_through_ray_on_the_allocated_nodes(slurm_cluster, 
     """2 nodes x 1 fake GPU (1 node if the cluster has one): Ray sees them all, verl is told them."""
     from mlflow import MlflowClient
 
-    from runners import paths, schema
+    from runners import metric_names, paths
     from runners.backends.verl.backend import render_sbatch
-    from runners.backends.verl.translate import format_value
+    from runners.backends.verl.hydra_overrides import format_value
     from runners.config import compose, run_key
 
     node_names = slurm_cluster.run("sinfo", "-h", "-N", "-o", "%N").stdout.split()
@@ -109,7 +109,7 @@ def test_sbatch_runs_the_cell_through_ray_on_the_allocated_nodes(slurm_cluster, 
         )
         status = json.loads((paths.run_dir(run_key(cfg)) / "status.json").read_text())
         assert status["status"] == "FINISHED"
-        history = MlflowClient(tracking_uri=cfg.tracking.uri).get_metric_history(status["run_id"], schema.SCORE_MEAN)
+        history = MlflowClient(tracking_uri=cfg.tracking.uri).get_metric_history(status["run_id"], metric_names.SCORE_MEAN)
         assert sorted(m.step for m in history) == [1, 2]
         deadline = time.monotonic() + 15  # the job ends when its steps do; give stragglers a moment
         while processes_mentioning(temp_dir) and time.monotonic() < deadline:

@@ -27,7 +27,7 @@ pytestmark = pytest.mark.verl
 core_algos = pytest.importorskip("verl.trainer.ppo.core_algos")
 
 PARAMS = {
-    "grpo": {"eps": 1e-4, "norm_by_std": True},
+    "grpo": {"std_eps": 1e-4, "norm_by_std": True},
     "drgrpo": {},
     "rloo": {},
     "loop": {},

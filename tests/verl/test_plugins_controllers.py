@@ -162,7 +162,7 @@ def test_trainer_hooks_flag_feed_and_clean_up(monkeypatch):
 
     policy_loss = {
         "loss_mode": "trustbench_troll",
-        "objective_params": {"k": 16, "chunk_size": 128},
+        "objective_params": {"top_k": 16, "chunk_size": 128},
         "entropy_control": "repo_r",
         "entropy_control_params": {},
     }

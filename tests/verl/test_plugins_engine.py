@@ -39,6 +39,8 @@ PROMPTS = [3, 5, 2, 4]
 RESPONSES = [4, 2, 5, 3]
 UIDS = ["a", "a", "b", "b"]
 SPARSE = {"k": 6, "delta": 1e-5, "p_default": 1e-12, "chunk_size": 3}
+# the same storage as a method's parameters (TROLL's trainer keys and solver arguments)
+SPARSE_PARAMS = {"top_k": 6, "tail_mass": 1e-5, "p_default": 1e-12, "chunk_size": 3}
 
 
 def _model(seed: int):
@@ -202,18 +204,18 @@ CASES = {
         "trustbench_troll",
         Method(
             "troll",
-            {"eps": 0.005, "polish_steps": 4, **SPARSE, "k": VOCAB},
+            {"eps": 0.005, "polish_steps": 4, **SPARSE_PARAMS, "top_k": VOCAB},
             mask="trm_max",
             mask_params={"delta": 0.012},
         ),
     ),
     "troll_seq": (
         "trustbench_troll_seq",
-        Method("troll", {"eps": 0.005, "polish_steps": 4, **SPARSE, "sequence": True}),
+        Method("troll", {"eps": 0.005, "polish_steps": 4, **SPARSE_PARAMS, "sequence": True}),
     ),
     "clip_trm_avg": (
         "trustbench_clip",
-        Method("clip", {"k": VOCAB}, mask="trm_avg", mask_params={"delta_avg": 0.009}),
+        Method("clip", mask="trm_avg", mask_params={"delta_avg": 0.009, "top_k": VOCAB}),
     ),
     "gtpo_repo_r": (
         "trustbench_gtpo",

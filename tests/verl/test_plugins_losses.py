@@ -13,7 +13,7 @@ import math
 import pytest
 import torch
 
-from runners import schema
+from runners import metric_names
 from runners.algorithms.numerics import entropy_from_logits, token_logprobs
 from runners.algorithms.trm import ln_trm_scores, sample_log_ratio, sparse_token_divergences
 
@@ -24,7 +24,7 @@ pytestmark = pytest.mark.verl
 core_algos = pytest.importorskip("verl.trainer.ppo.core_algos")
 
 MODES = ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
-TROLL = {"eps": 0.05, "k": 6, "delta": 1e-5, "polish_steps": 0}
+TROLL = {"eps": 0.05, "top_k": 6, "tail_mass": 1e-5, "polish_steps": 0}
 
 # id -> (loss_mode, Method); thresholds sit inside the spread of the test batch (checked below)
 CASES = {
@@ -36,11 +36,11 @@ CASES = {
     "troll": ("trustbench_troll", Method("troll", dict(TROLL))),
     "troll_seq": ("trustbench_troll_seq", Method("troll", dict(TROLL, sequence=True))),
     "gtpo": ("trustbench_gtpo", Method("gtpo", {"gamma": 0.1, "h_ini_prompts": 100}, loss_agg="seq-mean-token-mean")),
-    "trm_max": ("trustbench_clip", Method("clip", {"k": 6}, mask="trm_max", mask_params={"delta": 0.3})),
-    "trm_avg": ("trustbench_clip", Method("clip", {"k": 6}, mask="trm_avg", mask_params={"delta_avg": 0.08})),
+    "trm_max": ("trustbench_clip", Method("clip", mask="trm_max", mask_params={"delta": 0.3, "top_k": 6})),
+    "trm_avg": ("trustbench_clip", Method("clip", mask="trm_avg", mask_params={"delta_avg": 0.08, "top_k": 6})),
     "trm_max_avg": (
         "trustbench_clip",
-        Method("clip", {"k": 6}, mask="trm_max_avg", mask_params={"delta": 0.5, "delta_avg": 0.1}),
+        Method("clip", mask="trm_max_avg", mask_params={"delta": 0.5, "delta_avg": 0.1, "top_k": 6}),
     ),
     "trm_max_k2": ("trustbench_clip", Method("clip", mask="trm_max_k2", mask_params={"delta": 0.2})),
     "trm_avg_k3": ("trustbench_clip", Method("clip", mask="trm_avg_k3", mask_params={"delta_avg": 0.03})),
@@ -143,8 +143,8 @@ def test_plugin_equals_local_trainer(case):
         "troll/projected_frac",
         "troll/kl_before",
         "gtpo/conflict_frac",
-        schema.PG_CLIPFRAC,
-        schema.TRM_MEAN_KL,
+        metric_names.PG_CLIPFRAC,
+        metric_names.TRM_MEAN_KL,
     ):
         if key in ref_metrics:
             assert metrics[key] == pytest.approx(ref_metrics[key], rel=1e-6, abs=1e-9), key
@@ -181,7 +181,7 @@ def test_cases_are_not_trivial():
                 old_topk_index=prob.old_topk_index,
                 old_topk_logp=prob.old_topk_logp,
             )
-            keep = MASKS.get(method.mask)(inp, **method.mask_params).seq_mask
+            keep = MASKS.get(method.mask)(inp, **method.mask_kw).seq_mask
             assert 0 < float(keep.mean()) < 1, case
         if method.objective == "troll":
             _, metrics, _ = plugin_update(*CASES[case], prob, method.controller())

@@ -104,7 +104,7 @@ def test_overrides_survive_hydra_and_omega_conf_to_dataclass():
 
     overrides = plugin_overrides(
         objective="troll",
-        objective_params={"eps": 0.05, "k": 32, "delta": 1e-4, "sequence": True, "chunk_size": 512},
+        objective_params={"eps": 0.05, "top_k": 32, "tail_mass": 1e-4, "sequence": True, "chunk_size": 512},
         mask="trm_max",
         mask_params={"delta": 0.05, "length_edges": [0, 64, 128]},
         entropy_control="repo_r",

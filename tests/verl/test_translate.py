@@ -139,7 +139,7 @@ def verl_accepts(vc):
 def assert_same_cell(cfg, vc, algo, actor):
     """The verl config trains what the trustbench cell describes."""
     from runners.backends.verl import TRAINER_MODE, loss_mode_for
-    from runners.backends.verl.translate import NEVER_CLIP
+    from runners.backends.verl.method_overrides import NEVER_CLIP
 
     t, r, rollout = cfg.trainer, cfg.rollout, vc.actor_rollout_ref.rollout
     res = cell_resources(cfg)
@@ -275,7 +275,7 @@ def test_cross_product_is_covered_by_the_two_axes():
     """For every preset x model, the overrides are the preset's (on a reference model) with the
     model-dependent ones replaced by the model's: the two verl-checked axes above thus cover the
     whole product. (The model axis is taken with PPO, whose critic also depends on the model.)"""
-    from runners.backends.verl.translate import override_key
+    from runners.backends.verl.hydra_overrides import override_key
 
     ref = HF_MODELS[0]
 
@@ -459,7 +459,7 @@ def test_fast_path_is_hydra_compose(verl_config):
 def test_resume_and_user_overrides():
     """A resumed attempt does not repeat the evaluation before training; backend.options.overrides
     replace the generated override of the same key and add new ones, in order, at the end."""
-    from runners.backends.verl.translate import format_value, override_key
+    from runners.backends.verl.hydra_overrides import format_value, override_key
 
     fresh = _translate(_compose(("algorithm=grpo", "model=qwen3_1.7b")))
     resumed = _translate(_compose(("algorithm=grpo", "model=qwen3_1.7b")), resuming=True)
@@ -533,7 +533,7 @@ def test_format_value_round_trips_through_hydras_parser(value):
     lists and dicts, floats like 1e10) parses back to itself with Hydra's own override parser."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    from runners.backends.verl.translate import format_override
+    from runners.backends.verl.hydra_overrides import format_override
 
     parsed = OverridesParser.create().parse_override(format_override("a.b", value)).value()
     assert parsed == value or (isinstance(value, float) and math.isclose(parsed, value, rel_tol=0, abs_tol=0))
@@ -545,7 +545,7 @@ def test_keys_hydra_would_convert_are_refused(key):
     parser): such keys cannot round-trip, so the writer refuses them instead of changing them."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    from runners.backends.verl.translate import format_value
+    from runners.backends.verl.hydra_overrides import format_value
 
     if key.lower() in ("true", "false", "null", "inf", "nan"):
         parsed = OverridesParser.create().parse_override(f"a={{{key}:1}}").value()
@@ -555,7 +555,7 @@ def test_keys_hydra_would_convert_are_refused(key):
 
 
 ESTIMATOR_PLUGIN_CELLS = [
-    ("estimator.eps=1e-4",),  # verl's GRPO eps is fixed at 1e-6
+    ("estimator.std_eps=1e-4",),  # verl's GRPO eps is fixed at 1e-6
     ("estimator=rfpp", "estimator.center=false"),  # verl's REINFORCE++ always centres
     ("estimator=gpg", "estimator.rescale=none"),  # verl's GPG always rescales
 ]
@@ -592,7 +592,7 @@ def test_estimator_parameters_verl_fixes_go_to_the_trustbench_estimator(verl_con
 def test_estimator_plugin_config_builds_verls_algo_dataclass(verl_config):
     from verl.utils.config import omega_conf_to_dataclass
 
-    vc = verl_config(_translate(_compose(("algorithm=grpo", "model=qwen3_1.7b", "estimator.eps=1e-4"))))
+    vc = verl_config(_translate(_compose(("algorithm=grpo", "model=qwen3_1.7b", "estimator.std_eps=1e-4"))))
     omega_conf_to_dataclass(vc.algorithm)
 
 

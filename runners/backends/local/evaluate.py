@@ -19,11 +19,11 @@ from typing import Any
 
 import torch
 
-from runners import schema
+from runners import metric_names
 from runners.algorithms.numerics import entropy_from_logits
 from runners.backends.local.policy import segment_logits
-from runners.backends.local.sampler import generate, left_pad
 from runners.data.answers import extract_answer_line, extract_gsm8k_answer, extract_last_boxed
+from runners.models.sampler import generate, left_pad
 
 ANSWER_EXTRACTORS: dict[str, Callable[[str], str | None]] = {
     "embedded_int": extract_last_boxed,
@@ -143,17 +143,17 @@ class Evaluator:
         metrics: dict[str, float] = {}
         for data, groups in by_source.items():
             scores = [s for g in groups for s, _, _ in g]
-            metrics[schema.val_acc_mean(data, self.n)] = sum(scores) / len(scores)
+            metrics[metric_names.val_acc_mean(data, self.n)] = sum(scores) / len(scores)
             for k in ks_for(self.n):
-                metrics[schema.val_acc_best(data, k)] = sum(
+                metrics[metric_names.val_acc_best(data, k)] = sum(
                     pass_at_k(len(g), sum(s >= 1.0 for s, _, _ in g), k) for g in groups
                 ) / len(groups)
-                metrics[schema.val_acc_maj(data, k)] = sum(
+                metrics[metric_names.val_acc_maj(data, k)] = sum(
                     majority_score([a for _, a, _ in g[:k]], [s for s, _, _ in g[:k]]) for g in groups
                 ) / len(groups)
             lengths = [ln for g in groups for _, _, ln in g]
-            metrics[schema.val_response_length(data)] = sum(lengths) / len(lengths)
-            metrics[schema.val_entropy(data)] = sum(entropies[data]) / max(len(entropies[data]), 1)
+            metrics[metric_names.val_response_length(data)] = sum(lengths) / len(lengths)
+            metrics[metric_names.val_entropy(data)] = sum(entropies[data]) / max(len(entropies[data]), 1)
         return metrics
 
     @torch.inference_mode()

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from runners.backends.local.sampler import left_pad
+from runners.models.sampler import left_pad
 
 
 @dataclass
@@ -108,7 +108,7 @@ class PromptStream:
         self._order = self._shuffle(self.epoch)
 
 
-GenerateFn = Callable[..., Any]  # runners.backends.local.sampler.generate
+GenerateFn = Callable[..., Any]  # runners.models.sampler.generate
 RewardFn = Callable[[Any, str], float]  # (example, response_text) -> score
 
 

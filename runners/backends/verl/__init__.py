@@ -50,26 +50,27 @@ ESTIMATOR_PARAMS_KEY = "trustbench_estimator"
 PREFIX = "trustbench_"
 
 # policy-loss plugin name -> (library objective, parameters the plugin fixes)
-LOSS_MODES: dict[str, tuple[str, dict[str, Any]]] = {
-    f"{PREFIX}{name}": (name, {}) for name in OBJECTIVES.names() if name != "troll"
-}
+LOSS_MODES: dict[str, tuple[str, dict[str, Any]]] = {f"{PREFIX}{name}": (name, {}) for name in OBJECTIVES.names()}
 LOSS_MODES[f"{PREFIX}troll"] = ("troll", {"sequence": False})
 LOSS_MODES[f"{PREFIX}troll_seq"] = ("troll", {"sequence": True})  # GSPO form of TROLL
 # advantage-estimator plugin name -> library estimator
 ADV_ESTIMATORS: dict[str, str] = {f"{PREFIX}{name}": name for name in ESTIMATORS.names()}
-# metric namespaces of the methods (runners.schema); verl's trainer prefixes actor metrics with
+# metric namespaces of the methods (runners.metric_names); verl's trainer prefixes actor metrics with
 # "actor/", the trustbench trainer strips it again for these
 METHOD_METRIC_PREFIXES = ("troll/", "trm/", "gtpo/", "entropy/", "bapo/")
 _KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 def loss_mode_for(objective: str, *, sequence: bool = False) -> str:
-    """verl ``policy_loss.loss_mode`` of a library objective (``sequence``: TROLL's GSPO form)."""
+    """verl ``policy_loss.loss_mode`` of a library objective (``sequence``: TROLL's GSPO form).
+
+    The loss mode whose fixed parameters agree with ``sequence`` (modes that fix none take any)."""
     if objective not in OBJECTIVES:
         raise ValueError(f"unknown objective {objective!r}; valid: {', '.join(OBJECTIVES.names())}")
-    if objective == "troll":
-        return f"{PREFIX}troll_seq" if sequence else f"{PREFIX}troll"
-    return f"{PREFIX}{objective}"
+    for mode, (name, fixed) in LOSS_MODES.items():
+        if name == objective and fixed.get("sequence", sequence) == sequence:
+            return mode
+    raise ValueError(f"objective {objective!r} has no verl loss mode with sequence={sequence}")
 
 
 def _value(value: Any) -> str:
@@ -118,8 +119,9 @@ def plugin_overrides(
         if name not in registry:
             raise ValueError(f"unknown {kind} {name!r}; valid: {', '.join(registry.names())}")
     params = dict(objective_params or {})
-    sequence = bool(params.pop("sequence", False)) if objective == "troll" else False
-    mode = loss_mode_for(objective, sequence=sequence)
+    mode = loss_mode_for(objective, sequence=bool(params.get("sequence", False)))
+    for key in LOSS_MODES[mode][1]:  # the loss mode fixes these
+        params.pop(key, None)
     loss = f"{actor}.policy_loss"
     out = [
         f"{loss}._target_={POLICY_LOSS_TARGET}",

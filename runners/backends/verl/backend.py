@@ -351,7 +351,7 @@ class VerlBackend:
         (layout.root / f"command.{attempt}.txt").write_text(shlex.join(argv) + "\n")
         self.tracker.flush(wait=True)
         if self.stop_requested:  # the signal came while the data was prepared: nothing to checkpoint
-            from runners.backends.local.trainer import StopRequested
+            from runners.backends.base import StopRequested
 
             raise StopRequested(f"stopped on request before verl started; resumes from checkpoint {resume_step}")
         rc, stopped_at = self._run(
@@ -360,7 +360,7 @@ class VerlBackend:
         self.tracker.flush(wait=True)
         step = latest_checkpoint_step(layout.checkpoints)
         if self.stop_requested:
-            from runners.backends.local.trainer import StopRequested
+            from runners.backends.base import StopRequested
 
             raise StopRequested(
                 f"stopped on request (verl exit {rc}, stopped after step {stopped_at}); "

@@ -34,8 +34,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from runners.algorithms import ENTROPY_CONTROLLERS
 from runners.algorithms.gtpo import compute_initial_entropy
+from runners.algorithms.policy_loss import build_controller
 from runners.backends.verl.plugins_config import LossSettings
 
 STATE_FILE = "trustbench_control.json"
@@ -46,14 +46,14 @@ class IterationControl:
 
     def __init__(self, settings: LossSettings) -> None:
         self.settings = settings
-        self.controller = ENTROPY_CONTROLLERS.get(settings.entropy_control)(**settings.entropy_control_kw)
+        self.controller = build_controller(settings.method)
         self.h_ini: float | None = settings.objective_kw.get("h_ini")
-        self.needs_h_ini = settings.objective == "gtpo" and self.h_ini is None
+        self.needs_h_ini = settings.method.requires("h_ini") and self.h_ini is None
 
     @property
     def active(self) -> bool:
-        """Whether ``observe`` does anything (an entropy controller, or H_ini still to measure)."""
-        return self.settings.entropy_control != "none" or self.needs_h_ini
+        """Whether ``observe`` does anything (a controller fed the batch entropy, or H_ini still to measure)."""
+        return self.settings.method.requires("batch_entropy") or self.needs_h_ini
 
     def observe(self, entropy: Tensor, response_mask: Tensor, group_index: Any = None) -> dict[str, float]:
         """One iteration: entropy [B,T] of the old-log-prob pass, response_mask [B,T], uids [B].

@@ -1,4 +1,4 @@
-"""verl's per-step metrics -> trustbench's metric schema (``runners/schema.py``), and the file they come in.
+"""verl's per-step metrics -> trustbench's metric schema (``runners/metric_names.py``), and the file they come in.
 
 Design: verl (0.9.1, v1 trainer) logs one dict per training step through its ``Tracking`` object.
 The verl backend asks for verl's ``file`` logger (one JSON line ``{"step": s, "data": {...}}`` per
@@ -36,16 +36,16 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from runners import schema
+from runners import metric_names
 
 _INVALID = re.compile(r"[^/\w.\- :]")
 _SLASHES = re.compile(r"/+")
 RENAMED = {"kl_loss": "actor/kl_loss", "kl_coef": "actor/kl_coef", "perf/throughput": "perf/throughput_per_gpu"}
 # schema name <- verl's per-role names (maximum over the roles present)
 ROLE_MAXIMA = {
-    schema.MAX_MEMORY_ALLOCATED_GB: ("actor/perf/max_memory_allocated_gb", "critic/perf/max_memory_allocated_gb"),
+    metric_names.MAX_MEMORY_ALLOCATED_GB: ("actor/perf/max_memory_allocated_gb", "critic/perf/max_memory_allocated_gb"),
     "perf/max_memory_reserved_gb": ("actor/perf/max_memory_reserved_gb", "critic/perf/max_memory_reserved_gb"),
-    schema.CPU_MEMORY_USED_GB: ("actor/perf/cpu_memory_used_gb", "critic/perf/cpu_memory_used_gb"),
+    metric_names.CPU_MEMORY_USED_GB: ("actor/perf/cpu_memory_used_gb", "critic/perf/cpu_memory_used_gb"),
 }
 
 
@@ -73,10 +73,10 @@ def map_metrics(raw: Mapping[str, Any], *, responses_per_step: int | None = None
         if number is not None:
             out[RENAMED.get(key, sanitize_key(key))] = number
     if out.get("perf/time_per_step", 0) > 0 and "perf/total_num_tokens" in out:
-        out[schema.THROUGHPUT] = out["perf/total_num_tokens"] / out["perf/time_per_step"]
-    gen_s = out.get(schema.TIMING_GEN, 0.0)
-    if responses_per_step and gen_s > 0 and schema.RESPONSE_LENGTH_MEAN in out:
-        out[schema.GEN_THROUGHPUT] = out[schema.RESPONSE_LENGTH_MEAN] * responses_per_step / gen_s
+        out[metric_names.THROUGHPUT] = out["perf/total_num_tokens"] / out["perf/time_per_step"]
+    gen_s = out.get(metric_names.TIMING_GEN, 0.0)
+    if responses_per_step and gen_s > 0 and metric_names.RESPONSE_LENGTH_MEAN in out:
+        out[metric_names.GEN_THROUGHPUT] = out[metric_names.RESPONSE_LENGTH_MEAN] * responses_per_step / gen_s
     for target, sources in ROLE_MAXIMA.items():
         present = [out[s] for s in sources if s in out]
         if present and target not in out:

@@ -33,7 +33,6 @@ from verl.trainer.ppo.core_algos import register_adv_est
 from runners.algorithms import ESTIMATORS
 from runners.algorithms.types import AdvantageInputs
 from runners.backends.verl import ADV_ESTIMATORS, ESTIMATOR_PARAMS_KEY
-from runners.config.validate import CRITIC_ESTIMATORS
 
 
 def estimator_params(config: Any) -> dict[str, Any]:
@@ -69,12 +68,12 @@ def _make_estimator(name: str):
         finished: Tensor | None = None,
         **_: Any,
     ) -> tuple[Tensor, Tensor]:
-        if name in CRITIC_ESTIMATORS and values is None:
+        if "critic" in ESTIMATORS.entry(name).needs and values is None:
             raise ValueError(
                 f"advantage estimator trustbench_{name} needs critic values: run verl with critic.enable=true "
                 "and trainer.v1.trainer_mode=trustbench_sync (it passes the values)"
             )
-        if name == "egae" and finished is None:
+        if finished is None:  # verl generates whole responses: every one ended (EOS or max length)
             finished = response_mask.new_ones(response_mask.shape[0], dtype=bool)
         inp = AdvantageInputs(
             token_rewards=token_level_rewards,
@@ -92,6 +91,8 @@ def _make_estimator(name: str):
 
 ESTIMATOR_FNS = {plugin: register_adv_est(plugin)(_make_estimator(name)) for plugin, name in ADV_ESTIMATORS.items()}
 # plugins that need the critic's values (passed by the trustbench trainer)
-VALUE_ESTIMATORS = frozenset(plugin for plugin, name in ADV_ESTIMATORS.items() if name in CRITIC_ESTIMATORS)
+VALUE_ESTIMATORS = frozenset(
+    plugin for plugin, name in ADV_ESTIMATORS.items() if "critic" in ESTIMATORS.entry(name).needs
+)
 
 __all__ = ["ESTIMATOR_FNS", "VALUE_ESTIMATORS", "estimator_params"]

@@ -6,9 +6,12 @@ node. verl offers no extension slot in ``PolicyLossConfig``, so the least invasi
 ``actor.policy_loss._target_`` at ``TrustbenchPolicyLossConfig`` below: the same class with extra
 fields (unknown keys would make instantiation fail, and ``global_batch_info``, verl's only free
 dict, is splatted into ``agg_loss``). The fields mirror the built-in trainer's config nodes, so the
-translation copies them across: ``objective_params`` is the objective node without ``name`` (its
-``k``/``delta``/``h_ini_prompts`` are consumed by the trainer, as ``LocalTrainer`` pops them),
-``mask``/``mask_params`` and ``entropy_control``/``entropy_control_params`` likewise. Per-iteration
+translation copies them across: ``objective_params`` is the objective node without ``name``,
+``mask``/``mask_params`` and ``entropy_control``/``entropy_control_params`` likewise; ``loss_settings``
+turns them into the same ``runners.algorithms.method.Method`` the built-in trainer builds (the
+registry entries' ``trainer_keys``, e.g. TROLL's ``top_k``/``tail_mass``, go to the trainer, not to
+the objective). ``kl_coef`` puts the KL-to-reference term inside the trustbench loss, under the
+sequence mask as on the built-in backend (verl's own KL loss is then given coefficient 0). Per-iteration
 values (controller state, GTPO's H_ini) are NOT config: they travel with each batch
 (``plugins_trainer``), so the config stays frozen as verl wants.
 
@@ -16,7 +19,7 @@ Hydra (the ``+`` adds keys to verl's struct config)::
 
     actor_rollout_ref.actor.policy_loss._target_=runners.backends.verl.plugins_config.TrustbenchPolicyLossConfig
     actor_rollout_ref.actor.policy_loss.loss_mode=trustbench_troll
-    +actor_rollout_ref.actor.policy_loss.objective_params={eps: 0.05, k: 64}
+    +actor_rollout_ref.actor.policy_loss.objective_params={eps: 0.05, top_k: 64}
     +actor_rollout_ref.actor.policy_loss.mask=trm_max
 
 Tests: ``pytest tests/verl/test_plugins_registry.py tests/verl/test_plugins_losses.py``.
@@ -31,13 +34,8 @@ from typing import Any
 from verl.workers.config import PolicyLossConfig
 
 from runners.algorithms import ENTROPY_CONTROLLERS, MASKS
+from runners.algorithms.method import Method
 from runners.backends.verl import LOSS_MODES
-from runners.config.validate import EXACT_KL_MASKS
-
-# objective-node keys the trainer consumes (sparsify, H_ini), not the objective function
-TRAINER_KEYS = ("k", "delta", "h_ini_prompts")
-# sparse storage of the old distribution (troll.txt section 3.2) and its defaults (LocalTrainer's)
-SPARSE_DEFAULTS = {"k": 64, "delta": 1e-5, "p_default": 1e-12, "chunk_size": 1024}
 
 
 @dataclass
@@ -52,8 +50,8 @@ class TrustbenchPolicyLossConfig(PolicyLossConfig):
     # entropy controller (runners.algorithms ENTROPY_CONTROLLERS) and its constructor arguments
     entropy_control: str = "none"
     entropy_control_params: dict = field(default_factory=dict)
-    # sample-based masks compare with the rollout engine's log-probs instead of the old log-probs
-    mask_use_rollout_log_probs: bool = False
+    # coefficient of the k3 KL-to-reference term inside the trustbench loss (under the sequence mask)
+    kl_coef: float = 0.0
 
     def __post_init__(self) -> None:
         parent = getattr(super(), "__post_init__", None)
@@ -72,30 +70,57 @@ class TrustbenchPolicyLossConfig(PolicyLossConfig):
 
 @dataclass(frozen=True)
 class LossSettings:
-    """What a ``trustbench_*`` loss and the trustbench trainer read from ``policy_loss``."""
+    """A ``trustbench_*`` loss mode and the ``Method`` its ``policy_loss`` node describes.
+
+    What the method needs (the sparse old distribution, the logits, entropy with gradient, rollout
+    log-probs, H_ini) comes from the registry declarations through ``method``, as on the built-in
+    backend; the properties below only name those answers for the trainer and the engine hooks.
+    """
 
     loss_mode: str
-    # library objective name and its keyword arguments (plugin-fixed ones included)
-    objective: str
-    objective_kw: dict
-    mask: str
-    mask_kw: dict
-    entropy_control: str
-    entropy_control_kw: dict
-    # sparsify's k, delta, p_default, chunk_size
-    sparse: dict
-    h_ini_prompts: int
-    mask_use_rollout_log_probs: bool
+    method: Method
+
+    @property
+    def objective(self) -> str:
+        return self.method.objective
+
+    @property
+    def objective_kw(self) -> dict:
+        return dict(self.method.objective_kw)
+
+    @property
+    def mask(self) -> str:
+        return self.method.mask
+
+    @property
+    def mask_kw(self) -> dict:
+        return dict(self.method.mask_kw)
+
+    @property
+    def entropy_control(self) -> str:
+        return self.method.entropy_control
+
+    @property
+    def entropy_control_kw(self) -> dict:
+        return dict(self.method.entropy_control_kw)
+
+    @property
+    def sparse(self) -> dict:
+        """``sparsify``'s k, delta, p_default, chunk_size."""
+        return self.method.sparse
+
+    @property
+    def h_ini_prompts(self) -> int:
+        return self.method.h_ini_prompts
 
     @property
     def needs_sparse_old(self) -> bool:
-        """TROLL and the exact-KL masks need the old distribution's top-K (and the logits)."""
-        return self.objective == "troll" or self.mask in EXACT_KL_MASKS
+        """The old-log-prob pass stores the sparse distribution and the update pass keeps the logits."""
+        return self.method.requires("sparse_old") or self.method.requires("logits")
 
     @property
     def needs_grad_entropy(self) -> bool:
-        """GTPO and the entropy bonus differentiate the current token entropy."""
-        return self.objective == "gtpo" or self.entropy_control == "bonus"
+        return self.method.requires("grad_entropy")
 
 
 def _get(node: Any, key: str, default: Any) -> Any:
@@ -130,35 +155,26 @@ def loss_settings(policy_loss: Any, loss_mode: str | None = None) -> LossSetting
     if mode not in LOSS_MODES:
         raise ValueError(f"policy_loss.loss_mode={mode!r} is not a trustbench loss; valid: {', '.join(LOSS_MODES)}")
     objective, fixed = LOSS_MODES[mode]
-    params = _plain(_get(policy_loss, "objective_params", {}))
-    sparse = {key: params.get(key, default) for key, default in SPARSE_DEFAULTS.items()}
-    h_ini_prompts = int(params.get("h_ini_prompts", 100))
-    objective_kw = {k: v for k, v in params.items() if k not in TRAINER_KEYS}
-    objective_kw.update(fixed)
     mask = _get(policy_loss, "mask", "none")
     control = _get(policy_loss, "entropy_control", "none")
     if mask not in MASKS:
         raise ValueError(f"policy_loss.mask={mask!r}; valid: {', '.join(MASKS.names())}")
     if control not in ENTROPY_CONTROLLERS:
         raise ValueError(f"policy_loss.entropy_control={control!r}; valid: {', '.join(ENTROPY_CONTROLLERS.names())}")
-    return LossSettings(
-        loss_mode=mode,
+    method = Method.from_params(
         objective=objective,
-        objective_kw=objective_kw,
+        objective_params={**_plain(_get(policy_loss, "objective_params", {})), **fixed},
         mask=mask,
-        mask_kw=_plain(_get(policy_loss, "mask_params", {})),
+        mask_params=_plain(_get(policy_loss, "mask_params", {})),
         entropy_control=control,
-        entropy_control_kw=_plain(_get(policy_loss, "entropy_control_params", {})),
-        sparse=sparse,
-        h_ini_prompts=h_ini_prompts,
-        mask_use_rollout_log_probs=bool(_get(policy_loss, "mask_use_rollout_log_probs", False)),
+        entropy_control_params=_plain(_get(policy_loss, "entropy_control_params", {})),
+        kl_coef=float(_get(policy_loss, "kl_coef", 0.0)),
     )
+    return LossSettings(loss_mode=mode, method=method)
 
 
 __all__ = [
     "LossSettings",
-    "SPARSE_DEFAULTS",
-    "TRAINER_KEYS",
     "TrustbenchPolicyLossConfig",
     "is_trustbench_loss",
     "loss_settings",

@@ -1,38 +1,32 @@
 """trustbench policy losses in verl's registry (``register_policy_loss``): one per library objective.
 
 Design: every ``trustbench_<objective>`` loss (``LOSS_MODES``: clip, token_is, gspo, gpg, bapo,
-gtpo, troll, troll_seq) performs the built-in trainer's micro-batch step
-(``LocalTrainer._update_actor``) on verl's tensors, with the same ``runners.algorithms`` calls:
+gtpo, troll, troll_seq) is ``runners.algorithms.policy_loss.PolicyLoss``, the function the built-in
+trainer calls for each micro-batch, applied to verl's tensors: entropy control (REPO-R/D advantages,
+ADAPO bounds, adaptive bonus), sequence mask (TRM, LN-TRM, SER: rejected sequences stay in the
+denominator, TRM arXiv 2512.23075 eq. 50), objective, KL-to-reference term and aggregation are
+assembled there and nowhere else. So masks and entropy controllers combine with any objective
+("GSPO with TROLL", "GRPO with TRM-Max and REPO-R" are one config each).
 
-    A'     = controller.transform_advantages(A, logp.detach(), mask)        # REPO-R / REPO-D
-    keep   = MASKS[mask](inp, **mask_params).seq_mask                       # TRM, LN-TRM, SER (no grad)
-    out    = OBJECTIVES[objective](inp, **objective_params, **controller.objective_overrides())  # ADAPO
-    L[b,t] = out.loss_mat + controller.loss_term(entropy)                   # adaptive entropy bonus
-    loss   = LOSS_AGGS[loss_agg_mode](L * keep[:, None] * is_weights, mask, num_tokens, num_seqs, norm_len)
-
-so masks and entropy controllers combine with any objective ("GSPO with TROLL", "GRPO with TRM-Max
-and REPO-R" are one config each). The aggregation uses verl's global-batch counts
+verl-specific inputs: the aggregation uses verl's global-batch counts
 (``config.global_batch_info``: tokens and sequences of the mini-batch over all data-parallel ranks,
-divided by the data-parallel size, as verl's ``agg_loss``), and the response mask stays the
-denominator under a sequence mask (trm.txt eq. 50). verl's rollout importance weights, when given,
-multiply the per-token loss as in verl's own losses.
+divided by the data-parallel size, as verl's ``agg_loss``) and ``loss_scale_factor``; verl's rollout
+importance weights, when given, multiply the per-token loss as in verl's own losses. Inputs beyond
+verl's signature (sampled ids, prompt groups, current entropy and logits, the sparse old
+distribution, the rollout engine's and the reference policy's log-probs, the controller state) come
+as ``inputs=TrustbenchInputs(...)``; inside verl's ``ppo_loss`` they are supplied by
+``plugins_ppo_loss.trustbench_ppo_loss`` through ``using_inputs`` (a context variable: verl's
+``ppo_loss`` calls the loss with a fixed signature).
 
-Inputs beyond verl's signature (sampled ids, prompt groups, current entropy and logits, the sparse
-old distribution, the controller state) come as ``inputs=TrustbenchInputs(...)``; inside verl's
-``ppo_loss`` they are supplied by ``plugins_ppo_loss.trustbench_ppo_loss`` through
-``using_inputs`` (a context variable: verl's ``ppo_loss`` calls the loss with a fixed signature).
-
-Where verl's loop differs from the built-in trainer's (not the loss function's doing):
-- verl's KL-to-reference loss (``use_kl_loss``) is added by verl's ``ppo_loss`` after this loss,
-  so a TRM mask does not mask it (the built-in trainer adds k3 before masking);
-- verl forms mini/micro-batches by sample (and balances sequences across data-parallel ranks), not
-  by whole prompt groups, so GTPO sees the members of a group that share its micro-batch.
+Where verl's loop differs from the built-in trainer's (not the loss function's doing): verl forms
+mini/micro-batches by sample (and balances sequences across data-parallel ranks), not by whole
+prompt groups, so GTPO sees the members of a group that share its micro-batch.
 
     from verl.trainer.ppo.core_algos import get_policy_loss_fn
     loss, metrics = get_policy_loss_fn("trustbench_troll")(old_logp, logp, adv, mask, "token-mean",
                                                          actor_config, None, inputs=TrustbenchInputs(...))
 
-Tests: ``pytest tests/verl/test_plugins_losses.py``.
+Tests: ``pytest tests/verl/test_plugins_losses.py tests/test_cross_backend.py``.
 """
 
 from __future__ import annotations
@@ -40,15 +34,16 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from contextvars import ContextVar
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-import torch
 from torch import Tensor
 from verl.trainer.ppo.core_algos import register_policy_loss
 
-from runners.algorithms import ENTROPY_CONTROLLERS, LOSS_AGGS, MASKS, OBJECTIVES
+from runners.algorithms import LOSS_AGGS
 from runners.algorithms.estimators import group_inverse
+from runners.algorithms.policy_loss import PolicyLoss
+from runners.algorithms.policy_loss import build_controller as build_method_controller
 from runners.algorithms.types import PolicyInputs
 from runners.backends.verl import LOSS_MODES
 from runners.backends.verl.plugins_config import LossSettings, loss_settings
@@ -72,8 +67,10 @@ class TrustbenchInputs:
     # [B,T,K+1] sparse old distribution: vocabulary ids and log-probs (-inf marks unused slots)
     old_topk_index: Tensor | None = None
     old_topk_logp: Tensor | None = None
-    # [B,T] the rollout engine's log-probs (sample-based masks with mask_use_rollout_log_probs)
-    rollout_log_probs: Tensor | None = None
+    # [B,T] the rollout engine's log-probs of the sampled tokens (sample-based masks)
+    rollout_logp: Tensor | None = None
+    # [B,T] the reference policy's log-probs (KL-to-reference term, policy_loss.kl_coef)
+    ref_logp: Tensor | None = None
     # per-iteration values pushed by the trainer: entropy_control_state, h_ini
     runtime: dict = field(default_factory=dict)
 
@@ -92,17 +89,13 @@ def using_inputs(inputs: TrustbenchInputs) -> Iterator[None]:
 
 
 def build_controller(settings: LossSettings, runtime: dict):
-    """The library's entropy controller with the state the trainer pushed for this iteration."""
-    controller = ENTROPY_CONTROLLERS.get(settings.entropy_control)(**settings.entropy_control_kw)
-    state = runtime.get("entropy_control_state")
-    if state:
-        controller.load_state_dict(dict(state))
-    return controller
+    """The method's entropy controller with the state the trainer pushed for this iteration."""
+    return build_method_controller(settings.method, runtime.get("entropy_control_state"))
 
 
 def _global_counts(config: Any) -> tuple[float | None, float | None, float | None]:
     """(num_tokens, num_seqs, norm_len) of this rank from verl's ``global_batch_info`` (None: local
-    counts / the padded width, as verl's ``agg_loss`` without global info)."""
+    counts / the method's norm_len, as verl's ``agg_loss`` without global info)."""
     info = dict(getattr(config, "global_batch_info", None) or {})
     dp = info.get("dp_size") or 1
     tokens = info.get("batch_num_tokens")
@@ -113,12 +106,6 @@ def _global_counts(config: Any) -> tuple[float | None, float | None, float | Non
         None if seqs is None else float(seqs) / dp,
         None if norm is None else float(norm),
     )
-
-
-def _group_ids(group_index: Any, batch: int, device) -> Tensor | None:
-    if group_index is None:
-        return None
-    return group_inverse(group_index, batch, device)
 
 
 def compute_trustbench_policy_loss(
@@ -141,43 +128,41 @@ def compute_trustbench_policy_loss(
         )
     inputs = inputs or _CURRENT.get() or TrustbenchInputs()
     settings = loss_settings(getattr(config, "policy_loss", None), loss_mode)
+    if settings.needs_grad_entropy and inputs.entropy is None:
+        raise ValueError(
+            f"{', '.join(settings.method.needing('grad_entropy'))} need the current entropy: set "
+            "actor_rollout_ref.actor.calculate_entropy=true"
+        )
+    method = replace(settings.method, loss_agg=loss_agg_mode)
     runtime = dict(inputs.runtime or {})
-    controller = build_controller(settings, runtime)
-    mask = response_mask.to(log_prob.dtype)
-    adv = controller.transform_advantages(advantages, log_prob.detach(), mask)
+    loss_fn = PolicyLoss(method, build_controller(settings, runtime))
+    group = (
+        None if inputs.group_index is None else group_inverse(inputs.group_index, log_prob.shape[0], log_prob.device)
+    )
     inp = PolicyInputs(
         logp=log_prob,
         logp_old=old_log_prob,
-        advantages=adv,
-        response_mask=mask,
-        logp_rollout=inputs.rollout_log_probs if settings.mask_use_rollout_log_probs else None,
+        advantages=advantages,
+        response_mask=response_mask.to(log_prob.dtype),
+        rollout_logp=inputs.rollout_logp,
         responses=inputs.responses,
-        group_index=_group_ids(inputs.group_index, log_prob.shape[0], log_prob.device),
+        group_index=group,
         entropy=inputs.entropy,
         logits=inputs.logits,
         old_topk_index=inputs.old_topk_index,
         old_topk_logp=inputs.old_topk_logp,
     )
-    objective_kw = {**settings.objective_kw, **controller.objective_overrides()}
-    if settings.objective == "gtpo":
-        objective_kw["h_ini"] = runtime.get("h_ini")
-    with torch.no_grad():
-        masked = MASKS.get(settings.mask)(inp, **settings.mask_kw)
-    out = OBJECTIVES.get(settings.objective)(inp, **objective_kw)
-    loss_mat = out.loss_mat
-    if settings.entropy_control == "bonus":
-        if inputs.entropy is None:
-            raise ValueError(
-                "entropy_control=bonus needs the current entropy: set actor_rollout_ref.actor.calculate_entropy=true"
-            )
-        loss_mat = loss_mat + controller.loss_term(inputs.entropy)
-    loss_mat = loss_mat * masked.seq_mask.to(loss_mat.dtype)[:, None]
-    if rollout_is_weights is not None:
-        loss_mat = loss_mat * rollout_is_weights
     num_tokens, num_seqs, norm_len = _global_counts(config)
-    loss = LOSS_AGGS.get(loss_agg_mode)(loss_mat, mask, num_tokens=num_tokens, num_seqs=num_seqs, norm_len=norm_len)
-    metrics = {key: float(value) for key, value in {**out.metrics, **masked.metrics}.items()}
-    return loss, metrics
+    out = loss_fn(
+        inp,
+        num_tokens=num_tokens,
+        num_seqs=num_seqs,
+        norm_len=norm_len,
+        ref_logp=inputs.ref_logp,
+        is_weights=rollout_is_weights,
+        h_ini=runtime.get("h_ini"),
+    )
+    return out.loss, out.metrics
 
 
 def _make_loss(loss_mode: str):

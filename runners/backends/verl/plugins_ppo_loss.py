@@ -49,6 +49,10 @@ from runners.backends.verl.sparse_old import (
     response_logits,
 )
 
+# verl's batch fields: the rollout engine's log-probs of the sampled tokens, the reference policy's
+ROLLOUT_LOGP_FIELD = "rollout_log_probs"
+REF_LOGP_FIELD = "ref_log_prob"
+
 
 def response_width(data: TensorDict) -> int:
     """T of verl's padded [B,T] loss tensors (the rule of ``no_padding_2_padding``)."""
@@ -95,8 +99,17 @@ def build_inputs(config: Any, model_output: dict, data: TensorDict) -> Trustbenc
             f"({OLD_TOPK_INDEX}/{OLD_TOPK_LOGP}) from the old-log-prob pass: run verl with "
             "trainer.v1.trainer_mode=trustbench_sync and without rollout_correction.bypass_mode"
         )
-    if settings.mask_use_rollout_log_probs and "rollout_log_probs" in data.keys():
-        inputs.rollout_log_probs = padded_from_nested(data["rollout_log_probs"], width, 0.0).to(torch.float32)
+    # the sampler's log-probs (the translation sets rollout.calculate_log_probs): sample-based masks and the
+    # PPL-gap monitor compare with them; without them they fall back to the old log-probs (PolicyInputs)
+    if ROLLOUT_LOGP_FIELD in data.keys():
+        inputs.rollout_logp = padded_from_nested(data[ROLLOUT_LOGP_FIELD], width, 0.0).to(torch.float32)
+    if settings.method.kl_coef and REF_LOGP_FIELD in data.keys():
+        inputs.ref_logp = padded_from_nested(data[REF_LOGP_FIELD], width, 0.0).to(torch.float32)
+    elif settings.method.kl_coef:
+        raise ValueError(
+            f"policy_loss.kl_coef={settings.method.kl_coef} needs the reference log-probs ({REF_LOGP_FIELD}): run "
+            "verl with actor_rollout_ref.actor.use_kl_loss=true (and kl_loss_coef=0: the trustbench loss adds the term)"
+        )
     return inputs
 
 

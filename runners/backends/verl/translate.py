@@ -6,46 +6,27 @@ or filesystem access), so it can be tested on CPU against verl's own config: com
 test_translate.py). Every trustbench setting either maps onto a verl key whose semantics match
 *exactly*, onto a ``trustbench_*`` plugin (``runners.backends.verl.plugins``, which calls the same
 ``runners.algorithms`` functions as the built-in trainer), or raises ``ConfigError`` naming the
-key verl cannot express. Where a verl built-in matches exactly it is preferred:
+key verl cannot express. The method's part (estimator, objective, mask, entropy control,
+aggregation, KL) is ``method_overrides``; this module adds data, model, batch sizes, optimiser,
+rollout and trainer settings, and writes them in Hydra's grammar (``hydra_overrides``):
 
 ==========================  ===========================================================================
 trustbench                  verl
 ==========================  ===========================================================================
-estimator grpo / drgrpo     ``adv_estimator=grpo``, ``norm_adv_by_std_in_grpo`` (verl's eps is 1e-6)
-estimator rloo / loop       ``rloo`` (G/(G-1) (R - mean))
-estimator rfpp(_baseline)   ``reinforce_plus_plus(_baseline)`` (gamma; always centred)
-estimator gpg               ``gpg`` (alpha = B / #non-zero scores, f_norm 1)
-estimator gae               ``gae`` + critic (gamma, lam; always whitened)
-objective clip              ``vanilla``: clip_ratio_low/high; dual clip ``clip_ratio_c``; no dual clip =
-                            ``clip_ratio_c=1e10`` (verl clamps the ratio at e^20 < 1e10: never binds)
-objective token_is          ``vanilla`` with bounds that never bind (low 1.0, high 1e10, c 1e10)
-objective gspo / gpg        ``gspo`` / ``gpg``
-loss_agg                    ``loss_agg_mode``; seq-mean-token-sum-norm divides by ``loss_scale_factor``
-                            = ``loss_agg.norm_len`` or ``rollout.max_response_length`` (verl's own
-                            default, the padded width of a micro-batch, varies between batches)
-entropy_control bonus       ``entropy_coeff`` when not adaptive
-trainer.kl_coef > 0         ``use_kl_loss``, ``kl_loss_type=low_var_kl`` (k3; verl also clamps k3 to 10)
 trainer.warmup_steps        cosine schedule with ``num_cycles=0`` and 1-indexed steps: min(1, (s+1)/w),
                             the built-in trainer's linear warm-up (verl's constant schedule gives lr 0
                             at step 0)
+trainer.micro_batch_size    ``ppo_micro_batch_size_per_gpu`` (else dynamic batches by token budget)
+a critic (GAE, EGAE)        ``critic.*``: the policy's model, its optimiser, ``cliprange_value``
 ==========================  ===========================================================================
-
-Everything else goes to the plugins (contract: ``runners.backends.verl.plugin_overrides``): a
-``trustbench_<objective>`` policy loss whenever the objective has no verl twin (TROLL, TROLL-Seq,
-GTPO, BAPO) or the method adds a sequence mask (TRM, LN-TRM, SER) or an entropy controller (REPO-R/D,
-ADAPO, adaptive bonus) -- the plugin loss composes objective, mask and controller as the built-in
-trainer does; sample-based masks judge the rollout engine's log-probs. A ``trustbench_<estimator>``
-takes estimator settings verl fixes (``estimator.eps`` other than 1e-6, ``center=false``,
-``whiten=false``, GPG ``rescale``/``f_norm``). Every method runs verl's trainer as
-``trainer.v1.trainer_mode=trustbench_sync`` (the plugins' hooks, stop requests).
 
 Not expressible in verl 0.9.1 (``ConfigError`` naming the key): truncated rollouts
 (``rollout.mode=truncated``, T-PPO: verl generates whole responses), asymmetric value clipping
 (``trainer.value_clip_low != value_clip_high``: verl's ``critic.cliprange_value`` is symmetric),
-``trainer.logprob_precision=bf16``, model kinds without a Hugging Face directory (``model.kind``
-embedded / tiny), batch sizes that do not split over the GPUs. verl's rollout-correction rejection
-masks (``rollout_rs``) are NOT used for TRM: they shrink the response mask (changing the token-mean
-denominator, which trm.txt eq. 50 forbids) and compare pi_old, not pi_theta, with the rollout policy.
+``trainer.logprob_precision=bf16``, model kinds without a Hugging Face directory, batch sizes that do
+not split over the GPUs. verl's rollout-correction rejection masks (``rollout_rs``) are NOT used for
+TRM: they shrink the response mask (changing the token-mean denominator, which TRM's eq. 50 forbids)
+and compare pi_old, not pi_theta, with the rollout policy.
 
     from runners.config import compose
     from runners.backends.verl.translate import VerlPaths, build_overrides
@@ -55,29 +36,25 @@ denominator, which trm.txt eq. 50 forbids) and compare pi_old, not pi_theta, wit
 
 from __future__ import annotations
 
-import json
 import math
-import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from runners.algorithms.method import Method
+from runners.backends.verl.hydra_overrides import format_override, merge_overrides
+from runners.backends.verl.method_overrides import algorithm_overrides
 from runners.config import run_key
 from runners.config.validate import ConfigError
 from runners.resources import cell_resources
 
 PLUGIN_MODULE = "runners.backends.verl.plugins"
 ENTRYPOINT = "verl.trainer.main_ppo"
-# dual-clip bound that never binds: verl clamps log-ratios to [-20, 20] (ratio <= e^20 ~ 4.9e8)
-NEVER_CLIP = 1e10
 # gradient-norm clip that never binds (trainer.grad_clip = 0 means "off"; verl would clip to 0)
 NO_GRAD_CLIP = 1e12
-# verl's GRPO epsilon (compute_grpo_outcome_advantage's default; not configurable)
-VERL_GRPO_EPS = 1e-6
-MODEL_KINDS = ("hub", "smollm2")
 OPTION_KEYS = {
     "entrypoint",
     "rollout_engine",
@@ -173,136 +150,6 @@ def size_profile(cfg: DictConfig, options: Mapping[str, Any]) -> dict[str, Any]:
     return {}
 
 
-# -- algorithm ---------------------------------------------------------------------------------
-ACTOR = "actor_rollout_ref.actor"
-BUILTIN_LOSSES = ("clip", "token_is", "gspo", "gpg")
-CRITIC_ESTIMATORS = ("gae", "egae")
-# sample-based masks judge the rollout engine's own log-probs (trm.txt: rollout -> train direction)
-ROLLOUT_LOGP_MASKS = ("trm_max_k2", "trm_avg_k3", "trm_max_avg_sample", "ln_trm", "ser")
-
-
-def _unsupported(key: str, why: str) -> ConfigError:
-    return ConfigError(key, f"cannot be expressed with the verl backend: {why}")
-
-
-def _params(node: DictConfig) -> dict[str, Any]:
-    return {k: v for k, v in OmegaConf.to_container(node, resolve=True).items() if k != "name"}
-
-
-def builtin_estimator(cfg: DictConfig) -> dict[str, Any] | None:
-    """``algorithm.*`` keys of verl's own estimator for ``cfg.estimator``; None if none matches exactly."""
-    est = cfg.estimator
-    name = est.name
-    if name == "grpo" and math.isclose(float(est.eps), VERL_GRPO_EPS, rel_tol=0, abs_tol=1e-15):
-        return {"algorithm.adv_estimator": "grpo", "algorithm.norm_adv_by_std_in_grpo": bool(est.norm_by_std)}
-    if name == "drgrpo":
-        return {"algorithm.adv_estimator": "grpo", "algorithm.norm_adv_by_std_in_grpo": False}
-    if name in ("rloo", "loop"):
-        return {"algorithm.adv_estimator": "rloo"}
-    if name == "rfpp" and est.center:
-        return {"algorithm.adv_estimator": "reinforce_plus_plus", "algorithm.gamma": float(est.gamma)}
-    if name == "rfpp_baseline":
-        return {"algorithm.adv_estimator": "reinforce_plus_plus_baseline", "algorithm.gamma": 1.0}
-    if name == "gpg" and est.rescale == "verl" and float(est.f_norm) == 1.0:
-        return {"algorithm.adv_estimator": "gpg"}
-    if name == "gae" and est.whiten:
-        return {"algorithm.adv_estimator": "gae", "algorithm.gamma": float(est.gamma), "algorithm.lam": float(est.lam)}
-    return None
-
-
-def builtin_loss(cfg: DictConfig) -> dict[str, Any] | None:
-    """``actor.*`` keys of verl's own policy loss; None when the method needs the trustbench plugin loss
-    (objective without a verl twin, any sequence mask, an entropy controller other than a fixed bonus)."""
-    obj, ec = cfg.objective, cfg.entropy_control
-    if obj.name not in BUILTIN_LOSSES or cfg.mask.name != "none":
-        return None
-    if ec.name == "none":
-        out: dict[str, Any] = {f"{ACTOR}.entropy_coeff": 0.0}
-    elif ec.name == "bonus" and not ec.adaptive:
-        out = {f"{ACTOR}.entropy_coeff": float(ec.beta0)}
-    else:
-        return None
-    if obj.name == "clip":
-        dual = NEVER_CLIP if obj.clip_ratio_c is None else float(obj.clip_ratio_c)
-        low, high, mode = float(obj.clip_ratio_low), float(obj.clip_ratio_high), "vanilla"
-    elif obj.name == "token_is":  # r * A: bounds that never bind
-        low, high, dual, mode = 1.0, NEVER_CLIP, NEVER_CLIP, "vanilla"
-    elif obj.name == "gspo":
-        low, high, dual, mode = float(obj.clip_ratio_low), float(obj.clip_ratio_high), NEVER_CLIP, "gspo"
-    else:
-        return {**out, f"{ACTOR}.policy_loss.loss_mode": "gpg"}
-    return {
-        **out,
-        f"{ACTOR}.policy_loss.loss_mode": mode,
-        f"{ACTOR}.clip_ratio": low,
-        f"{ACTOR}.clip_ratio_low": low,
-        f"{ACTOR}.clip_ratio_high": high,
-        f"{ACTOR}.clip_ratio_c": dual,
-    }
-
-
-def plugin_method(cfg: DictConfig, *, loss: bool, estimator: bool) -> tuple[dict[str, Any], list[str]]:
-    """The ``trustbench_*`` plugin selection (``runners.backends.verl.plugin_overrides``, part of the
-    plugins' contract) for the loss and/or the estimator, plus the flags the plugins rely on."""
-    from runners.backends.verl import plugin_overrides
-
-    edges = list(cfg.trainer.length_buckets)
-    lines = plugin_overrides(
-        objective=str(cfg.objective.name),
-        objective_params=_params(cfg.objective),
-        mask=str(cfg.mask.name),
-        mask_params={**_params(cfg.mask), "length_edges": edges, "position_edges": edges},
-        entropy_control=str(cfg.entropy_control.name),
-        entropy_control_params=_params(cfg.entropy_control),
-        estimator=str(cfg.estimator.name) if estimator else None,
-        estimator_params=_params(cfg.estimator) if estimator else None,
-    )
-    keep = ("algorithm.", "+algorithm.") if not loss else ("",)
-    lines = [
-        _hydra_line(line) for line in lines if line.startswith(keep) and override_key(line) != "trainer.v1.trainer_mode"
-    ]
-    values: dict[str, Any] = {}
-    if loss:
-        values[f"{ACTOR}.entropy_coeff"] = 0.0  # the plugin loss adds the entropy term itself
-        values[f"{ACTOR}.calculate_entropy"] = cfg.objective.name == "gtpo" or cfg.entropy_control.name == "bonus"
-        if cfg.mask.name in ROLLOUT_LOGP_MASKS:
-            values[f"+{ACTOR}.policy_loss.mask_use_rollout_log_probs"] = True
-    return values, lines
-
-
-def algorithm_overrides(cfg: DictConfig) -> tuple[dict[str, Any], list[str]]:
-    """What the method decides (estimator, objective, mask, entropy control, aggregation, KL):
-    verl keys with values, and the plugin selection as ready override strings."""
-    if cfg.rollout.mode != "full":
-        raise _unsupported(
-            "rollout.mode", "verl generates every response to completion within a step (no T-PPO windows)"
-        )
-    if cfg.trainer.logprob_precision != "fp32":
-        raise _unsupported("trainer.logprob_precision", "verl computes log-probs from fp32 logits only")
-    est, loss = builtin_estimator(cfg), builtin_loss(cfg)
-    values: dict[str, Any] = {**(est or {}), **(loss or {})}
-    lines: list[str] = []
-    if est is None or loss is None:
-        extra, lines = plugin_method(cfg, loss=loss is None, estimator=est is None)
-        values.update(extra)
-    if est is None and cfg.estimator.name in ("gae", "egae"):
-        values["algorithm.gamma"], values["algorithm.lam"] = float(cfg.estimator.gamma), float(cfg.estimator.lam)
-    values["critic.enable"] = cfg.estimator.name in CRITIC_ESTIMATORS
-    values[f"{ACTOR}.loss_agg_mode"] = str(cfg.loss_agg.name)
-    if cfg.loss_agg.name == "seq-mean-token-sum-norm":
-        values[f"{ACTOR}.loss_scale_factor"] = int(cfg.loss_agg.norm_len or cfg.rollout.max_response_length)
-    kl = float(cfg.trainer.kl_coef)
-    values.update(
-        {
-            "algorithm.use_kl_in_reward": False,
-            f"{ACTOR}.use_kl_loss": kl > 0,
-            f"{ACTOR}.kl_loss_coef": kl,
-            f"{ACTOR}.kl_loss_type": "low_var_kl",
-        }
-    )
-    return values, lines
-
-
 # -- the run -------------------------------------------------------------------------------------
 def _check(ok: bool, key: str, message: str) -> None:
     if not ok:
@@ -376,7 +223,7 @@ def optimizer_overrides(cfg: DictConfig) -> dict[str, Any]:
         f"{actor}.optim.min_lr_ratio": 0.0,
         f"{actor}.optim.zero_indexed_step": False,
     }
-    if cfg.estimator.name == "gae":
+    if Method.from_config(cfg).requires("critic"):
         _check(
             math.isclose(float(t.value_clip_low), float(t.value_clip_high)),
             "trainer.value_clip_high",
@@ -444,7 +291,7 @@ def model_overrides(cfg: DictConfig, model_path: str, profile: Mapping[str, Any]
     }
     if not m.chat_template:
         out["actor_rollout_ref.model.custom_chat_template"] = PLAIN_CHAT_TEMPLATE
-    if cfg.estimator.name == "gae":
+    if Method.from_config(cfg).requires("critic"):  # the critic starts from the policy's weights
         out.update(
             {
                 "critic.model.path": model_path,
@@ -527,12 +374,14 @@ def build_overrides(
     verl cannot express.
     """
     from runners.backends.verl import EXTERNAL_MODULES_ENV, PLUGIN_MODULE, TRAINER_MODE
+    from runners.models.loader import MODEL_KINDS
 
     options = backend_options(cfg)
+    loadable = [k for k in MODEL_KINDS.names() if "hf_directory" in MODEL_KINDS.entry(k).provides]
     _check(
-        cfg.model.kind in MODEL_KINDS,
+        "hf_directory" in MODEL_KINDS.entry(cfg.model.kind).provides,
         "model.kind",
-        f"the verl backend needs a Hugging Face model directory (kinds {', '.join(MODEL_KINDS)}); "
+        f"the verl backend needs a Hugging Face model directory (kinds {', '.join(loadable)}); "
         f"{cfg.model.kind!r} models run on the local backend",
     )
     path = model_path or cfg.model.path
@@ -558,77 +407,3 @@ def build_overrides(
         values[f"+ray_kwargs.ray_init.runtime_env.env_vars.{name}"] = str(value)
     overrides = [format_override(key, value) for key, value in values.items()] + plugin_lines
     return merge_overrides(overrides, [str(o) for o in options.get("overrides") or []])
-
-
-# -- Hydra override syntax -------------------------------------------------------------------------
-_PLAIN = re.compile(r"^[A-Za-z0-9_./:-]+$")
-_KEY = re.compile(r"^[+~]{0,2}([A-Za-z0-9_.@/-]+)=")
-_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-# words Hydra's parser reads, in any letter case, as bool, None or float rather than as a string
-_CONVERTED_WORDS = ("true", "false", "null", "inf", "nan")
-
-
-def _hydra_line(line: str) -> str:
-    """An override whose value may be JSON (the plugins' ``plugin_overrides`` writes JSON, which
-    Hydra's grammar does not accept for dicts) rewritten in Hydra's grammar; other lines unchanged."""
-    key, _, raw = line.partition("=")
-    try:
-        value = json.loads(raw)
-    except ValueError:
-        return line
-    return f"{key}={format_value(value)}"
-
-
-def format_value(value: Any) -> str:
-    """A Python value in Hydra's override grammar (strings quoted unless plainly safe)."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, float):
-        if not math.isfinite(value):
-            raise ValueError(f"non-finite override value {value!r}")
-        return repr(value)
-    if isinstance(value, (list, tuple)):
-        return "[" + ",".join(format_value(v) for v in value) + "]"
-    if isinstance(value, Mapping):
-        for key in value:
-            # Hydra turns the keys true / false / null / inf / nan (any case) into bool, None or float
-            if not (isinstance(key, str) and _IDENT.match(key)) or key.lower() in _CONVERTED_WORDS:
-                raise ValueError(f"dict key {key!r} cannot be written as a Hydra override")
-        return "{" + ",".join(f"{k}:{format_value(v)}" for k, v in value.items()) + "}"
-    text = str(value)
-    if _PLAIN.match(text) and text.lower() not in _CONVERTED_WORDS and not _looks_numeric(text):
-        return text
-    # Hydra quoted strings: backslashes are literal except a run before a quote or the end (halved)
-    text = re.sub(r"(\\*)'", lambda m: m.group(1) * 2 + "\\'", text)
-    text = re.sub(r"(\\+)$", lambda m: m.group(1) * 2, text)
-    return "'" + text + "'"
-
-
-def _looks_numeric(text: str) -> bool:
-    try:
-        float(text)
-        return True
-    except ValueError:
-        return False
-
-
-def format_override(key: str, value: Any) -> str:
-    return f"{key}={format_value(value)}"
-
-
-def override_key(override: str) -> str:
-    """The config key an override sets (``+a.b=1`` -> ``a.b``)."""
-    match = _KEY.match(override)
-    if not match:
-        raise ConfigError("backend.options.overrides", f"{override!r} is not a key=value override")
-    return match.group(1)
-
-
-def merge_overrides(generated: Sequence[str], extra: Sequence[str]) -> list[str]:
-    """``generated`` with each ``extra`` override replacing the generated one of the same key."""
-    extra_keys = {override_key(o) for o in extra}
-    return [o for o in generated if override_key(o) not in extra_keys] + list(extra)

@@ -20,7 +20,7 @@ hold a partial response. Join each row's prompt and partial response with
 ``generate`` on the result with the window length as ``max_new_tokens``; in greedy mode this equals
 one long generation (tests/models/test_sampler.py checks it). Pass only the rows that did not finish.
 
-    from runners.backends.local.sampler import generate
+    from runners.models.sampler import generate
     out = generate(model, input_ids, attention_mask, max_new_tokens=64, eos_token_id=tok.eos_token_id,
                    pad_token_id=tok.pad_token_id, generator=torch.Generator().manual_seed(0))
     out.responses, out.response_mask, out.logp, out.finished

@@ -1,0 +1,165 @@
+"""The built-in trainer's actor: the old-log-prob pass and the policy update through ``PolicyLoss``.
+
+``old_pass`` is a no-grad forward over the batch giving log pi_old, the token entropy and, when the
+method needs it (TROLL, exact-KL TRM: ``Method.requires("sparse_old")``), the old distribution's
+sparse top-K form. ``update_actor`` runs the epochs and mini-batches; every micro-batch goes through
+``micro_batch_loss``, which builds ``PolicyInputs`` from the trainer's tensors and calls the shared
+``runners.algorithms.policy_loss.PolicyLoss`` (the function the verl plugins call too). Sample-based
+masks compare with ``rollout_logp``, the sampler's own log-probs of the drawn tokens.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from runners import metric_names as names
+from runners.algorithms.numerics import entropy_from_logits, token_logprobs
+from runners.algorithms.policy_loss import PolicyLoss, PolicyLossOutput
+from runners.algorithms.types import PolicyInputs
+from runners.backends.local.batching import micro_batches, micro_rows, mini_batches
+
+# (model, data, rows) -> temperature-scaled response logits [rows, T, V]
+LogitsFn = Callable[..., Tensor]
+
+
+@dataclass
+class UpdateSettings:
+    """What ``update_actor`` needs from the trainer config."""
+
+    ppo_epochs: int
+    mini_batch_share: float  # mini_batch_prompts / prompts_per_step
+    micro_batch_size: int
+    grad_clip: float
+    logprob_precision: str
+
+
+def old_pass(forward: LogitsFn, data: dict, *, method, micro_batch_size: int, precision: str) -> dict[str, Tensor]:
+    """log pi_old [B,T], entropy [B,T] and (if the method needs it) the sparse old distribution; chunked."""
+    out: dict[str, list] = defaultdict(list)
+    batch = data["input_ids"].shape[0]
+    chunk = micro_rows(batch, micro_batch_size)
+    sparse = method.sparse if method.requires("sparse_old") else None
+    with torch.no_grad():
+        for s in range(0, batch, chunk):
+            rows = slice(s, s + chunk)
+            logits = forward(data, rows)
+            out["logp"].append(token_logprobs(logits, data["responses"][rows], precision=precision))
+            out["entropy"].append(entropy_from_logits(logits))
+            if sparse is not None:
+                from runners.algorithms.troll import sparsify
+
+                flat = logits.reshape(-1, logits.shape[-1])
+                idx, lp = sparsify(
+                    flat, data["responses"][rows].reshape(-1), **{**sparse, "k": min(sparse["k"], logits.shape[-1])}
+                )
+                shape = (*logits.shape[:2], idx.shape[-1])
+                out["old_topk_index"].append(idx.reshape(shape))
+                out["old_topk_logp"].append(lp.reshape(shape))
+    result = {k: torch.cat(v) for k, v in out.items()}
+    if "old_topk_index" in result:
+        result["old_topk_index"] = result["old_topk_index"].long()
+    return result
+
+
+def micro_batch_loss(
+    loss_fn: PolicyLoss,
+    logits: Tensor,
+    data: dict,
+    old: dict[str, Tensor],
+    advantages: Tensor,
+    mask: Tensor,
+    rows: Tensor,
+    *,
+    num_tokens: Tensor,
+    num_seqs: Tensor,
+    precision: str = "fp32",
+    h_ini: float | None = None,
+) -> PolicyLossOutput:
+    """The policy loss of micro-batch ``rows`` from its current ``logits`` [rows,T,V] (differentiable).
+
+    ``data``/``old``/``advantages``/``mask`` hold the whole batch ([B,...]); ``mask`` is the policy
+    mask. ``num_tokens``/``num_seqs`` count the mini-batch.
+    """
+    logp = token_logprobs(logits, data["responses"][rows], precision=precision)
+    entropy = entropy_from_logits(logits) if loss_fn.needs_entropy else None
+    inp = PolicyInputs(
+        logp=logp,
+        logp_old=old["logp"][rows],
+        advantages=advantages[rows],
+        response_mask=mask[rows],
+        rollout_logp=data["rollout_logp"][rows],
+        responses=data["responses"][rows],
+        group_index=data["group_index"][rows],
+        entropy=entropy,
+        logits=logits,
+        old_topk_index=old["old_topk_index"][rows] if "old_topk_index" in old else None,
+        old_topk_logp=old["old_topk_logp"][rows] if "old_topk_logp" in old else None,
+    )
+    ref = old["ref_logp"][rows] if "ref_logp" in old else None
+    return loss_fn(inp, num_tokens=num_tokens, num_seqs=num_seqs, ref_logp=ref, h_ini=h_ini)
+
+
+def update_actor(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    forward: LogitsFn,
+    loss_fn: PolicyLoss,
+    data: dict,
+    old: dict[str, Tensor],
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    settings: UpdateSettings,
+    shuffle: torch.Generator,
+    h_ini: float | None = None,
+) -> tuple[dict[str, float], list[tuple[Tensor, Tensor]]]:
+    """Epochs x mini-batches of optimiser steps; returns the metrics and (keep weights, rows) per micro-batch."""
+    model.train()
+    sums: dict[str, float] = defaultdict(float)
+    weights: dict[str, float] = defaultdict(float)
+    seq_masks, grad_norms, losses = [], [], []
+    clip = settings.grad_clip if settings.grad_clip > 0 else float("inf")
+    for _epoch in range(settings.ppo_epochs):
+        for rows in mini_batches(data["group_index"], share=settings.mini_batch_share, generator=shuffle):
+            num_tokens = mask[rows].sum().clamp(min=1)
+            num_seqs = (mask[rows].sum(-1) > 0).sum().clamp(min=1)
+            optimizer.zero_grad(set_to_none=True)
+            step_loss = 0.0
+            for micro in micro_batches(rows, data["group_index"], settings.micro_batch_size):
+                out = micro_batch_loss(
+                    loss_fn,
+                    forward(data, micro),
+                    data,
+                    old,
+                    advantages,
+                    mask,
+                    micro,
+                    num_tokens=num_tokens,
+                    num_seqs=num_seqs,
+                    precision=settings.logprob_precision,
+                    h_ini=h_ini,
+                )
+                out.loss.backward()
+                step_loss += float(out.loss.detach())
+                tokens = float(mask[micro].sum())
+                for key, value in out.metrics.items():
+                    sums[key] += value * tokens
+                    weights[key] += tokens
+                seq_masks.append((out.seq_mask.cpu(), micro.cpu()))
+            grad_norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), clip)))
+            losses.append(step_loss)
+            optimizer.step()
+    metrics = {k: sums[k] / max(weights[k], 1e-12) for k in sums}
+    metrics[names.PG_LOSS] = float(np.sum(losses)) / max(len(grad_norms), 1)
+    metrics[names.GRAD_NORM] = float(np.mean(grad_norms)) if grad_norms else 0.0
+    model.eval()
+    return metrics, seq_masks
+
+
+__all__ = ["UpdateSettings", "micro_batch_loss", "old_pass", "update_actor"]

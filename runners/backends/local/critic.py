@@ -1,0 +1,121 @@
+"""The built-in trainer's critic: clipped value regression, and T-PPO's finished-sequence batch.
+
+Full rollouts train the value model on the step's batch with the estimator's returns. Truncated
+rollouts (T-PPO, arXiv 2506.15050 section 3) train it only on sequences that finished this step,
+on all their tokens (prompt plus every window), with Monte-Carlo returns; the value loss is clipped
+asymmetrically around the old values (xi_low 0.5, xi_high 0.6).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from runners.backends.local.batching import micro_rows
+from runners.backends.local.rollout import RolloutBatch
+
+
+@dataclass
+class CriticSettings:
+    ppo_epochs: int
+    micro_batch_size: int
+    grad_clip: float
+    value_clip_low: float
+    value_clip_high: float
+    gamma: float
+    truncated: bool
+
+
+def finished_sequences(critic, batch: RolloutBatch, *, pad_id: int, gamma: float, device) -> dict | None:
+    """Prompt + whole response of every slot that finished this step, with MC returns (T-PPO)."""
+    slots = [s for s, f in zip(batch.slots, batch.finished.tolist()) if f and s.response_ids]
+    if not slots:
+        return None
+    P = max(len(s.prompt_ids) for s in slots)
+    R = max(len(s.response_ids) for s in slots)
+    B = len(slots)
+    ids = torch.full((B, P + R), pad_id, dtype=torch.long)
+    attn = torch.zeros((B, P + R), dtype=torch.long)
+    mask = torch.zeros((B, R))
+    returns = torch.zeros((B, R))
+    for i, s in enumerate(slots):
+        p, r = s.prompt_ids, s.response_ids
+        ids[i, P - len(p) : P] = torch.tensor(p)
+        attn[i, P - len(p) : P] = 1
+        ids[i, P : P + len(r)] = torch.tensor(r)
+        attn[i, P : P + len(r)] = 1
+        mask[i, : len(r)] = 1
+        score = float(batch.scores[batch.slots.index(s)])
+        steps_to_end = torch.arange(len(r) - 1, -1, -1, dtype=torch.float32)
+        returns[i, : len(r)] = score * gamma**steps_to_end
+    data = {
+        "input_ids": ids.to(device),
+        "attention_mask": attn.to(device),
+        "mask": mask.to(device),
+        "returns": returns.to(device),
+        "context_length": P,
+    }
+    with torch.no_grad():
+        data["values_old"] = critic(data["input_ids"], data["attention_mask"], P) * data["mask"]
+    return data
+
+
+def update_critic(
+    critic,
+    optimizer: torch.optim.Optimizer,
+    batch: RolloutBatch,
+    data: dict,
+    values_old: Tensor,
+    returns: Tensor,
+    *,
+    settings: CriticSettings,
+    pad_id: int,
+) -> dict[str, float]:
+    """Clipped value regression over ``settings.ppo_epochs``; returns the value-loss metrics."""
+    from runners.algorithms.objectives import value_loss
+
+    device = data["input_ids"].device
+    if settings.truncated:
+        critic_data = finished_sequences(critic, batch, pad_id=pad_id, gamma=settings.gamma, device=device)
+        if critic_data is None:
+            return {}
+    else:
+        critic_data = {**data, "values_old": values_old, "returns": returns}
+    critic.train()
+    sums: dict[str, float] = defaultdict(float)
+    count = 0
+    rows_all = torch.arange(critic_data["input_ids"].shape[0], device=device)
+    chunk = micro_rows(len(rows_all), settings.micro_batch_size)
+    clip = settings.grad_clip if settings.grad_clip > 0 else float("inf")
+    for _epoch in range(settings.ppo_epochs):
+        optimizer.zero_grad(set_to_none=True)
+        total_tokens = critic_data["mask"].sum().clamp(min=1)
+        for s in range(0, len(rows_all), chunk):
+            rows = rows_all[s : s + chunk]
+            v = critic(
+                critic_data["input_ids"][rows], critic_data["attention_mask"][rows], critic_data["context_length"]
+            )
+            mask = critic_data["mask"][rows]
+            out = value_loss(
+                v,
+                critic_data["values_old"][rows],
+                critic_data["returns"][rows],
+                mask,
+                clip_low=settings.value_clip_low,
+                clip_high=settings.value_clip_high,
+            )
+            loss = (out.loss_mat * mask).sum() / total_tokens
+            loss.backward()
+            for key, value in out.metrics.items():
+                sums[key] += float(value)
+            count += 1
+        torch.nn.utils.clip_grad_norm_(critic.parameters(), clip)
+        optimizer.step()
+    critic.eval()
+    return {k: v / max(count, 1) for k, v in sums.items()}
+
+
+__all__ = ["CriticSettings", "finished_sequences", "update_critic"]
