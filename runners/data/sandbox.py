@@ -1,20 +1,56 @@
 """Run untrusted Python programs (code-task responses) in a separate, limited process.
 
-Design: never in the trainer's process. Each run is a fresh ``python -I`` subprocess in its own
-session, started with a clean environment in a private temporary working directory that is
-deleted afterwards. Isolation, strongest available first (``isolation()`` reports what is active):
+Threat model: the program is hostile but runs within the rules of the kernel. It may fork, call
+``setsid``, double-fork daemons, fork-bomb, write files anywhere it can, fill the disk, open
+sockets, and signal any process it can see; it does not hold a kernel exploit. The sandbox must
+keep (1) the trainer's machine and data intact, (2) one program's result independent of every
+other program's, run before or at the same time, and (3) the result honest: a program is
+judged on what it printed, within its limits. Every mechanism below is exercised by
+tests/data/test_sandbox.py and tests/data/test_sandbox_escapes.py; ``isolation()`` reports which
+of them are active on this machine.
 
-- time: wall-clock limit enforced by the parent (the whole process group is SIGKILLed; 10 s by
-  default, as troll.txt appendix C.2) plus ``RLIMIT_CPU`` as a backstop;
-- memory: ``RLIMIT_AS`` (address space, default 1024 MiB); output: stdout/stderr go to files capped
-  by ``RLIMIT_FSIZE`` (default 8 MiB), so a flood cannot exhaust the parent's memory;
-- network: a new, empty network namespace with ``unshare -n`` when running as root, or
-  ``unshare -rn`` (user namespace) when unprivileged namespaces are allowed; otherwise only the
-  in-process socket guard of ``_sandbox_boot.py`` (WEAKER: a program using ctypes or a
-  subprocess can bypass it; run the trainer as root or enable user namespaces for real isolation);
-- privileges: as root, the child drops to ``nobody`` (uid/gid 65534) after entering the
-  namespace, with ``RLIMIT_NPROC`` against fork bombs. The interpreter must be readable by that
-  user: ``sys.executable`` is used when it is, else the system ``/usr/bin/python3``.
+Mechanisms (a ``python -I`` subprocess per run, started by ``_sandbox_boot.py``, which documents
+its process tree; clean environment, no file of ours readable by the program):
+
+- processes: a new pid namespace whose init reaps everything and exits when the program's main
+  process ends; the kernel then SIGKILLs every process left in it (setsid and double-fork
+  included) and ``run_python`` returns only after all are gone. Fallback when the kernel refuses
+  namespaces: the supervisor is a child subreaper (orphans re-parent to it) and SIGKILLs every
+  descendant it finds in /proc; as root, any process of the run's uid still alive is killed too.
+- uid: as root, each run gets a uid of its own (``_sandbox_uids``), so ``RLIMIT_NPROC``
+  (``max_processes``, a fork bomb's limit) and the right to send signals are per run: no program
+  can exhaust another's process limit or kill another's processes.
+- time: wall-clock limit enforced by the parent (SIGTERM to the supervisor, which kills the whole
+  tree; SIGKILL after a grace period), 10 s by default as in TROLL (arXiv 2510.03817, appendix
+  C.2), plus ``RLIMIT_CPU`` as a backstop.
+- memory: ``RLIMIT_AS`` per process (default 1024 MiB); output: stdout/stderr go to files capped
+  by ``RLIMIT_FSIZE`` (default 8 MiB), so a flood cannot exhaust the parent's memory.
+- files: a new mount namespace in which every mount is read-only except one tmpfs of
+  ``scratch_mb`` bytes and ``max_files`` inodes, bound over /tmp, /var/tmp, /dev/shm and
+  /run/lock; the working directory (/tmp/work) lives in it. It vanishes with the namespace.
+  Fallback: the working directory is a private directory deleted after the run and, as root,
+  every file the run's uid left in the world-writable directories is removed (not bounded in
+  number while the program runs: only by ``RLIMIT_FSIZE`` per file and the time limit).
+- network: a new, empty network namespace (and a new IPC namespace: System V objects and
+  POSIX message queues die with it); the in-process socket guard of ``_sandbox_boot.py`` on top
+  (the only barrier in the fallback; WEAKER: ctypes or a subprocess bypasses it).
+- not root: a user namespace maps the trainer's uid to root of the namespaces above and the
+  program enters a nested one (no power over their mounts); no per-run uid, so no
+  ``RLIMIT_NPROC`` and, without namespaces, no protection of the trainer's own processes.
+- trainer death: the supervisor and init die with their parent (PR_SET_PDEATHSIG), which ends
+  the namespace; in the fallback, a uid slot left marked busy is swept by its next holder.
+
+Not used: cgroups. On our machines (Debian, root in a container) cgroup v2 delegates no ``pids``
+or ``memory`` controller (they sit in v1 hierarchies), and the pid namespace plus a per-run
+``RLIMIT_NPROC`` already give "kill everything" and "bounded fork bomb" without them.
+
+Not protected: kernel exploits; the CPU and memory bandwidth other programs get (a busy program
+slows a concurrent one down; time limits are wall-clock); the total memory of one run (up to
+``max_processes`` times ``RLIMIT_AS`` plus its tmpfs); reading world-readable files of the
+machine; unix sockets on the host file system that accept anyone (outside /tmp and friends).
+In the fallback: the number of files while the program runs, other world-writable directories
+than those listed above, System V IPC objects, seeing (not signalling) the host's processes,
+and processes of a run whose trainer was SIGKILLed until their uid slot is reused.
 
 Modes: ``stdin`` feeds ``stdin`` to the program and returns its stdout; ``call`` calls a function
 (``fn_name`` top-level or a ``Solution`` method) with JSON arguments and returns its JSON value.
@@ -29,7 +65,6 @@ import json
 import math
 import os
 import secrets
-import shutil
 import signal
 import subprocess
 import sys
@@ -39,27 +74,41 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-NOBODY = 65534
+from runners.data import _sandbox_uids
+
 _BOOT = Path(__file__).with_name("_sandbox_boot.py")
 _CLEAN_PATH = "/usr/local/bin:/usr/bin:/bin"
+_GRACE_S = 5.0  # after SIGTERM, how long the supervisor gets to kill the tree before it is SIGKILLed
 STATUSES = ("ok", "error", "timeout", "memory", "output_limit")
+NAMESPACES = ("auto", "require", "off")
+
+
+class SandboxUnavailable(RuntimeError):
+    """The sandbox itself could not start (e.g. ``namespaces="require"`` where they are refused)."""
 
 
 @dataclass(frozen=True)
 class SandboxConfig:
     """Limits of one sandboxed run."""
 
-    # wall-clock limit in seconds (troll.txt C.2: 10 s per test case)
+    # wall-clock limit in seconds (TROLL, arXiv 2510.03817, appendix C.2: 10 s per test case)
     timeout_s: float = 10.0
-    # address-space limit of the child in MiB (RLIMIT_AS)
+    # address-space limit of each process of the program in MiB (RLIMIT_AS)
     memory_mb: int = 1024
-    # cap on each of stdout and stderr in bytes (RLIMIT_FSIZE on the capture files)
+    # cap on each of stdout and stderr in bytes (RLIMIT_FSIZE: also the cap of any file it writes)
     max_output_bytes: int = 8 << 20
-    # interpreter for the program; None picks sys.executable or /usr/bin/python3 (see module doc)
+    # bytes the program may store in its private /tmp, /var/tmp, /dev/shm and working directory together
+    scratch_mb: int = 64
+    # files and directories it may create there (tmpfs inodes)
+    max_files: int = 1024
+    # processes and threads of one run at once (RLIMIT_NPROC of its own uid; root only)
+    max_processes: int = 64
+    # interpreter for the program; None picks sys.executable or /usr/bin/python3 (see _pick_python)
     python: str | None = None
-    # "auto" (namespace if available, else guard), "namespace" (require it), "guard" (socket guard only)
-    network: str = "auto"
-    # in-process socket guard on top of the namespace; False only to test the namespace alone
+    # "auto": namespaces when the kernel allows them, else the fallback; "require": SandboxUnavailable
+    # without them; "off": the fallback (to test it)
+    namespaces: str = "auto"
+    # in-process socket guard on top of the network namespace; False only to test the namespace alone
     socket_guard: bool = True
 
 
@@ -82,62 +131,34 @@ class RunResult:
 
 
 @functools.cache
-def _namespace_prefix() -> tuple[str, ...] | None:
-    """The ``unshare`` command that gives the child an empty network namespace, or None."""
-    unshare = shutil.which("unshare", path=_CLEAN_PATH)
-    if unshare is None:
-        return None
-    candidates = [(unshare, "-n")] if os.geteuid() == 0 else []
-    candidates.append((unshare, "-r", "-n"))
-    for prefix in candidates:
-        try:
-            probe = subprocess.run([*prefix, "true"], capture_output=True, timeout=10, env={"PATH": _CLEAN_PATH})
-        except (OSError, subprocess.SubprocessError):
-            continue
-        if probe.returncode == 0:
-            return prefix
-    return None
-
-
-def _drop_ids() -> tuple[int, int] | None:
-    """(uid, gid) to drop to: ``nobody`` when the parent is root, else None (already unprivileged)."""
-    return (NOBODY, NOBODY) if os.geteuid() == 0 else None
-
-
-@functools.cache
-def _pick_python(requested: str | None) -> str:
-    """An interpreter that can start and import the standard library as the sandbox user."""
+def _pick_python(requested: str | None, namespaces: str) -> tuple[str, dict[str, Any]]:
+    """An interpreter that can start and import the standard library as the sandbox user, and
+    the isolation its probe run got."""
     candidates = [requested] if requested else [sys.executable, "/usr/bin/python3"]
+    config = SandboxConfig(timeout_s=20, namespaces=namespaces)
     for python in candidates:
         if not python or not os.path.exists(python):
             continue
-        result = _run(
-            python,
-            "import json, collections, heapq, math\nprint(6*7)",
-            stdin="",
-            mode="stdin",
-            config=SandboxConfig(timeout_s=20),
-            extra={},
-        )
-        if result.status == "ok" and result.stdout.strip() == "42":
-            return python
+        probe = _run(python, "import json, collections, heapq, math\nprint(6*7)", "", "stdin", config, {})
+        if probe.status == "ok" and probe.stdout.strip() == "42":
+            return python, probe.info
     raise RuntimeError(
-        f"no interpreter among {candidates} can run as the sandbox user (uid {_drop_ids()}); "
-        "pass SandboxConfig(python=...) with an interpreter readable by that user"
+        f"no interpreter among {candidates} can run as the sandbox user; "
+        "pass SandboxConfig(python=...) with an interpreter readable by every user"
     )
 
 
 def isolation(config: SandboxConfig | None = None) -> dict[str, Any]:
     """What isolation runs get on this machine (logged once by the trainer, checked by tests)."""
     config = config or SandboxConfig()
-    prefix = _namespace_prefix() if config.network != "guard" else None
+    python, info = _pick_python(config.python, config.namespaces)
     return {
-        "network": "namespace" if prefix else "socket_guard",
-        "namespace_command": " ".join(prefix) if prefix else None,
-        "uid": (_drop_ids() or (os.getuid(), None))[0],
-        "python": _pick_python(config.python),
+        **info,
+        "uid": f"per run, from {_sandbox_uids.UID_BASE}" if os.geteuid() == 0 else os.getuid(),
+        "python": python,
         "timeout_s": config.timeout_s,
         "memory_mb": config.memory_mb,
+        "max_processes": config.max_processes if os.geteuid() == 0 else None,
     }
 
 
@@ -151,21 +172,19 @@ def run_python(
 ) -> RunResult:
     """Run ``code`` in the sandbox: stdin mode, or call mode when ``fn_name`` is given.
 
-    Never raises for anything the program does (crash, timeout, memory, output flood); raises
-    ``RuntimeError`` only when the sandbox itself cannot start (e.g. ``network="namespace"`` on a
-    machine without namespaces).
+    Never raises for anything the program does (crash, timeout, memory, output flood, leftover
+    processes or files); raises ``SandboxUnavailable`` (a ``RuntimeError``) only when the
+    sandbox itself cannot start (e.g. ``namespaces="require"`` on a machine that refuses them).
     """
     config = config or SandboxConfig()
-    if config.network not in ("auto", "namespace", "guard"):
-        raise ValueError(f"sandbox network must be 'auto', 'namespace' or 'guard', got {config.network!r}")
-    if config.network == "namespace" and _namespace_prefix() is None:
-        raise RuntimeError("sandbox network='namespace' but `unshare -n` / `unshare -rn` is not permitted here")
-    python = _pick_python(config.python)
+    if config.namespaces not in NAMESPACES:
+        raise ValueError(f"sandbox namespaces must be one of {NAMESPACES}, got {config.namespaces!r}")
+    python, _ = _pick_python(config.python, config.namespaces)
     extra = {"fn_name": fn_name, "args": list(args or [])} if fn_name else {}
-    return _run(python, code, stdin=stdin, mode="call" if fn_name else "stdin", config=config, extra=extra)
+    return _run(python, code, stdin, "call" if fn_name else "stdin", config, extra)
 
 
-def _limits(config: SandboxConfig, drop: tuple[int, int] | None) -> dict[str, Any]:
+def _limits(config: SandboxConfig, per_run_uid: bool) -> dict[str, Any]:
     cpu = int(math.ceil(config.timeout_s)) + 1
     limits: dict[str, Any] = {
         "RLIMIT_AS": config.memory_mb << 20,
@@ -174,75 +193,140 @@ def _limits(config: SandboxConfig, drop: tuple[int, int] | None) -> dict[str, An
         "RLIMIT_CORE": 0,
         "RLIMIT_NOFILE": 256,
     }
-    if drop is not None:  # NPROC counts per real uid: only meaningful for the dedicated sandbox user
-        limits["RLIMIT_NPROC"] = 64
+    if per_run_uid:  # NPROC counts per real uid: only meaningful for a uid of the run's own
+        limits["RLIMIT_NPROC"] = config.max_processes
     return limits
 
 
-def _run(python: str, code: str, *, stdin: str, mode: str, config: SandboxConfig, extra: dict) -> RunResult:
-    drop = _drop_ids()
-    prefix = _namespace_prefix() if config.network != "guard" else None
+@functools.cache
+def _shared_dirs() -> tuple[str, ...]:
+    """World-writable directories to cover with the private tmpfs; the one holding our control
+    directories last (binding over it hides them)."""
+    tmp = os.path.realpath(tempfile.gettempdir())
+    dirs = _sandbox_uids.world_writable_dirs()
+    return tuple(sorted(dirs, key=lambda d: (tmp + "/").startswith(d.rstrip("/") + "/")))
+
+
+def _run(python: str, code: str, stdin: str, mode: str, config: SandboxConfig, extra: dict) -> RunResult:
+    lease = _sandbox_uids.acquire() if os.geteuid() == 0 else None
+    clean = False
+    try:
+        result = _run_as(lease.uid if lease else None, python, code, stdin, mode, config, extra)
+    except SandboxUnavailable:
+        clean = True  # raised after the run's processes and files were dealt with
+        raise
+    else:
+        clean = True
+        return result
+    finally:
+        if lease is not None:
+            _sandbox_uids.release(lease, clean=clean)
+
+
+def _prepare(control: Path, code: str, stdin: str, uid: int | None) -> None:
+    """The control directory: our files (root only), fs/ (tmpfs mount point), work/ (the
+    program's working directory in the fallback, owned by its uid)."""
+    os.chmod(control, 0o711)  # the program may pass through to work/, not list it
+    for name, text in (
+        ("main.py", code),
+        ("stdin.txt", stdin),
+        ("stdout.txt", ""),
+        ("stderr.txt", ""),
+        ("report.json", ""),
+    ):
+        fd = os.open(control / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with open(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+    (control / "fs").mkdir()
+    (control / "work").mkdir(mode=0o700)
+    if uid is not None:
+        os.chown(control / "work", uid, uid)
+
+
+def _run_as(
+    uid: int | None, python: str, code: str, stdin: str, mode: str, config: SandboxConfig, extra: dict
+) -> RunResult:
     nonce = secrets.token_hex(16)
-    with tempfile.TemporaryDirectory(prefix="trustbench-sandbox-") as work:
-        workdir = Path(work)
-        program = workdir / "main.py"
-        program.write_text(code, encoding="utf-8")
-        (workdir / "stdin.txt").write_text(stdin, encoding="utf-8")
-        if drop is not None:
-            os.chown(workdir, *drop)
-            os.chown(program, *drop)
+    with tempfile.TemporaryDirectory(prefix="trustbench-sandbox-") as control_dir:
+        control = Path(control_dir)
+        _prepare(control, code, stdin, uid)
         cfg = {
             "mode": mode,
-            "program": str(program),
+            "control": str(control),
             "nonce": nonce,
-            "limits": _limits(config, drop),
-            "drop_uid": drop[0] if drop else None,
-            "drop_gid": drop[1] if drop else None,
+            "limits": _limits(config, uid is not None),
+            "uid": uid,
+            "gid": uid,
+            "namespaces": config.namespaces,
+            "scratch_bytes": config.scratch_mb << 20,
+            "max_files": config.max_files,
+            "shared_dirs": list(_shared_dirs()),
             "socket_guard": config.socket_guard,
             **extra,
         }
-        cmd = [*(prefix or ()), python, "-I", "-c", _BOOT.read_text(encoding="utf-8"), json.dumps(cfg)]
-        env = {
-            "PATH": _CLEAN_PATH,
-            "LANG": "C.UTF-8",
-            "HOME": str(workdir),
-            "TMPDIR": str(workdir),
-            "PYTHONIOENCODING": "utf-8",
-            "OMP_NUM_THREADS": "1",
-        }
-        out_path, err_path = workdir / "stdout.txt", workdir / "stderr.txt"
+        cmd = [python, "-I", "-c", _BOOT.read_text(encoding="utf-8"), json.dumps(cfg)]
+        env = {"PATH": _CLEAN_PATH, "LANG": "C.UTF-8", "PYTHONIOENCODING": "utf-8", "OMP_NUM_THREADS": "1"}
+        out_path, err_path = control / "stdout.txt", control / "stderr.txt"
         start = time.monotonic()
-        timed_out = False
-        with open(workdir / "stdin.txt", "rb") as fin, open(out_path, "wb") as fout, open(err_path, "wb") as ferr:
+        with open(control / "stdin.txt", "rb") as fin, open(out_path, "wb") as fout, open(err_path, "wb") as ferr:
             proc = subprocess.Popen(
-                cmd, stdin=fin, stdout=fout, stderr=ferr, cwd=workdir, env=env, start_new_session=True, close_fds=True
+                cmd, stdin=fin, stdout=fout, stderr=ferr, cwd="/", env=env, start_new_session=True, close_fds=True
             )
-            try:
-                proc.wait(timeout=config.timeout_s)
-            except subprocess.TimeoutExpired:
-                timed_out = True
-            finally:
-                _kill_group(proc.pid)
-                proc.wait()
+            timed_out = _wait(proc, config.timeout_s)
         wall = time.monotonic() - start
+        report = _read_report(control / "report.json")
+        if uid is not None and "returncode" not in report:
+            _sandbox_uids.kill_processes(uid)  # the supervisor was killed before it could clean up
+        if uid is not None and not report.get("private_fs"):
+            _sandbox_uids.sweep_files(uid, list(_shared_dirs()))
+        if report.get("fatal"):
+            raise SandboxUnavailable(f"the sandbox could not start: {report['fatal']} (see runners/data/sandbox.py)")
         stdout = _read_capped(out_path, config.max_output_bytes)
         stderr = _read_capped(err_path, config.max_output_bytes)
         output_full = max(out_path.stat().st_size, err_path.stat().st_size) >= config.max_output_bytes
-    status = _classify(proc.returncode, timed_out, output_full, stderr)
+    returncode = report.get("returncode", proc.returncode)
+    status = _classify(returncode, timed_out, output_full, stderr)
     value = None
     if mode == "call" and status == "ok":
         stdout, value, found = _split_call_result(stdout, nonce)
         if not found:
             status = "error"
-    info = {"network": "namespace" if prefix else "socket_guard", "python": python}
-    return RunResult(status, proc.returncode, stdout, stderr, wall, value, info)
+    names = report.get("namespaces", [])
+    info = {
+        "network": "namespace" if "net" in names else "socket_guard",
+        "namespaces": names,
+        "processes": "pid_namespace" if "pid" in names else "subreaper",
+        "files": "private_tmpfs" if report.get("private_fs") else "uid_sweep" if uid is not None else "workdir_only",
+        "uid": uid if uid is not None else os.getuid(),
+    }
+    return RunResult(status, returncode, stdout, stderr, wall, value, info)
 
 
-def _kill_group(pgid: int) -> None:
+def _wait(proc: subprocess.Popen, timeout_s: float) -> bool:
+    """Wait for the supervisor; at the limit ask it to kill the tree, SIGKILL it after a grace
+    period. True if the time limit was hit."""
     try:
-        os.killpg(pgid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
+        proc.wait(timeout=timeout_s)
+        return False
+    except subprocess.TimeoutExpired:
         pass
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=_GRACE_S)
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        proc.wait()
+    return True
+
+
+def _read_report(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text(encoding="utf-8") or "{}")
+    except (OSError, json.JSONDecodeError):
+        return {}
 
 
 def _read_capped(path: Path, limit: int) -> str:

@@ -1,7 +1,8 @@
 """The sandbox against hostile programs (correct, wrong, infinite loop, memory bomb, network
 attempt, crash, huge output, environment leaks, filesystem writes) and the code reward built on it.
 Each check compares with what the program would do unconfined (e.g. a local TCP server that must
-receive no connection)."""
+receive no connection); the limits are checked in the namespace mode and in the fallback
+(``namespaces="off"``). Escapes (daemons, leftovers, concurrent runs, files): test_sandbox_escapes.py."""
 
 from __future__ import annotations
 
@@ -9,13 +10,16 @@ import json
 import os
 import socket
 import threading
+from pathlib import Path
 
 import pytest
 
 from runners.data.code_tests import code_reward, extract_code, parse_test_cases, stdout_matches, value_matches
-from runners.data.sandbox import SandboxConfig, _namespace_prefix, isolation, run_python
+from runners.data.sandbox import SandboxConfig, isolation, run_python
 
 FAST = SandboxConfig(timeout_s=2.0, memory_mb=256)
+MODES = ["auto", "off"]  # namespaces when the kernel allows them; the fallback, forced
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_correct_and_wrong_programs():
@@ -39,39 +43,60 @@ def test_function_call_mode_top_level_and_solution_method():
     assert missing.status == "error" and "NameError" in missing.stderr
 
 
-def test_infinite_loop_is_killed_at_the_time_limit():
-    res = run_python("while True:\n    pass", config=SandboxConfig(timeout_s=1.0))
+@pytest.mark.parametrize("namespaces", MODES)
+def test_ordinary_programs_work(namespaces):
+    """What an honest solution may do: temp files, a multiprocessing pool of its own functions
+    (semaphores in /dev/shm, pickling from __main__), a child interpreter, /dev/null."""
+    code = (
+        "import multiprocessing, subprocess, sys, tempfile\n"
+        "def square(x):\n    return x * x\n"
+        "with tempfile.NamedTemporaryFile('w+') as f:\n    f.write('3'); f.flush(); f.seek(0); n = int(f.read())\n"
+        "with multiprocessing.Pool(2) as pool:\n    print(pool.map(square, range(n)))\n"
+        "print(subprocess.run([sys.executable, '-c', 'print(7)'], capture_output=True, text=True).stdout, end='')\n"
+        "open('/dev/null', 'w').write('x')\n"
+    )
+    res = run_python(code, config=SandboxConfig(timeout_s=10.0, namespaces=namespaces))
+    assert (res.status, res.stdout) == ("ok", "[0, 1, 4]\n7\n"), res.stderr
+
+
+@pytest.mark.parametrize("namespaces", MODES)
+def test_infinite_loop_is_killed_at_the_time_limit(namespaces):
+    res = run_python("while True:\n    pass", config=SandboxConfig(timeout_s=1.0, namespaces=namespaces))
     assert res.status == "timeout"
 
 
-def test_sleeping_child_processes_are_killed_with_the_group():
+def test_sleeping_child_processes_are_killed_with_the_program():
     code = "import subprocess, sys\nsubprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\nwhile True: pass"
     res = run_python(code, config=SandboxConfig(timeout_s=1.0))
     assert res.status == "timeout"
 
 
+@pytest.mark.parametrize("namespaces", MODES)
 @pytest.mark.parametrize(
     "code", ["x = bytearray(4 * 1024**3)", "xs = []\nwhile True:\n    xs.append(bytearray(10**7))"]
 )
-def test_memory_bomb_hits_the_memory_limit(code):
-    res = run_python(code, config=FAST)
+def test_memory_bomb_hits_the_memory_limit(code, namespaces):
+    res = run_python(code, config=SandboxConfig(timeout_s=5.0, memory_mb=256, namespaces=namespaces))
     assert res.status == "memory"
 
 
-def test_huge_output_is_capped():
-    res = run_python(
-        "while True:\n    print('x' * 1000)", config=SandboxConfig(timeout_s=5.0, max_output_bytes=1 << 20)
-    )
+@pytest.mark.parametrize("namespaces", MODES)
+def test_huge_output_is_capped(namespaces):
+    config = SandboxConfig(timeout_s=5.0, max_output_bytes=1 << 20, namespaces=namespaces)
+    res = run_python("while True:\n    print('x' * 1000)", config=config)
     assert res.status == "output_limit"
     assert len(res.stdout) <= 1 << 20
 
 
-def test_crash_and_exit_codes():
-    res = run_python("1 / 0", config=FAST)
+@pytest.mark.parametrize("namespaces", MODES)
+def test_crash_and_exit_codes(namespaces):
+    config = SandboxConfig(timeout_s=5.0, namespaces=namespaces)
+    res = run_python("1 / 0", config=config)
     assert res.status == "error" and "ZeroDivisionError" in res.stderr
-    res = run_python("import os\nos.abort()", config=FAST)
-    assert res.status == "error" and res.returncode < 0
-    res = run_python("raise SystemExit(3)", config=FAST)
+    assert 'main.py", line 1' in res.stderr  # tracebacks name the program's file
+    res = run_python("import os\nos.abort()", config=config)
+    assert res.status == "error" and res.returncode == -6  # SIGABRT, as the program saw it
+    res = run_python("raise SystemExit(3)", config=config)
     assert (res.status, res.returncode) == ("error", 3)
 
 
@@ -116,14 +141,15 @@ def test_unconfined_program_would_reach_the_server(tcp_server):
     assert hits
 
 
-def test_network_attempt_fails(tcp_server):
+@pytest.mark.parametrize("namespaces", MODES)
+def test_network_attempt_fails(tcp_server, namespaces):
     port, hits = tcp_server
-    res = run_python(_connect_program(port), config=FAST)
+    res = run_python(_connect_program(port), config=SandboxConfig(timeout_s=5.0, namespaces=namespaces))
     assert res.status == "error" and "connected" not in res.stdout
     assert not hits
 
 
-@pytest.mark.skipif(_namespace_prefix() is None, reason="no network namespace (unshare -n / -rn) on this machine")
+@pytest.mark.skipif(isolation()["network"] != "namespace", reason="no network namespace on this machine")
 def test_network_namespace_alone_blocks_the_connection(tcp_server):
     """With the socket guard off, only the empty network namespace stands between program and server."""
     port, hits = tcp_server
@@ -133,28 +159,41 @@ def test_network_namespace_alone_blocks_the_connection(tcp_server):
     assert not hits
 
 
-def test_clean_environment_and_private_working_directory(monkeypatch, tmp_path):
+@pytest.mark.parametrize("namespaces", MODES)
+def test_clean_environment_and_private_working_directory(monkeypatch, namespaces):
     monkeypatch.setenv("TRUSTBENCH_TEST_SECRET", "s3cr3t")
     code = "import os, json\nopen('scratch.txt', 'w').write('x')\nprint(json.dumps([dict(os.environ), os.getcwd()]))"
-    res = run_python(code, config=FAST)
+    res = run_python(code, config=SandboxConfig(namespaces=namespaces))
     env, cwd = json.loads(res.stdout)
     assert "TRUSTBENCH_TEST_SECRET" not in env and "s3cr3t" not in json.dumps(env)
-    assert cwd != os.getcwd() and not os.path.exists(cwd)  # the temp dir is gone
+    assert cwd != os.getcwd() and not os.path.exists(os.path.join(cwd, "scratch.txt"))  # gone with the run
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="privilege drop applies when the trainer runs as root")
-def test_root_parent_runs_programs_as_nobody(tmp_path):
-    target = tmp_path / "owned.txt"
-    res = run_python(f"import os\nprint(os.getuid())\nopen({str(target)!r}, 'w').write('x')", config=FAST)
-    assert res.stdout.strip() == "65534"
-    assert res.status == "error" and "PermissionError" in res.stderr
+@pytest.mark.parametrize("namespaces", MODES)
+def test_root_parent_runs_programs_unprivileged(namespaces):
+    """Not root, and unable to write a root-owned directory the trainer can (namespaces: every
+    mount but the private tmpfs is read-only as well)."""
+    target = REPO_ROOT / "tests" / "data" / f"sandbox-owned-{os.getpid()}.txt"
+    code = f"import os\nprint(os.getuid())\nopen({str(target)!r}, 'w').write('x')"
+    res = run_python(code, config=SandboxConfig(timeout_s=5.0, namespaces=namespaces))
+    assert int(res.stdout) != 0
+    assert res.status == "error" and ("PermissionError" in res.stderr or "Read-only file system" in res.stderr)
     assert not target.exists()
 
 
 def test_isolation_report_names_the_mechanism():
     report = isolation()
     assert report["network"] in ("namespace", "socket_guard")
-    assert report["timeout_s"] == 10.0  # troll.txt appendix C.2 default
+    assert report["processes"] in ("pid_namespace", "subreaper")
+    assert report["timeout_s"] == 10.0  # TROLL (arXiv 2510.03817) appendix C.2 default
+    fallback = isolation(SandboxConfig(namespaces="off"))
+    assert (fallback["network"], fallback["namespaces"], fallback["processes"]) == ("socket_guard", [], "subreaper")
+
+
+def test_unknown_namespaces_setting_is_named():
+    with pytest.raises(ValueError, match="namespaces must be one of"):
+        run_python("print(1)", config=SandboxConfig(namespaces="maybe"))
 
 
 # -- code reward ---------------------------------------------------------------------------------
