@@ -109,7 +109,9 @@ def test_sbatch_runs_the_cell_through_ray_on_the_allocated_nodes(slurm_cluster, 
         )
         status = json.loads((paths.run_dir(run_key(cfg)) / "status.json").read_text())
         assert status["status"] == "FINISHED"
-        history = MlflowClient(tracking_uri=cfg.tracking.uri).get_metric_history(status["run_id"], metric_names.SCORE_MEAN)
+        history = MlflowClient(tracking_uri=cfg.tracking.uri).get_metric_history(
+            status["run_id"], metric_names.SCORE_MEAN
+        )
         assert sorted(m.step for m in history) == [1, 2]
         deadline = time.monotonic() + 15  # the job ends when its steps do; give stragglers a moment
         while processes_mentioning(temp_dir) and time.monotonic() < deadline:

@@ -19,11 +19,8 @@ Run: ``pytest tests/verl/test_translate.py`` (about 45 s of CPU on 2 cores; 10 s
 from __future__ import annotations
 
 import contextlib
-import copy
-import functools
 import io
 import math
-import os
 import warnings
 from pathlib import Path
 
@@ -32,9 +29,10 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from omegaconf import OmegaConf
 
-from runners.config import compose
 from runners.config.validate import ConfigError
 from runners.resources import cell_resources, verl_gpus
+
+from ._verl_config import SMOLLM2_DIR, _compose, _hydra_compose_verl, _paths, _translate, make_verl_config, verl_accepts
 
 pytestmark = pytest.mark.verl
 
@@ -44,7 +42,6 @@ METHODS = sorted(p.stem for p in (CONF / "method").glob("*.yaml"))
 MODELS = sorted(p.stem for p in (CONF / "model").glob("*.yaml"))
 NON_HF_MODELS = {m for m in MODELS if OmegaConf.load(CONF / "model" / f"{m}.yaml").kind in ("embedded", "tiny")}
 HF_MODELS = [m for m in MODELS if m not in NON_HF_MODELS]
-SMOLLM2_DIR = "/models/smollm2-converted"
 # settings verl 0.9.1 cannot express -> (the key the error names, the one change that makes the cell expressible)
 INEXPRESSIBLE = {
     "tppo": ("rollout.mode", None),
@@ -63,77 +60,13 @@ VERL_ESTIMATOR = {
 BUILTIN_LOSS = {"clip": "vanilla", "token_is": "vanilla", "gspo": "gspo", "gpg": "gpg"}
 
 
-@functools.cache
-def _compose(overrides: tuple[str, ...]):
-    cfg, _ = compose(["backend=verl", *overrides])
-    return cfg
-
-
-def _paths(tmp: str = "/runs/cell/verl"):
-    from runners.backends.verl.translate import VerlPaths
-
-    return VerlPaths.under(tmp)
-
-
-def _translate(cfg, **kw):
-    from runners.backends.verl.translate import build_overrides
-
-    model_path = SMOLLM2_DIR if cfg.model.kind == "smollm2" else None
-    return build_overrides(cfg, _paths(), model_path=model_path, **kw)
-
-
-def _hydra_compose_verl(config_dir: str, overrides: list[str]):
-    """Hydra's compose of verl's ppo_trainer (runners.config keeps its own Hydra initialised: reset it)."""
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=config_dir, version_base=None):
-        return hydra_compose("ppo_trainer", overrides=overrides)
-
-
 @pytest.fixture(scope="module")
 def verl_config():
     """``make(overrides) -> verl DictConfig``: verl's ppo_trainer.yaml with the overrides applied."""
-    import verl
-    from hydra._internal.config_loader_impl import ConfigLoaderImpl
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    import runners.backends.verl.plugins  # noqa: F401  (registers the trustbench_* names in verl)
-
-    config_dir = os.path.join(os.path.dirname(verl.__file__), "trainer", "config")
-    base = _hydra_compose_verl(config_dir, [])
-    parser = OverridesParser.create()
-
-    def make(overrides):
-        cfg = copy.deepcopy(base)
-        OmegaConf.set_struct(cfg, True)
-        ConfigLoaderImpl._apply_overrides_to_config(parser.parse_overrides(list(overrides)), cfg)
-        return cfg
-
-    make.config_dir = config_dir
+    make = make_verl_config()
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("HF_HUB_OFFLINE", "1")
         yield make
-
-
-def verl_accepts(vc):
-    """What ``main_ppo`` does with a config before training: validate, build the dataclasses, look up names."""
-    from verl.trainer.ppo.core_algos import get_adv_estimator_fn, get_policy_loss_fn
-    from verl.trainer.ppo.utils import need_reference_policy
-    from verl.utils.config import omega_conf_to_dataclass, validate_config
-
-    with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        # the critic needs its model's files (no download here): test_critic_config builds it from a local model
-        validate_config(vc, use_reference_policy=need_reference_policy(vc), use_critic=False)
-    algo = omega_conf_to_dataclass(vc.algorithm)
-    actor = omega_conf_to_dataclass(vc.actor_rollout_ref.actor)
-    get_policy_loss_fn(actor.policy_loss.loss_mode)
-    if algo.adv_estimator not in ("gae", "grpo"):  # dispatched by name in verl's compute_advantage
-        get_adv_estimator_fn(algo.adv_estimator)
-    return algo, actor
 
 
 def assert_same_cell(cfg, vc, algo, actor):

@@ -1,0 +1,123 @@
+"""Layering: which packages may import which, checked on every import statement of the source tree.
+
+Rules (DESIGN.md's layout; every ``import`` and ``from ... import`` counts, also those inside functions):
+
+- ``analysis`` and ``reports`` never import torch, ``runners.backends`` or ``runners.models`` (reports are
+  built on machines without torch; they read MLflow, not trainers);
+- the two backends never import each other (``runners.backends.local`` / ``runners.backends.verl``);
+  what they share lives in ``runners.backends.base`` and ``runners.algorithms``;
+- ``runners.algorithms`` (the backend-independent library) never imports a backend, the models or the
+  run orchestration (``runners.run``, ``runners.sweep``, ``runners.tracking``, ``runners.launch``);
+- ``runners.models`` never imports a backend.
+
+The checker is also run on a small tree with one deliberately wrong import, which it must report.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("runners", "analysis", "reports")
+
+# (importer prefix, forbidden prefixes, why)
+RULES = [
+    ("analysis", ("torch", "runners.backends", "runners.models"), "analysis is torch-free and backend-free"),
+    ("reports", ("torch", "runners.backends", "runners.models"), "reports are torch-free and backend-free"),
+    ("runners.backends.local", ("runners.backends.verl",), "the backends never import each other"),
+    ("runners.backends.verl", ("runners.backends.local",), "the backends never import each other"),
+    (
+        "runners.algorithms",
+        ("runners.backends", "runners.models", "runners.run", "runners.sweep", "runners.tracking", "runners.launch"),
+        "the algorithm library is backend-independent",
+    ),
+    ("runners.models", ("runners.backends",), "models do not depend on a backend"),
+]
+
+
+def module_name(path: Path, root: Path) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def imported_modules(path: Path, module: str) -> list[tuple[int, str]]:
+    """(line, absolute module name) of every import in the file, relative imports resolved."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out.extend((node.lineno, alias.name) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                name = ".".join([*base, node.module] if node.module else base)
+            else:
+                name = node.module or ""
+            out.append((node.lineno, name))
+            out.extend((node.lineno, f"{name}.{alias.name}") for alias in node.names)
+    return out
+
+
+def _within(name: str, prefix: str) -> bool:
+    return name == prefix or name.startswith(prefix + ".")
+
+
+def violations(root: Path, packages=PACKAGES, rules=RULES) -> list[str]:
+    found = []
+    for package in packages:
+        for path in sorted((root / package).rglob("*.py")):
+            module = module_name(path, root)
+            for importer, forbidden, why in rules:
+                if not _within(module, importer):
+                    continue
+                for line, name in imported_modules(path, module):
+                    bad = next((f for f in forbidden if _within(name, f)), None)
+                    if bad is not None:
+                        found.append(f"{path.relative_to(root)}:{line}: {module} imports {name} ({why})")
+    return sorted(set(found))
+
+
+def test_the_source_tree_keeps_its_layers():
+    assert violations(ROOT) == []
+
+
+@pytest.mark.parametrize(
+    ("where", "source", "expected"),
+    [
+        ("analysis/figures/bad.py", "def f():\n    import torch\n", "analysis.figures.bad imports torch"),
+        (
+            "runners/backends/verl/bad.py",
+            "from runners.backends.local.trainer import LocalTrainer\n",
+            "runners.backends.verl.bad imports runners.backends.local.trainer",
+        ),
+        (
+            "runners/backends/local/bad.py",
+            "from ..verl import plugins\n",
+            "runners.backends.local.bad imports runners.backends.verl",
+        ),
+        ("runners/algorithms/bad.py", "from runners.models import sampler\n", "imports runners.models"),
+        ("reports/bad.py", "from runners.backends import base\n", "reports.bad imports runners.backends"),
+    ],
+)
+def test_a_wrong_import_is_reported(tmp_path, where, source, expected):
+    """The checker fails on a deliberately wrong import (and names file, line and rule)."""
+    for package in PACKAGES:
+        (tmp_path / package).mkdir()
+        (tmp_path / package / "__init__.py").write_text("")
+    target = tmp_path / where
+    target.parent.mkdir(parents=True, exist_ok=True)
+    for parent in target.relative_to(tmp_path).parents:
+        if str(parent) != ".":
+            (tmp_path / parent / "__init__.py").touch()
+    target.write_text(source)
+    found = violations(tmp_path)
+    assert len(found) >= 1 and any(expected in v for v in found), found
+    assert all(v.startswith(where) for v in found), found
+    target.write_text("import json\n")  # the same file with a harmless import passes
+    assert violations(tmp_path) == []
