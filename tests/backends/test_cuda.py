@@ -71,5 +71,10 @@ def test_trainer_runs_on_cuda(tb_home):
     assert any(not torch.equal(before[k], after[k]) for k in before)
     for metrics in tracker.history.values():
         assert all(math.isfinite(v) for v in metrics.values())
-        for key in (metric_names.TIMING_GEN, metric_names.TIMING_OLD_LOG_PROB, metric_names.TIMING_UPDATE_ACTOR, metric_names.PG_LOSS):
+        for key in (
+            metric_names.TIMING_GEN,
+            metric_names.TIMING_OLD_LOG_PROB,
+            metric_names.TIMING_UPDATE_ACTOR,
+            metric_names.PG_LOSS,
+        ):
             assert key in metrics
