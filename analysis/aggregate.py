@@ -1,13 +1,13 @@
 """Aggregations shared by the tables and figures: final/best values, smoothing, seeds, CIs, entropy change.
 
 Conventions (each chosen to match how the papers report numbers):
-- *final value* of a run: mean of its last ``last_n`` logged points of a metric (troll.txt Table 1
+- *final value* of a run: mean of its last ``last_n`` logged points of a metric (TROLL, arXiv 2510.03817, Table 1
   reports final success; evaluations every 10 steps, so ``last_n`` evaluations = last 10*n steps).
 - *smoothing*: centred moving average over ``window`` logged points, shrinking at the ends
-  (troll.txt section 4: windows 7 for training and 21 for evaluation curves, raw curves faint behind).
-- *across seeds*: mean, sample standard deviation (ddof=1; entropy.txt "mean +- std" over three
+  (TROLL, arXiv 2510.03817, section 4: windows 7 for training and 21 for evaluation curves, raw curves faint behind).
+- *across seeds*: mean, sample standard deviation (ddof=1; Entropy-preserving RL (arXiv 2603.11682) "mean +- std" over three
   seeds) and a percentile bootstrap CI of the mean.
-- *best checkpoint* (entropy.txt appendix C.3): the step whose mean score over the selection
+- *best checkpoint* (Entropy-preserving RL, arXiv 2603.11682, appendix C.3): the step whose mean score over the selection
   metrics is highest (AppWorld: the validation split; AIME: the mean of AIME'24 and '25).
 - *entropy change* at a step: absolute ``H(step) - H(first step)`` and relative ``/ H(first step)``.
 """

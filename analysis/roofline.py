@@ -1,8 +1,8 @@
 """Roofline model of the rollout (decode) phase: hardware ceilings and analytical arithmetic intensity.
 
 Design: the hardware numbers live in ``analysis/data/hardware.csv`` (not in code); the decode
-arithmetic intensity of a dense bf16 model follows shared spec ALGORITHMS.md section 9
-(tppo.txt Figure 5: T-PPO 249 FLOP/byte vs PPO 84 on an H800):
+arithmetic intensity of a dense bf16 model follows T-PPO (arXiv 2506.15050) figure 5
+(T-PPO, arXiv 2506.15050, Figure 5: T-PPO 249 FLOP/byte vs PPO 84 on an H800):
 
     AI(B, c) = B (2P + 4 L n_q d c) / (2P + B c 4 L n_kv d)     [FLOP / byte]
 

@@ -89,7 +89,7 @@ def run_report(args: argparse.Namespace) -> int:
 def add_bounds_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
         "bounds",
-        help="print TRM error bounds for a sequence length and divergence (trm.txt section 4)",
+        help="print TRM error bounds for a sequence length and divergence (TRM, arXiv 2512.23075, section 4)",
         description="Print the classical, linear, Pinsker-Marginal, Mixed (with --d-seq) and unified bounds on "
         "|J(theta) - J(roll) - L(theta)| for sequence length T and max token KL delta; --out also plots them vs T.",
     )

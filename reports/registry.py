@@ -125,7 +125,7 @@ register_report(
     ReportSpec(
         "troll_table1",
         "TROLL vs Clip across advantage estimators",
-        "Reproduces troll.txt Table 1 (final train/eval success per estimator, Clip vs TROLL), its training curves "
+        "Reproduces TROLL (arXiv 2510.03817) Table 1 (final train/eval success per estimator, Clip vs TROLL), its training curves "
         "(Figures 8-9), the token statistics of Figure 18 and the overhead of Table 5.",
         (
             OVERVIEW,
@@ -144,7 +144,7 @@ register_report(
     ReportSpec(
         "troll_table4",
         "TROLL vs Clip on the individual MATH benchmarks",
-        "Reproduces troll.txt Table 4 (AIME24, AIME25, AMC, MATH500, Omni-Math, OlympiadBench, Minerva).",
+        "Reproduces TROLL (arXiv 2510.03817) Table 4 (AIME24, AIME25, AMC, MATH500, Omni-Math, OlympiadBench, Minerva).",
         (OVERVIEW, _t("troll:troll_table4"), SUCCESS, CONFIG_DIFF),
     )
 )
@@ -152,7 +152,7 @@ register_report(
     ReportSpec(
         "troll_table5",
         "Memory and runtime overhead of TROLL",
-        "Reproduces troll.txt Table 5 (peak memory and time per iteration of Clip, TROLL and chunked TROLL).",
+        "Reproduces TROLL (arXiv 2510.03817) Table 5 (peak memory and time per iteration of Clip, TROLL and chunked TROLL).",
         (OVERVIEW, _t("troll:troll_table5"), TIMING, CONFIG_DIFF),
     )
 )
@@ -160,7 +160,7 @@ register_report(
     ReportSpec(
         "entropy_tables",
         "Entropy-preserving policy updates",
-        "Reproduces entropy.txt Tables 1-4 (score at the best checkpoint, best score, entropy change) and the entropy "
+        "Reproduces Entropy-preserving RL (arXiv 2603.11682) Tables 1-4 (score at the best checkpoint, best score, entropy change) and the entropy "
         "dynamics of Figures 1 and 6.",
         (OVERVIEW, _t("entropy:entropy_table"), ENTROPY, SUCCESS, LENGTH, CONFIG_DIFF),
     )
@@ -169,7 +169,7 @@ register_report(
     ReportSpec(
         "tppo_table1",
         "Truncated PPO: accuracy and efficiency",
-        "Reproduces tppo.txt Table 1 (AIME24 avg@N), the per-phase time breakdown of Figure 4, the Roofline of Figure 5 "
+        "Reproduces T-PPO (arXiv 2506.15050) Table 1 (AIME24 avg@N), the per-phase time breakdown of Figure 4, the Roofline of Figure 5 "
         "and the response-length dynamics of Figure 6.",
         (OVERVIEW, _t("tppo:tppo_table1"), TIMING, _f("roofline:roofline_figure"), LENGTH, SUCCESS, CONFIG_DIFF),
     )
@@ -178,7 +178,7 @@ register_report(
     ReportSpec(
         "trm_acceptance",
         "Trust Region Masking: acceptance, PPL gap and error bounds",
-        "Reproduces trm.txt Table D.1 (acceptance vs length), the bound comparison of Table 1 / section 6.3, the monitoring "
+        "Reproduces TRM (arXiv 2512.23075) Table D.1 (acceptance vs length), the bound comparison of Table 1 / section 6.3, the monitoring "
         "curves of Figures 1-3, and evaluates the bounds at the runs' measured divergence.",
         (
             OVERVIEW,

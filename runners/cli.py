@@ -6,7 +6,7 @@
         --rerun-failed / --force                  also rerun failed cells / rerun every cell from scratch
         --no-wait                                 return once the jobs are queued (submitit launchers)
     trustbench report EXPERIMENT                  tables and figures of an experiment as HTML and PDF
-    trustbench bounds --T 4096 --delta 1e-4       TRM error bounds (trm.txt) printed and plotted
+    trustbench bounds --T 4096 --delta 1e-4       TRM error bounds (arXiv 2512.23075) printed and plotted
     trustbench ui                                 MLflow UI on 127.0.0.1
     trustbench list [GROUP]                       config groups and their options, and the sweeps
 

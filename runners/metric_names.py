@@ -76,7 +76,7 @@ ENTROPY_COV = "entropy/cov"  # Corollary-1 covariance diagnostic
 
 
 def trm_accept_rate_bucket(lo: int, hi: int) -> str:
-    """Acceptance rate of responses with lo <= length < hi (trm.txt table D.1)."""
+    """Acceptance rate of responses with lo <= length < hi (TRM, arXiv 2512.23075, table D.1)."""
     return f"trm/accept_rate/len_{lo}_{hi}"
 
 

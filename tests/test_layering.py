@@ -1,6 +1,6 @@
 """Layering: which packages may import which, checked on every import statement of the source tree.
 
-Rules (DESIGN.md's layout; every ``import`` and ``from ... import`` counts, also those inside functions):
+Rules (the project layout; every ``import`` and ``from ... import`` counts, also those inside functions):
 
 - ``analysis`` and ``reports`` never import torch, ``runners.backends`` or ``runners.models`` (reports are
   built on machines without torch; they read MLflow, not trainers);

@@ -1,4 +1,4 @@
-"""Registries: duplicate detection, helpful errors, lazy targets (STYLE.md section 3)."""
+"""Registries: duplicate detection, helpful errors, lazy targets (one registry per extension point)."""
 
 from __future__ import annotations
 

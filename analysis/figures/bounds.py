@@ -1,6 +1,6 @@
 """TRM error bounds vs sequence length (log-log), for several delta, and at a run's measured divergence.
 
-The curves come from ``runners.algorithms.bounds.error_bounds`` (trm.txt section 4); this module
+The curves come from ``runners.algorithms.bounds.error_bounds`` (TRM, arXiv 2512.23075, section 4); this module
 only plots. ``plot_bounds`` is shared by the report and ``trustbench bounds --out``.
 """
 
@@ -86,8 +86,8 @@ def bounds_figure(data: ExperimentData | None = None, deltas: tuple[float, ...] 
         fig,
         "trm_bounds",
         "TRM error bounds vs sequence length",
-        "Bounds of trm.txt section 4 (rewards in [0,1], dotted line = 1) vs T for several max token KL δ; Mixed with D_seq = 0.01. "
+        "Bounds of TRM (arXiv 2512.23075) section 4 (rewards in [0,1], dotted line = 1) vs T for several max token KL δ; Mixed with D_seq = 0.01. "
         "Bottom panel: each TRM run's Pinsker-Marginal bound at its measured δ (max over steps of trm/max_kl) and its Adaptive bound "
         "from the measured per-position TV (trm/tv/pos_<lo>_<hi>)." + note,
-        reproduces="trm.txt section 4 (bound comparison), Table 1",
+        reproduces="TRM (arXiv 2512.23075) section 4 (bound comparison), Table 1",
     )

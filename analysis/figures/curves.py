@@ -2,7 +2,7 @@
 fraction, and small multiples of every metric for experiments without a dedicated report.
 
 Each panel shows, per method, the mean over seeds of the raw curve (faint) and of the per-seed
-smoothed curves (full opacity) with a bootstrap 95% band over seeds, as in troll.txt section 4
+smoothed curves (full opacity) with a bootstrap 95% band over seeds, as in TROLL (arXiv 2510.03817) section 4
 (windows 7 for training and 21 for evaluation curves; capped at half the series length).
 """
 
@@ -107,7 +107,7 @@ def success_figure(data: ExperimentData) -> Figure:
         "Success rate per method on training data (critic/score/mean) and each evaluation set (pass@1, val-core/<data>/acc/mean_at_N); "
         "mean over seeds, raw values faint, smoothed values solid with a bootstrap 95% band over seeds. "
         "Dashed: Clip, solid: TROLL (when both are present).",
-        reproduces="troll.txt Figures 3, 8, 9",
+        reproduces="TROLL (arXiv 2510.03817) Figures 3, 8, 9",
     )
 
 
@@ -119,7 +119,7 @@ def entropy_figure(data: ExperimentData) -> Figure:
         "entropy_curves",
         "Policy entropy",
         "Mean token entropy of the current policy on the training batch, mean over seeds (raw faint, smoothed solid, bootstrap 95% band).",
-        reproduces="entropy.txt Figures 1, 6; troll.txt Figure 17",
+        reproduces="Entropy-preserving RL (arXiv 2603.11682) Figures 1, 6; TROLL (arXiv 2510.03817) Figure 17",
         ncols=1,
     )
 
@@ -132,7 +132,7 @@ def response_length_figure(data: ExperimentData) -> Figure:
         "response_length",
         "Response length",
         "Mean generated response length per training batch, mean over seeds.",
-        reproduces="troll.txt Figure 18 (bottom); tppo.txt Figure 6",
+        reproduces="TROLL (arXiv 2510.03817) Figure 18 (bottom); T-PPO (arXiv 2506.15050) Figure 6",
         ncols=1,
     )
 
@@ -157,7 +157,7 @@ def clip_projection_figure(data: ExperimentData) -> Figure:
         "clip_vs_projection",
         "Clipped vs projected token fraction",
         "Percentage of response tokens whose ratio was clipped (Clip objective) or whose distribution was projected onto the trust region (TROLL).",
-        reproduces="troll.txt Figure 18 (bottom row)",
+        reproduces="TROLL (arXiv 2510.03817) Figure 18 (bottom row)",
         scale=100.0,
         ncols=2,
     )

@@ -1,9 +1,9 @@
-"""Roofline of the rollout phase (tppo.txt Figure 5) and the analytical decode arithmetic intensity.
+"""Roofline of the rollout phase (T-PPO, arXiv 2506.15050, Figure 5) and the analytical decode arithmetic intensity.
 
 Left: ceilings ``min(peak, AI x bandwidth)`` of every accelerator in ``analysis/data/hardware.csv``,
 the paper's two points (T-PPO 249, PPO 84 FLOP/byte on an H800) and our runs' measured points
 (``perf/rollout_arithmetic_intensity``, ``perf/rollout_tflops``; median over steps) when logged.
-Right: analytical AI (ALGORITHMS.md section 9) vs batch for several contexts of one model config.
+Right: analytical AI (T-PPO, arXiv 2506.15050, figure 5) vs batch for several contexts of one model config.
 """
 
 from __future__ import annotations
@@ -90,10 +90,10 @@ def roofline_figure(
         fig,
         "roofline",
         "Roofline of the rollout phase",
-        "Left: roofline ceilings (grey; H100 and H800 coincide) of the accelerators in analysis/data/hardware.csv, with the arithmetic intensity tppo.txt reports for "
+        "Left: roofline ceilings (grey; H100 and H800 coincide) of the accelerators in analysis/data/hardware.csv, with the arithmetic intensity T-PPO (arXiv 2506.15050) reports for "
         "policy rollout on an H800 (stars: T-PPO 249, PPO 84 FLOP/byte)."
         + measured
         + " Right: decode arithmetic intensity "
-        "AI = B(2P + 4 L n_q d c) / (2P + B c 4 L n_kv d) (ALGORITHMS.md section 9); without context AI = B.",
-        reproduces="tppo.txt Figure 5",
+        "AI = B(2P + 4 L n_q d c) / (2P + B c 4 L n_kv d) (T-PPO, arXiv 2506.15050, fig. 5); without context AI = B.",
+        reproduces="T-PPO (arXiv 2506.15050) Figure 5",
     )

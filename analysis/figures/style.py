@@ -5,7 +5,7 @@ figure it reproduces); reports embed it as an ``<img>`` data URI, so the HTML st
 and figures cannot clash (SVG ids, CSS). SVG is preferred (sharp in the PDF); a figure whose SVG
 would exceed ``MAX_SVG_BYTES`` (thousands of points) is encoded as a 150 dpi PNG instead.
 
-Colours follow the troll.txt convention: one colour per estimator/algorithm, TROLL runs drawn
+Colours follow the TROLL (arXiv 2510.03817) convention: one colour per estimator/algorithm, TROLL runs drawn
 solid and Clip runs dashed, so "GRPO" and "GRPO+TROLL" share a colour.
 """
 
@@ -80,7 +80,7 @@ def render(fig, key: str, title: str, caption: str, reproduces: str = "") -> Fig
 def method_styles(labels: pd.DataFrame) -> dict[str, dict]:
     """{method label: matplotlib kwargs}, one distinct style per method.
 
-    troll.txt's convention where it applies: a Clip method and its TROLL counterpart (same tags
+    the TROLL paper's convention where it applies: a Clip method and its TROLL counterpart (same tags
     except the objective) share a colour, TROLL solid and Clip dashed. Every other method gets its
     own colour, solid.
     """

@@ -1,4 +1,4 @@
-"""Per-phase wall-clock time per training step, per method (tppo.txt Figure 4).
+"""Per-phase wall-clock time per training step, per method (T-PPO, arXiv 2506.15050, Figure 4).
 
 Bars stack the mean over steps (first step excluded as warm-up) and seeds of each phase metric
 ``timing_s/gen | old_log_prob | update_actor | update_critic``; "other" is ``timing_s/step`` minus
@@ -61,5 +61,5 @@ def timing_figure(data: ExperimentData) -> Figure:
         "Time per training step by phase",
         "Mean seconds per step of each phase (generation, old log-prob recomputation, actor update, critic update; "
         "'other' = the rest of timing_s/step), first step excluded, averaged over seeds.",
-        reproduces="tppo.txt Figure 4",
+        reproduces="T-PPO (arXiv 2506.15050) Figure 4",
     )

@@ -1,6 +1,6 @@
 """TRM figures: acceptance rate and log PPL gap over training, acceptance by response length.
 
-Reproduce the monitoring the paper recommends (trm.txt sections 6-7, appendix D.1): the overall
+Reproduce the monitoring the paper recommends (TRM, arXiv 2512.23075, sections 6-7, appendix D.1): the overall
 acceptance rate, the log absolute PPL gap (Figures 1-3), and acceptance stratified by length
 compared with the i.i.d. model (1 - p)^T of Table D.1.
 """
@@ -37,7 +37,7 @@ def acceptance_figure(data: ExperimentData) -> Figure:
         "TRM acceptance rate and PPL gap",
         "Left: fraction of sequences kept by the mask (1 for unmasked methods when logged). Right: log absolute PPL gap, "
         "the mean over sequences of |mean log-prob under the training policy − under the rollout policy|; mean over seeds.",
-        reproduces="trm.txt Figures 1-3",
+        reproduces="TRM (arXiv 2512.23075) Figures 1-3",
         ncols=2,
     )
 
@@ -80,6 +80,6 @@ def acceptance_by_length_figure(data: ExperimentData) -> Figure:
         "TRM acceptance by response length",
         "Mean acceptance rate (over steps and seeds) of the responses in each length bucket, plotted at the bucket "
         "midpoint, against the i.i.d. "
-        "per-token violation model of trm.txt eq. 75 / Table D.1 for p = 1e-3 and 1e-4.",
-        reproduces="trm.txt Table D.1 (appendix D.1)",
+        "per-token violation model of TRM (arXiv 2512.23075) eq. 75 / Table D.1 for p = 1e-3 and 1e-4.",
+        reproduces="TRM (arXiv 2512.23075) Table D.1 (appendix D.1)",
     )

@@ -39,7 +39,7 @@ def fmt_mean_std(mean: float, std: float, digits: int = 2) -> str:
 
 
 def fmt_change(abs_change: float, rel_change: float, digits: int = 2) -> str:
-    """entropy.txt's "+0.13 (+91%)" format."""
+    """the Entropy-preserving RL paper's "+0.13 (+91%)" format."""
     if not np.isfinite(abs_change):
         return MISSING
     rel = f" ({rel_change * 100:+.0f}%)" if np.isfinite(rel_change) else ""

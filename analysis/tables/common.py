@@ -62,5 +62,5 @@ def is_troll(objective: object) -> bool:
 
 
 def objective_column(objective: object) -> str:
-    """troll.txt's column name for a run's objective tag."""
+    """the TROLL paper's column name for a run's objective tag."""
     return "TROLL" if is_troll(objective) else "Clip"

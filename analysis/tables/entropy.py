@@ -1,6 +1,6 @@
-"""entropy.txt Tables 1-4: score at the best checkpoint (mean ± std over seeds), best score, entropy change.
+"""Entropy-preserving RL (arXiv 2603.11682) Tables 1-4: score at the best checkpoint (mean ± std over seeds), best score, entropy change.
 
-Procedure of entropy.txt appendix C.3, per run:
+Procedure of Entropy-preserving RL (arXiv 2603.11682) appendix C.3, per run:
 - best checkpoint = the evaluation step with the highest selection score: the validation split
   (``dev``) when logged (AppWorld tables), else the mean of the two test sets (AIME tables);
 - each test set's score at that step -> mean ± std (ddof=1) over seeds;
@@ -129,14 +129,14 @@ def entropy_table(data: ExperimentData) -> Table:
         key=f"entropy_table{table_no}",
         title=f"Scores at the best checkpoint and entropy change ({bench})",
         caption=(
-            f"Reproduces entropy.txt Table {table_no}. Ours, per run: checkpoint with {selection_text}; "
+            f"Reproduces Entropy-preserving RL (arXiv 2603.11682) Table {table_no}. Ours, per run: checkpoint with {selection_text}; "
             "test scores there (mean ± std over seeds, ddof=1), best score over all seeds and evaluations, and "
             f"ΔH = {metric_names.ENTROPY} at that checkpoint minus at the first step (relative change in parentheses, mean over seeds). "
             "Paper: " + paper_source("entropy_tables")
         ),
         values=values,
         display=display,
-        reproduces=f"entropy.txt Table {table_no}",
+        reproduces=f"Entropy-preserving RL (arXiv 2603.11682) Table {table_no}",
         notes=notes,
         aux={"std": std, "relative": rel},
     )

@@ -1,4 +1,4 @@
-"""tppo.txt Table 1: AIME24 avg@N of each algorithm (percent), ours beside the paper, plus step time.
+"""T-PPO (arXiv 2506.15050) Table 1: AIME24 avg@N of each algorithm (percent), ours beside the paper, plus step time.
 
 Ours: the final AIME24 score of each run (mean of the last ``last_n_eval`` evaluations of the
 largest ``val-core/<aime24>/acc/mean_at_N`` logged, x100), mean ± std over seeds; the paper's
@@ -71,12 +71,12 @@ def tppo_table1(data: ExperimentData, last_n_eval: int = 3) -> Table:
         key="tppo_table1",
         title="Results of different algorithms on AIME24",
         caption=(
-            f"Reproduces tppo.txt Table 1. Ours: mean of the last {last_n_eval} evaluations of {metric} ×100, "
+            f"Reproduces T-PPO (arXiv 2506.15050) Table 1. Ours: mean of the last {last_n_eval} evaluations of {metric} ×100, "
             f"mean ± std over seeds; time per step = mean {metric_names.TIMING_STEP} after the first step. "
             "Paper: " + paper_source("tppo_table1")
         ),
         values=values,
         display=display,
-        reproduces="tppo.txt Table 1",
+        reproduces="T-PPO (arXiv 2506.15050) Table 1",
         notes=notes,
     )

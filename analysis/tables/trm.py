@@ -1,4 +1,4 @@
-"""TRM tables: acceptance vs length (trm.txt Table D.1), the error-bound check (trm.txt Table 1 /
+"""TRM tables: acceptance vs length (TRM, arXiv 2512.23075, Table D.1), the error-bound check (TRM, arXiv 2512.23075, Table 1 /
 section 6.3), measured acceptance per length bucket, and each run's bounds at its measured max-KL.
 
 The bound formulas are ``runners.algorithms.bounds`` (torch-free); nothing is recomputed here.
@@ -51,12 +51,12 @@ def trm_table_d1() -> Table:
     return Table(
         key="trm_table_d1",
         title="TRM-Max acceptance probability vs sequence length",
-        caption="Reproduces trm.txt Table D.1 (appendix D.1): acceptance (1 - p)^T with i.i.d. per-token violation "
+        caption="Reproduces TRM (arXiv 2512.23075) Table D.1 (appendix D.1): acceptance (1 - p)^T with i.i.d. per-token violation "
         "probability p; ours computed by runners.algorithms.bounds.trm_max_acceptance. Paper: "
         + paper_source("trm_table_d1"),
         values=values,
         display=display,
-        reproduces="trm.txt Table D.1",
+        reproduces="TRM (arXiv 2512.23075) Table D.1",
     )
 
 
@@ -88,11 +88,11 @@ def trm_bounds_table() -> Table:
     return Table(
         key="trm_bounds",
         title="Error bounds on |J(θ) − J(roll) − L(θ)| at T = 4096",
-        caption="Reproduces the bound comparison of trm.txt Table 1 / section 6.3; ours from runners.algorithms.bounds.error_bounds "
+        caption="Reproduces the bound comparison of TRM (arXiv 2512.23075) Table 1 / section 6.3; ours from runners.algorithms.bounds.error_bounds "
         "(capped forms). Paper: " + paper_source("trm_bounds"),
         values=values,
         display=display,
-        reproduces="trm.txt Table 1",
+        reproduces="TRM (arXiv 2512.23075) Table 1",
     )
 
 
@@ -146,12 +146,12 @@ def trm_acceptance_table(data: ExperimentData) -> Table:
     return Table(
         key="trm_acceptance",
         title="Measured TRM acceptance rate by response length",
-        caption="Companion of trm.txt Table D.1 on our runs: mean over steps and seeds of trm/accept_rate/len_<lo>_<hi>; "
+        caption="Companion of TRM (arXiv 2512.23075) Table D.1 on our runs: mean over steps and seeds of trm/accept_rate/len_<lo>_<hi>; "
         "'i.i.d. fit' is (1 - p)^T at the bucket midpoint with p fitted by least squares on log acceptance "
         "(the paper's i.i.d. violation model, eq. 75). The paper reports no measured buckets.",
         values=values,
         display=display,
-        reproduces="trm.txt Table D.1 (measured)",
+        reproduces="TRM (arXiv 2512.23075) Table D.1 (measured)",
     )
 
 
@@ -205,10 +205,10 @@ def trm_run_bounds_table(data: ExperimentData) -> Table:
     return Table(
         key="trm_run_bounds",
         title="Error bounds at each method's measured divergence",
-        caption="Bounds of trm.txt section 4 evaluated at our runs' measured quantities: δ = max over steps of trm/max_kl, "
+        caption="Bounds of TRM (arXiv 2512.23075) section 4 evaluated at our runs' measured quantities: δ = max over steps of trm/max_kl, "
         "T = end of the last trm/tv/pos bucket, D_seq = mean token KL × T, Adaptive with Dbar_t from the per-position TV buckets "
         "(means over steps and seeds).",
         values=values,
         display=display,
-        reproduces="trm.txt section 4 (bounds on our runs)",
+        reproduces="TRM (arXiv 2512.23075) section 4 (bounds on our runs)",
     )

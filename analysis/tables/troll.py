@@ -48,7 +48,7 @@ def _with_keys(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 def troll_table1(data: ExperimentData, last_n_train: int = 7, last_n_eval: int = 3) -> Table:
-    """troll.txt Table 1, transposed: rows (model, method); columns split x objective x {ours, paper}."""
+    """TROLL (arXiv 2510.03817) Table 1, transposed: rows (model, method); columns split x objective x {ours, paper}."""
     names = data.metric_names()
     labels = data.labels()
     dataset = labels[metric_names.TAG_DATASET].dropna().iloc[0] if labels[metric_names.TAG_DATASET].notna().any() else None
@@ -109,20 +109,20 @@ def troll_table1(data: ExperimentData, last_n_train: int = 7, last_n_eval: int =
         key="troll_table1",
         title="Final train and evaluation success rates, Clip vs TROLL",
         caption=(
-            "Reproduces troll.txt Table 1 (transposed: methods as rows). Ours: mean ± std over seeds of each run's "
+            "Reproduces TROLL (arXiv 2510.03817) Table 1 (transposed: methods as rows). Ours: mean ± std over seeds of each run's "
             f"final value (mean of the last {last_n_train} training steps / last {last_n_eval} evaluations). "
             "Paper: " + paper_source("troll_table1")
         ),
         values=values,
         display=display,
-        reproduces="troll.txt Table 1",
+        reproduces="TROLL (arXiv 2510.03817) Table 1",
         notes=notes,
         aux={"std": std},
     )
 
 
 def troll_table4(data: ExperimentData, last_n_eval: int = 3) -> Table:
-    """troll.txt Table 4: rows (model, method, objective); columns benchmark x {ours, paper}."""
+    """TROLL (arXiv 2510.03817) Table 4: rows (model, method, objective); columns benchmark x {ours, paper}."""
     names = data.metric_names()
     metrics = {label: find_eval(names, key) for key, label in TABLE4_BENCHMARKS}
     if all(m is None for m in metrics.values()):
@@ -172,12 +172,12 @@ def troll_table4(data: ExperimentData, last_n_eval: int = 3) -> Table:
         key="troll_table4",
         title="Success rates on the individual MATH test sets",
         caption=(
-            f"Reproduces troll.txt Table 4. Ours: mean ± std over seeds of the mean of the last {last_n_eval} evaluations "
+            f"Reproduces TROLL (arXiv 2510.03817) Table 4. Ours: mean ± std over seeds of the mean of the last {last_n_eval} evaluations "
             "(pass@1 estimate, val-core/<data>/acc/mean_at_N). Paper: " + paper_source("troll_table4")
         ),
         values=values,
         display=display,
-        reproduces="troll.txt Table 4",
+        reproduces="TROLL (arXiv 2510.03817) Table 4",
         notes=notes,
         aux={"std": std},
     )
@@ -196,7 +196,7 @@ def troll_variant(label: str, objective: object, params: dict[str, object]) -> s
 
 
 def troll_table5(data: ExperimentData) -> Table:
-    """troll.txt Table 5: peak memory and time per iteration per variant, with Delta vs Clip."""
+    """TROLL (arXiv 2510.03817) Table 5: peak memory and time per iteration per variant, with Delta vs Clip."""
     names = data.metric_names()
     mem_metric = next((m for m in (metric_names.MAX_MEMORY_ALLOCATED_GB, metric_names.CPU_MEMORY_USED_GB) if m in names), None)
     time_metric = metric_names.TIMING_STEP if metric_names.TIMING_STEP in names else None
@@ -265,13 +265,13 @@ def troll_table5(data: ExperimentData) -> Table:
         key="troll_table5",
         title="Memory and runtime overhead of TROLL",
         caption=(
-            f"Reproduces troll.txt Table 5. Ours: peak of {mem_metric or 'memory'} over the run and mean of {time_metric or 'step time'} "
+            f"Reproduces TROLL (arXiv 2510.03817) Table 5. Ours: peak of {mem_metric or 'memory'} over the run and mean of {time_metric or 'step time'} "
             "over all steps but the first (warm-up), averaged over seeds; Delta = TROLL (chunked if present) minus Clip. "
             "Paper: " + paper_source("troll_table5")
         ),
         values=values,
         display=display,
-        reproduces="troll.txt Table 5",
+        reproduces="TROLL (arXiv 2510.03817) Table 5",
         notes=notes,
     )
 

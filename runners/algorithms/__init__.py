@@ -1,4 +1,4 @@
-"""Backend-independent algorithm library (the formulas of shared spec ALGORITHMS.md).
+"""Backend-independent algorithm library: the formulas of the five papers and their baselines.
 
 Both backends call these functions: the built-in trainer (``runners.backends.local``) directly,
 verl through plugins (``runners.backends.verl``). Importing this package does not import torch:
@@ -11,7 +11,7 @@ Extension points and their call contracts (tensors: B responses, T response posi
   to be reduced by a loss aggregation with ``inp.response_mask``)
 - ``MASKS[name](inp: PolicyInputs, **params) -> MaskOutput`` (per-sequence keep weights [B]; the
   trainer multiplies the loss matrix by them and keeps the response mask as the denominator,
-  trm.txt eq. 50)
+  TRM (arXiv 2512.23075) eq. 50)
 - ``ENTROPY_CONTROLLERS[name](**params)`` -> a controller object (see ``entropy.py``)
 - ``LOSS_AGGS[name](loss_mat, loss_mask, **kw) -> scalar``
 

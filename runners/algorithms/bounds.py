@@ -1,4 +1,4 @@
-"""TRM error bounds on |J(theta) - J(roll) - L(theta)| (trm.txt section 4, appendices C-D).
+"""TRM error bounds on |J(theta) - J(roll) - L(theta)| (TRM, arXiv 2512.23075, section 4, appendices C-D).
 
 Design: pure math/numpy, no torch, so ``analysis`` (bound plots, tables) imports it without pulling
 in the trainer. Every function broadcasts over ``T`` and ``delta`` (numpy arrays in, arrays out;
@@ -6,7 +6,7 @@ Python scalars in, floats out). The sums over positions use the exact sum for sh
 the Euler-Maclaurin expansion of ``sum_k sqrt(k)`` beyond (error < 1e-12 relative), so a curve
 over T = 1..1e6 costs O(len(T)), not O(T^2).
 
-Formulas (shared spec ALGORITHMS.md section 4; T = sequence length, delta = max token KL,
+Formulas (TRM, arXiv 2512.23075, sections 4-5; T = sequence length, delta = max token KL,
 D_seq = sequence KL, rewards in [0, 1]; ``c(x) = min(1, sqrt(x / 2))``):
 
 - classical (TRPO, eq. 27): ``T (T - 1) delta``
@@ -83,13 +83,13 @@ def _sum_min1_sqrt(n: np.ndarray, a: np.ndarray, cap: bool = True) -> np.ndarray
 
 
 def _pinsker_tv(x: np.ndarray, cap: bool = True) -> np.ndarray:
-    """``min(1, sqrt(x / 2))``: Pinsker's bound on a TV distance from a KL (trm.txt eq. 17)."""
+    """``min(1, sqrt(x / 2))``: Pinsker's bound on a TV distance from a KL (TRM, arXiv 2512.23075, eq. 17)."""
     tv = np.sqrt(x / 2.0)
     return np.minimum(1.0, tv) if cap else tv
 
 
 def ln_trm_normaliser(T: Any, delta: Any) -> Any:
-    """LN-TRM normaliser ``Z(T) = sum_{t=1..T} min(1, sqrt((T - t) delta / 2))`` (trm.txt eq. 77).
+    """LN-TRM normaliser ``Z(T) = sum_{t=1..T} min(1, sqrt((T - t) delta / 2))`` (TRM, arXiv 2512.23075, eq. 77).
 
     Z(1) = 0 (a length-1 sequence has no future to perturb). Check values at delta = 1e-4:
     Z(256) = 19.25, Z(1024) = 154.36, Z(4096) = 1235.5.
@@ -99,7 +99,7 @@ def ln_trm_normaliser(T: Any, delta: Any) -> Any:
 
 def trm_max_acceptance(p: Any, T: Any) -> Any:
     """Acceptance probability ``(1 - p)^T`` of TRM-Max with i.i.d. per-token violation probability p
-    (trm.txt eq. 75, table D.1)."""
+    (TRM, arXiv 2512.23075, eq. 75, table D.1)."""
     p_arr = np.asarray(p, dtype=np.float64)
     if np.any(~((p_arr >= 0) & (p_arr <= 1))):
         raise ValueError(f"p must be a probability in [0, 1], got {p!r}")
@@ -107,7 +107,7 @@ def trm_max_acceptance(p: Any, T: Any) -> Any:
 
 
 def adaptive_worst_case(T: Any, delta: Any) -> Any:
-    """Adaptive bound with every ``Dbar_t`` at its cap ``min(1, sqrt(delta / 2))`` (trm.txt eq. 72).
+    """Adaptive bound with every ``Dbar_t`` at its cap ``min(1, sqrt(delta / 2))`` (TRM, arXiv 2512.23075, eq. 72).
 
     Equals the capped Pinsker-Marginal bound (remark 4.7); ~1139 at T = 4096, delta = 0.01.
     """
@@ -116,7 +116,7 @@ def adaptive_worst_case(T: Any, delta: Any) -> Any:
 
 
 def adaptive_bound(dbar: Sequence[float] | np.ndarray, delta: float) -> float:
-    """Adaptive bound ``4 sum_{t=1..T} Dbar_t min(1, sqrt((T - t) delta / 2))`` (trm.txt eq. 40).
+    """Adaptive bound ``4 sum_{t=1..T} Dbar_t min(1, sqrt((T - t) delta / 2))`` (TRM, arXiv 2512.23075, eq. 40).
 
     ``dbar``: [T] expected token TV distance at positions t = 1..T under the rollout distribution
     (``dbar[0]`` is position 1). Must be finite and in [0, 1].
@@ -140,7 +140,7 @@ def error_bounds(
     *,
     cap: bool = True,
 ) -> dict[str, Any]:
-    """All TRM error bounds for sequence length ``T`` and max token KL ``delta`` (trm.txt eq. 42-45).
+    """All TRM error bounds for sequence length ``T`` and max token KL ``delta`` (TRM, arXiv 2512.23075, eq. 42-45).
 
     Returns a dict with every key of ``BOUND_KEYS``. ``mixed`` is NaN unless ``d_seq`` (sequence-level
     KL) is given; ``adaptive`` is NaN unless ``dbar`` ([T] expected token TV per position) is given;

@@ -1,7 +1,7 @@
 """Entropy controllers (REPO-R, REPO-D, ADAPO, adaptive entropy bonus) and the Corollary-1 diagnostic.
 
 Design: one small stateful object per method behind one interface (``EntropyController``), so the
-trainer does the same five calls whatever the method (entropy.txt sections 3-5, appendix D.2):
+trainer does the same five calls whatever the method (Entropy-preserving RL, arXiv 2603.11682, sections 3-5, appendix D.2):
 
     ctl = ENTROPY_CONTROLLERS.get(name)(**params)
     metrics = ctl.update(batch_entropy)          # once per iteration, see below
@@ -35,7 +35,7 @@ from runners.metric_names import ENTROPY_BONUS_COEF, ENTROPY_EPS_HIGH, ENTROPY_T
 
 
 def bidirectional_zeta_step(zeta: float, entropy: float, target: float, zeta_min: float, zeta_max: float) -> float:
-    """One step of the adaptive bidirectional controller (entropy.txt appendix D.2 listing).
+    """One step of the adaptive bidirectional controller (Entropy-preserving RL, arXiv 2603.11682, appendix D.2 listing).
 
     Entropy above target: a positive zeta halves and flips to -zeta_min below zeta_min; a negative
     zeta doubles in magnitude up to -zeta_max. Below target: the mirror image. Equal: unchanged.
@@ -119,7 +119,7 @@ class NoEntropyControl(EntropyController):
 
 
 class _ZetaController(EntropyController):
-    """Shared zeta state and controller of REPO-R / REPO-D (entropy.txt section 5.1)."""
+    """Shared zeta state and controller of REPO-R / REPO-D (Entropy-preserving RL, arXiv 2603.11682, section 5.1)."""
 
     def __init__(self, *, zeta0: float, zeta_min: float, zeta_max: float, target: float | None) -> None:
         super().__init__(target=target)
@@ -140,7 +140,7 @@ class _ZetaController(EntropyController):
 
 
 class RepoRController(_ZetaController):
-    """REPO-R (entropy.txt appendix D.2): per token, logp detached,
+    """REPO-R (Entropy-preserving RL, arXiv 2603.11682, appendix D.2): per token, logp detached,
     A > 0: max(0, A (1 - zeta logp)); A < 0: min(0, A (1 + zeta logp)); A = 0 unchanged.
     |zeta| in [1e-4, 0.05], zeta0 = 1e-3."""
 
@@ -158,7 +158,7 @@ class RepoRController(_ZetaController):
 
 
 class RepoDController(_ZetaController):
-    """REPO-D (entropy.txt section 5.1, ALGORITHMS.md section 7): A - zeta logp (logp detached, the
+    """REPO-D (Entropy-preserving RL, arXiv 2603.11682, section 5.1): A - zeta logp (logp detached, the
     raw log-prob standing in for the centred L as in appendix D.2); |zeta| in [1e-3, 10]."""
 
     def __init__(
@@ -172,7 +172,7 @@ class RepoDController(_ZetaController):
 
 
 class AdapoController(EntropyController):
-    """ADAPO (entropy.txt section 5.2): eps_low fixed 0.2, eps_high from 0.28 within [0.2, 0.32];
+    """ADAPO (Entropy-preserving RL, arXiv 2603.11682, section 5.2): eps_low fixed 0.2, eps_high from 0.28 within [0.2, 0.32];
     each iteration H < H_init: eps_high *= 1.05 (capped), H > H_init: eps_high *= 0.95 (floored)."""
 
     def __init__(
@@ -216,7 +216,7 @@ class AdapoController(EntropyController):
 class EntropyBonusController(EntropyController):
     """Entropy bonus J + beta H with an adaptive beta (loss term -beta H per token).
 
-    Source: entropy.txt appendix C.3, "Entropy bonus baseline is implemented on top of GRPO with the
+    Source: Entropy-preserving RL (arXiv 2603.11682) appendix C.3, "Entropy bonus baseline is implemented on top of GRPO with the
     adaptive coefficient described in section 5.1", i.e. beta follows the bidirectional controller
     of zeta (``bidirectional_zeta_step``), target = first-iteration entropy. The paper gives no
     bounds for beta; defaults are REPO-D's [1e-3, 10] and beta0 = 1e-3 because REPO-D is exactly
@@ -262,7 +262,7 @@ def entropy_covariance(
     *,
     prob_weighted: bool = True,
 ) -> Tensor:
-    """Corollary-1 diagnostic (entropy.txt section 3): C = E_{a~pi}[pi(a|s) A(s,a) L(s,a)], scalar.
+    """Corollary-1 diagnostic (Entropy-preserving RL, arXiv 2603.11682, section 3): C = E_{a~pi}[pi(a|s) A(s,a) L(s,a)], scalar.
 
     logp [B,T] log-prob of the sampled tokens, advantages [B,T], response_mask [B,T], optional
     logits [B,T,V] of the same policy. L = logp - E_a[log pi(.|s)]: with ``logits`` the exact per-state

@@ -1,4 +1,5 @@
-"""Advantage estimators (ALGORITHMS.md section 1), one function per method.
+"""Advantage estimators, one function per method (GRPO arXiv 2402.03300, Dr.GRPO 2503.20783, RLOO
+2402.14740, LOOP 2502.01600, REINFORCE++ 2501.03262, GPG 2504.02546, GAE 1506.02438, EGAE 2506.15050).
 
 Contract: ``fn(inp: AdvantageInputs, **params) -> (advantages [B,T], returns [B,T])``, float32,
 zero outside ``inp.response_mask``.
@@ -104,7 +105,7 @@ def masked_whiten(values: Tensor, mask: Tensor, *, center: bool = True) -> Tenso
 
     Same numbers as verl's ``masked_whiten`` (``1e-8`` in the mean's denominator and under the square
     root), but a single real token gives 0 instead of raising. ``center=False`` divides by the std
-    without subtracting the mean (ALGORITHMS.md s1: the REINFORCE++ mean subtraction is optional).
+    without subtracting the mean (REINFORCE++, arXiv 2501.03262: the mean subtraction is optional).
     """
     n = mask.sum()
     mean = (values * mask).sum() / (n + 1e-8)
@@ -120,7 +121,7 @@ def _broadcast(per_seq: Tensor, mask: Tensor) -> Tensor:
 
 # -- outcome estimators ----------------------------------------------------------------------
 def compute_grpo_advantages(inp: AdvantageInputs, *, std_eps: float = 1e-6, norm_by_std: bool = True):
-    """GRPO: ``A_i = (R_i - mean_g R) / (std_g R + std_eps)`` broadcast over the response (ALGORITHMS.md s1).
+    """GRPO: ``A_i = (R_i - mean_g R) / (std_g R + std_eps)`` broadcast over the response (arXiv 2402.03300).
 
     ``norm_by_std=False`` is Dr.GRPO (verl's ``norm_adv_by_std_in_grpo=False``). Returns ``(A, A)``.
     """
@@ -151,12 +152,12 @@ def compute_rloo_advantages(inp: AdvantageInputs):
 
 
 def compute_loop_advantages(inp: AdvantageInputs):
-    """LOOP: RLOO advantages; the PPO clipped loss is the objective's business (ALGORITHMS.md s1)."""
+    """LOOP: RLOO advantages; the PPO clipped loss is the objective's business (arXiv 2502.01600)."""
     return compute_rloo_advantages(inp)
 
 
 def compute_gpg_advantages(inp: AdvantageInputs, *, rescale: str = "verl", f_norm: float = 1.0):
-    """GPG: ``A_i = alpha (R_i - mean_g R) / f_norm`` (ALGORITHMS.md s1).
+    """GPG: ``A_i = alpha (R_i - mean_g R) / f_norm`` (arXiv 2504.02546).
 
     ``rescale`` picks alpha: ``"verl"`` = B / #responses with a non-zero score (verl 0.9.1's
     ``compute_gpg_outcome_advantage``); ``"groups"`` = B / #responses in groups whose rewards are not
@@ -217,7 +218,7 @@ def compute_rfpp_baseline_advantages(inp: AdvantageInputs):
 def _gae_scan(rewards: Tensor, values: Tensor, mask: Tensor, gamma: float, lam: float, bootstrap: Tensor) -> Tensor:
     """[B,T] raw GAE ``A_t = sum_k (gamma lam)^k delta_{t+k}`` with ``V(s_T) = bootstrap`` [B].
 
-    ``delta_t = r_t + gamma V(s_{t+1}) - V(s_t)`` (tppo.txt eqs. 2-3); masked positions carry the next
+    ``delta_t = r_t + gamma V(s_{t+1}) - V(s_t)`` (T-PPO, arXiv 2506.15050, eqs. 2-3); masked positions carry the next
     value and the accumulator through unchanged (verl's ``compute_gae_advantage_return``).
     """
     adv = torch.zeros_like(rewards)
@@ -261,7 +262,7 @@ def last_real_value(values: Tensor, mask: Tensor) -> Tensor:
 
 
 def compute_egae_advantages(inp: AdvantageInputs, *, gamma: float = 1.0, lam: float = 0.95, whiten: bool = True):
-    """EGAE (T-PPO, tppo.txt section 3.1 eq. 6): GAE over the generated window ``s_0 .. s_{l-1}``.
+    """EGAE (T-PPO, T-PPO (arXiv 2506.15050) section 3.1 eq. 6): GAE over the generated window ``s_0 .. s_{l-1}``.
 
     For unfinished responses (``inp.finished`` False) the not-yet-generated next state takes
     ``V(s_l) = V(s_{l-1})``, the value at the last real token, so with gamma = 1 the last TD term is

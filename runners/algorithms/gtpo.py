@@ -1,4 +1,4 @@
-"""GTPO: conflict-aware token weights, entropy filter and entropy term (gtpo.txt sections 5, 11, 16).
+"""GTPO: conflict-aware token weights, entropy filter and entropy term (GTPO, arXiv 2508.03772, sections 5, 11, 16).
 
 Design: conflict detection is fully batched over every prompt group of the batch at once. Each
 (group, aligned position, token id) triple of a response with a non-zero advantage becomes one int64
@@ -6,7 +6,7 @@ key; one ``torch.unique`` over the keys of the valid tokens gives, per key, whet
 negative response share it. No Python loop over groups or tokens; memory O(B*T) whatever the
 vocabulary size (token ids are compacted first only if the keys could overflow). Backward conflicts
 use the same routine on each response reversed on its OWN length (right padding), as the authors'
-code does (gtpo.txt Listing 2). The contiguous span from the start is a running minimum
+code does (GTPO, arXiv 2508.03772, Listing 2). The contiguous span from the start is a running minimum
 (``cummin``) along positions. Measured on 2 shared CPU cores: 0.5 s for 512 x 1024 tokens.
 
 The weights lambda and the filter delta are folded into the returned per-token loss matrix, which
@@ -82,7 +82,7 @@ def _leading_run(conflict: Tensor) -> Tensor:
 def conflict_spans(
     responses: Tensor, response_mask: Tensor, group_index: Tensor, advantages_seq: Tensor
 ) -> tuple[Tensor, Tensor]:
-    """Forward and backward conflict spans (gtpo.txt section 5.1, "Conflict tokens definitions").
+    """Forward and backward conflict spans (GTPO, arXiv 2508.03772, section 5.1, "Conflict tokens definitions").
 
     responses [B,T] int token ids, response_mask [B,T] right-padded, group_index [B] int (any
     values; equal value = same prompt group), advantages_seq [B] sequence advantage A_i.
@@ -127,7 +127,7 @@ def _weights_from_spans(
     combine: str,
     conflict_weight: float,
 ) -> Tensor:
-    """lambda [B,T] (gtpo.txt eq. 5 / eq. 22), zero on padding."""
+    """lambda [B,T] (GTPO, arXiv 2508.03772, eq. 5 / eq. 22), zero on padding."""
     if combine not in COMBINE_MODES:
         raise ValueError(f"unknown GTPO combine {combine!r}; valid: {', '.join(COMBINE_MODES)}")
     dtype = torch.get_default_dtype()
@@ -151,10 +151,10 @@ def gtpo_weights(
     combine: str = "or",
     conflict_weight: float = 2.0,
 ) -> Tensor:
-    """Token weights lambda [B,T] (gtpo.txt eq. 5): 1 off-span; on a span 0 for A<0, 2 for A>0.
+    """Token weights lambda [B,T] (GTPO, arXiv 2508.03772, eq. 5): 1 off-span; on a span 0 for A<0, 2 for A>0.
 
     ``combine="or"``: span = forward OR backward (paper). ``"product"``: forward weight times
-    backward weight (authors' code, gtpo.txt Listing 2), so a positive token in both spans gets 4.
+    backward weight (authors' code, GTPO (arXiv 2508.03772) Listing 2), so a positive token in both spans gets 4.
     Padding gets 0. Inputs as in ``conflict_spans``.
     """
     forward, backward = conflict_spans(responses, response_mask, group_index, advantages_seq)
@@ -164,10 +164,10 @@ def gtpo_weights(
 def entropy_filter(
     mean_token_entropy: Tensor, h_ini: float | None, *, threshold: float = LN2, ini_threshold: float = LN2
 ) -> Tensor:
-    """Completion filter delta [B] in {0, 1} (gtpo.txt eq. 6).
+    """Completion filter delta [B] in {0, 1} (GTPO, arXiv 2508.03772, eq. 6).
 
     mean_token_entropy [B] = <H>_i. If H_ini < ln 2 (``ini_threshold``) responses with
-    <H>_i > ln 2 (``threshold``; the ablations of gtpo.txt sections 12-13 vary it) get 0; otherwise
+    <H>_i > ln 2 (``threshold``; the ablations of GTPO (arXiv 2508.03772) sections 12-13 vary it) get 0; otherwise
     every response keeps 1. ``h_ini=None`` (unknown) and H_ini = ln 2 (left open by eq. 6) keep all.
     """
     if h_ini is None or h_ini >= ini_threshold:
@@ -178,7 +178,7 @@ def entropy_filter(
 def compute_initial_entropy(token_entropy: Tensor, response_mask: Tensor, *, per_response: bool = True) -> float:
     """H_ini from the initial model's per-token entropies [B,T] on the first training prompts.
 
-    gtpo.txt section 5.2 measures it "over a set of questions, prior to training" (ALGORITHMS.md: the
+    GTPO (arXiv 2508.03772) section 5.2 measures it "over a set of questions, prior to training" (here: the
     first 100 training prompts). Default: the mean over responses of <H>_i, the statistic eq. 6
     compares to the same ln 2; ``per_response=False`` gives the plain token mean.
     """
@@ -201,13 +201,13 @@ def gtpo_objective(
 ) -> ObjectiveOutput:
     """GTPO per-token loss [B,T]; aggregate with ``seq-mean-token-mean``.
 
-    ``entropy_term="penalty"`` (paper, gtpo.txt eq. 7), with r = exp(logp - logp_old):
+    ``entropy_term="penalty"`` (paper, GTPO (arXiv 2508.03772) eq. 7), with r = exp(logp - logp_old):
         J = (1/G) sum_i [ delta_i A_i / |o_i| sum_t lambda_it r_it - gamma <H>_i ]
     loss_mat[i,t] = -delta_i A_it lambda_it r_it + gamma H_it, with H the differentiable
     ``inp.entropy``; its seq-mean-token-mean is exactly -J (the penalty applies to every response,
     filtered or zero-advantage ones included, as eq. 7 is written).
 
-    ``entropy_term="advantage_shift"`` (authors' code, gtpo.txt section 16, Listing 3): A_i becomes
+    ``entropy_term="advantage_shift"`` (authors' code, GTPO (arXiv 2508.03772) section 16, Listing 3): A_i becomes
     delta_i (A_i - gamma sg(<H>_i)), and each response's token-mean loss is divided by its number of
     conflict tokens. Reading of "divides by the number of conflict tokens": n_conflict_i = number of
     valid positions of response i in its forward OR backward span (Listing 2, total_conflict),

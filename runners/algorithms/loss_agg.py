@@ -1,6 +1,6 @@
 """Loss aggregation modes: reduce a per-token loss matrix [B,T] to a scalar.
 
-Modes (ALGORITHMS.md section 2) and verl's names for them:
+Modes (verl's agg_loss; Dr.GRPO arXiv 2503.20783 for the constant-length norm) and verl's names for them:
 
 - ``token-mean``: sum over all tokens of the batch / number of tokens.
 - ``seq-mean-token-mean``: mean over tokens of each sequence, then mean over sequences.
@@ -8,7 +8,7 @@ Modes (ALGORITHMS.md section 2) and verl's names for them:
 - ``seq-mean-token-sum-norm``: sum over tokens / a constant ``norm_len`` (Dr.GRPO; default T),
   then mean over sequences.
 
-Sequence masks (TRM, trm.txt eq. 50) are applied by multiplying ``loss_mat`` by the keep weights
+Sequence masks (TRM, TRM (arXiv 2512.23075) eq. 50) are applied by multiplying ``loss_mat`` by the keep weights
 while ``loss_mask`` stays the response mask, so rejected sequences add zero to the numerator but
 still count in the denominator (the total batch size N, not the number accepted).
 

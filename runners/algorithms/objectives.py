@@ -1,4 +1,5 @@
-"""Policy objectives (ALGORITHMS.md section 2) and the critic's value loss (section 6).
+"""Policy objectives (PPO arXiv 1707.06347, DAPO 2503.14476, GSPO 2507.18071, GPG 2504.02546, BAPO) and the
+critic's value loss (T-PPO, arXiv 2506.15050, section 3).
 
 Contract: ``fn(inp: PolicyInputs, **params) -> ObjectiveOutput(loss_mat [B,T], metrics)``. The loss
 is ``-objective`` per token; the caller reduces it with ``runners.algorithms.loss_agg`` and the
@@ -7,7 +8,7 @@ response mask, so one objective works with every aggregation mode and with TRM s
 Design decisions:
 
 - Ratios come from ``logp - logp_old`` computed in float32 whatever the input dtype (bf16 log-probs
-  are upcast first, entropy.txt section 4), and the log-ratio is clamped to [-20, 20] like verl, so a
+  are upcast first, Entropy-preserving RL (arXiv 2603.11682) section 4), and the log-ratio is clamped to [-20, 20] like verl, so a
   huge log-ratio cannot overflow ``exp``. The loss matrix is float32.
 - Clip semantics follow verl 0.9.1 (``compute_policy_loss_vanilla``, ``_gspo``, ``_gpg``), which the
   tests compare on random tensors, losses and gradients: dual clip applies to A < 0 only;
@@ -93,9 +94,9 @@ def clip_objective(
     clip_ratio_high: float = 0.2,
     clip_ratio_c: float | None = None,
 ) -> ObjectiveOutput:
-    """PPO clip ``min(r A, clip(r, 1 - eps_low, 1 + eps_high) A)`` (ALGORITHMS.md s2); loss [B,T].
+    """PPO clip ``min(r A, clip(r, 1 - eps_low, 1 + eps_high) A)`` (PPO, arXiv 1707.06347); loss [B,T].
 
-    Symmetric PPO: eps_low = eps_high = 0.2. DAPO: 0.2 / 0.28. T-PPO: 0.2 / 0.28 (tppo.txt s3).
+    Symmetric PPO: eps_low = eps_high = 0.2. DAPO: 0.2 / 0.28. T-PPO: 0.2 / 0.28 (T-PPO, arXiv 2506.15050, s3).
     ``clip_ratio_c`` > 1 enables dual clip as in verl. Metrics: ``actor/pg_clipfrac``,
     ``actor/pg_clipfrac_lower``, ``actor/ppo_kl`` (masked mean of ``logp_old - logp``).
     """
@@ -161,7 +162,7 @@ def value_loss(
 ) -> ObjectiveOutput:
     """Clipped value loss ``0.5 max((V - R)^2, (clip(V, V_old - xi_low, V_old + xi_high) - R)^2)`` [B,T].
 
-    T-PPO's asymmetric form (tppo.txt eqs. 4-5, xi_low = 0.5, xi_high = 0.6); ``clip_low == clip_high``
+    T-PPO's asymmetric form (T-PPO, arXiv 2506.15050, eqs. 4-5, xi_low = 0.5, xi_high = 0.6); ``clip_low == clip_high``
     is PPO's clipped value loss (verl's ``compute_value_loss`` with ``cliprange_value``). Metrics:
     ``critic/vf_loss`` (token mean over ``mask``), ``critic/vf_clipfrac``.
     """

@@ -1,11 +1,11 @@
-"""TRM: trust-region masking of whole sequences (trm.txt sections 6, appendices B and D).
+"""TRM: trust-region masking of whole sequences (TRM, arXiv 2512.23075, sections 6, appendices B and D).
 
 Design: a mask never touches the loss. ``MASKS[name](inp, **params)`` returns per-sequence keep
 weights ``seq_mask`` [B] in {0, 1}, computed without gradient; the trainer multiplies the per-token
 loss by them (``apply_sequence_mask``) and keeps ``inp.response_mask`` as the aggregation mask, so
 the gradient stays normalised by the whole batch N (eq. 50) and rejected sequences add zero.
 
-Criteria (ALGORITHMS.md section 4; every threshold is inclusive, "keep iff stat <= threshold"):
+Criteria (TRM section 6 and appendix B; every threshold is inclusive, "keep iff stat <= threshold"):
 
 - exact, from the stored sparse rollout distributions (``inp.old_topk_index/old_topk_logp``) against
   ``inp.logits``: ``D_KL(c_t) = sum_v pi_roll(v) (log pi_roll(v) - log pi_theta(v))`` over the
@@ -55,12 +55,12 @@ def sample_log_ratio(logp: Tensor, rollout_logp: Tensor) -> Tensor:
 
 
 def k2_estimator(log_ratio: Tensor) -> Tensor:
-    """k2 = 0.5 (log r)^2 [B,T]: symmetric per-token divergence for the max criterion (trm.txt B.2)."""
+    """k2 = 0.5 (log r)^2 [B,T]: symmetric per-token divergence for the max criterion (TRM, arXiv 2512.23075, B.2)."""
     return 0.5 * log_ratio.square()
 
 
 def k3_estimator(log_ratio: Tensor) -> Tensor:
-    """k3 = r - 1 - log r [B,T]: >= 0, unbiased for KL(pi_roll || pi_theta) under pi_roll (trm.txt B.1)."""
+    """k3 = r - 1 - log r [B,T]: >= 0, unbiased for KL(pi_roll || pi_theta) under pi_roll (TRM, arXiv 2512.23075, B.1)."""
     return torch.expm1(log_ratio) - log_ratio
 
 
@@ -95,7 +95,7 @@ def sparse_token_divergences(
     """Exact token KL(pi_roll || pi_theta) and TV [B,T] from a stored sparse rollout distribution.
 
     ``logits`` [B,T,V] of pi_theta; ``index``/``topk_logp`` [B,T,K] the kept ids and the rollout policy's log-probs
-    (-inf marks padding slots, ignored). KL is trm.txt eq. 51 over the stored support; with
+    (-inf marks padding slots, ignored). KL is TRM (arXiv 2512.23075) eq. 51 over the stored support; with
     ``tail_bin`` the missing mass adds one "rest" bin term (the KL of the coarse-grained pair, always
     >= 0; equal to eq. 51 when the support is the whole vocabulary). TV (eq. 8) always includes the
     rest bin, so it is exact on a full support and a lower bound otherwise. Positions where ``mask``
@@ -129,7 +129,7 @@ def sparse_token_divergences(
 
 
 def exact_token_kl(logits: Tensor, index: Tensor, topk_logp: Tensor, *, tail_bin: bool = False) -> Tensor:
-    """Per-token exact KL(pi_roll || pi_theta) [B,T] over the stored support (trm.txt eq. 51).
+    """Per-token exact KL(pi_roll || pi_theta) [B,T] over the stored support (TRM, arXiv 2512.23075, eq. 51).
 
     ``logits`` [B,T,V], ``index`` [B,T,K], ``topk_logp`` [B,T,K] (-inf = padding slot, ignored).
     """
@@ -164,7 +164,7 @@ def _buckets(edges: Sequence[int]) -> list[tuple[int, int]]:
 
 
 def acceptance_by_length(seq_mask: Tensor, lengths: Tensor, edges: Sequence[int] = DEFAULT_EDGES) -> dict[str, float]:
-    """Acceptance rate per response-length bucket lo <= length < hi (trm.txt table D.1, remark D.1).
+    """Acceptance rate per response-length bucket lo <= length < hi (TRM, arXiv 2512.23075, table D.1, remark D.1).
 
     ``seq_mask`` [B] keep weights, ``lengths`` [B] real response tokens. Empty buckets and all-padding
     rows (length 0) are left out; so are lengths >= the last edge.
@@ -178,7 +178,7 @@ def acceptance_by_length(seq_mask: Tensor, lengths: Tensor, edges: Sequence[int]
 
 
 def tv_by_position(tv: Tensor, mask: Tensor, edges: Sequence[int] = DEFAULT_EDGES) -> dict[str, float]:
-    """Mean token TV per position bucket, the Adaptive bound's Dbar (trm.txt eq. 13, 40).
+    """Mean token TV per position bucket, the Adaptive bound's Dbar (TRM, arXiv 2512.23075, eq. 13, 40).
 
     ``tv`` [B,T], ``mask`` [B,T]; position k (0-based column, the bound's t = k + 1). Dbar_k is the
     mean over the batch's non-empty sequences of TV at k, a sequence that already ended counting 0
@@ -198,7 +198,7 @@ def tv_by_position(tv: Tensor, mask: Tensor, edges: Sequence[int] = DEFAULT_EDGE
 
 
 def log_ppl_gap(logp: Tensor, rollout_logp: Tensor, mask: Tensor) -> float:
-    """Log absolute PPL gap ``mean_i |mean_t logp - mean_t rollout_logp|`` (trm.txt eq. 52).
+    """Log absolute PPL gap ``mean_i |mean_t logp - mean_t rollout_logp|`` (TRM, arXiv 2512.23075, eq. 52).
 
     ``logp``, ``rollout_logp``, ``mask`` [B,T]; mean over non-empty sequences; the log-ratio is clamped
     as in ``sample_log_ratio`` so -inf log-probs give a large finite gap, not NaN.
@@ -251,7 +251,7 @@ def compute_trm_metrics(
 
 
 def apply_sequence_mask(loss_mat: Tensor, seq_mask: Tensor) -> Tensor:
-    """Multiply the per-token loss [B,T] by the keep weights [B] (trm.txt eq. 50).
+    """Multiply the per-token loss [B,T] by the keep weights [B] (TRM, arXiv 2512.23075, eq. 50).
 
     Aggregate the result with the unchanged response mask (``runners.algorithms.loss_agg``), so the
     denominator stays the whole batch and rejected sequences contribute exactly zero gradient.
@@ -330,7 +330,7 @@ def no_mask(inp: PolicyInputs, **monitor_kw) -> MaskOutput:
 
 
 def trm_max_mask(inp: PolicyInputs, *, delta: float = 0.05, tail_bin: bool = False, **monitor_kw) -> MaskOutput:
-    """TRM-Max: keep iff ``max_t D_KL(c_t) <= delta`` (exact KL, trm.txt section 6.2)."""
+    """TRM-Max: keep iff ``max_t D_KL(c_t) <= delta`` (exact KL, TRM (arXiv 2512.23075) section 6.2)."""
     return _exact_mask(inp, "trm_max", delta, None, tail_bin, monitor_kw)
 
 
@@ -342,7 +342,7 @@ def trm_avg_mask(inp: PolicyInputs, *, delta_avg: float = 0.001, tail_bin: bool 
 def trm_max_avg_mask(
     inp: PolicyInputs, *, delta: float = 0.1, delta_avg: float = 0.002, tail_bin: bool = False, **monitor_kw
 ) -> MaskOutput:
-    """TRM-Max&Avg: both criteria with looser thresholds (trm.txt section 7, figure 3)."""
+    """TRM-Max&Avg: both criteria with looser thresholds (TRM, arXiv 2512.23075, section 7, figure 3)."""
     return _exact_mask(inp, "trm_max_avg", delta, delta_avg, tail_bin, monitor_kw)
 
 
@@ -357,12 +357,12 @@ def _sample_mask(inp, delta, delta_avg, monitor_kw) -> MaskOutput:
 
 
 def trm_max_k2_mask(inp: PolicyInputs, *, delta: float = 0.05, **monitor_kw) -> MaskOutput:
-    """Sample-based TRM-Max: keep iff ``max_t 0.5 (log r_t)^2 <= delta`` (trm.txt B.2)."""
+    """Sample-based TRM-Max: keep iff ``max_t 0.5 (log r_t)^2 <= delta`` (TRM, arXiv 2512.23075, B.2)."""
     return _sample_mask(inp, delta, None, monitor_kw)
 
 
 def trm_avg_k3_mask(inp: PolicyInputs, *, delta_avg: float = 0.001, **monitor_kw) -> MaskOutput:
-    """Sample-based TRM-Avg: keep iff ``mean_t (r_t - 1 - log r_t) <= delta_avg`` (trm.txt B.1)."""
+    """Sample-based TRM-Avg: keep iff ``mean_t (r_t - 1 - log r_t) <= delta_avg`` (TRM, arXiv 2512.23075, B.1)."""
     return _sample_mask(inp, None, delta_avg, monitor_kw)
 
 
@@ -374,7 +374,7 @@ def trm_max_avg_sample_mask(
 
 
 def ln_trm_scores(log_ratio: Tensor, mask: Tensor, delta: float) -> Tensor:
-    """Normalised error score ``W~ = sum_t |r_t - 1| w_t / Z(T)`` [B] (trm.txt eq. 76-77).
+    """Normalised error score ``W~ = sum_t |r_t - 1| w_t / Z(T)`` [B] (TRM, arXiv 2512.23075, eq. 76-77).
 
     ``log_ratio``, ``mask`` [B,T]; t counts real tokens 1..T of each row, ``w_t = min(1,
     sqrt((T - t) delta / 2))``, ``Z(T) = sum_t w_t`` (= ``bounds.ln_trm_normaliser``). Guard: Z(1) = 0
@@ -392,7 +392,7 @@ def ln_trm_scores(log_ratio: Tensor, mask: Tensor, delta: float) -> Tensor:
 
 
 def ln_trm_mask(inp: PolicyInputs, *, delta: float = 1e-4, delta_w: float = 0.05, **monitor_kw) -> MaskOutput:
-    """LN-TRM: keep iff the normalised error score ``W~ <= delta_w`` (trm.txt appendix D.3).
+    """LN-TRM: keep iff the normalised error score ``W~ <= delta_w`` (TRM, arXiv 2512.23075, appendix D.3).
 
     The paper's text lost its delta_W value. ``W~`` is a weighted mean of |r_t - 1|, the same
     quantity SER averages uniformly (twice the per-token TV in expectation), so the default sits in
@@ -403,7 +403,7 @@ def ln_trm_mask(inp: PolicyInputs, *, delta: float = 1e-4, delta_w: float = 0.05
 
 
 def ser_mask(inp: PolicyInputs, *, delta_ser: float = 0.05, **monitor_kw) -> MaskOutput:
-    """SER: keep iff ``mean_t |r_t - 1| <= delta_ser`` (trm.txt eq. 82; recommended 0.03..0.10)."""
+    """SER: keep iff ``mean_t |r_t - 1| <= delta_ser`` (TRM, arXiv 2512.23075, eq. 82; recommended 0.03..0.10)."""
     log_ratio = sample_log_ratio(inp.logp, inp.rollout_or_old_logp())
     score = _seq_mean(torch.expm1(log_ratio).abs(), inp.response_mask)
     return _finish(inp, score <= _check_threshold("delta_ser", delta_ser), **monitor_kw)

@@ -1,4 +1,4 @@
-"""TROLL objective: trust-region projection instead of PPO clipping (troll.txt eq. 5, Algorithm 1).
+"""TROLL objective: trust-region projection instead of PPO clipping (TROLL, arXiv 2510.03817, eq. 5, Algorithm 1).
 
 Design: per response token the current distribution is projected onto the KL ball of radius eps
 around the old (rollout) distribution (``troll_solver.project``), and the projected policy gives
@@ -81,7 +81,7 @@ def troll_objective(
     eta_max: float = 1e2,
     polish_steps: int = 0,
 ) -> ObjectiveOutput:
-    """Per-token TROLL loss [B,T] (troll.txt eq. 5) and the ``troll/*`` metrics.
+    """Per-token TROLL loss [B,T] (TROLL, arXiv 2510.03817, eq. 5) and the ``troll/*`` metrics.
 
     Uses ``inp.logits`` [B,T,V] (differentiable), ``inp.old_topk_index``/``inp.old_topk_logp``
     (sparse [B,T,K+1], or index None and full log-probs [B,T,V]), ``inp.advantages`` and

@@ -1,8 +1,8 @@
-"""TROLL's trust-region projection of categorical distributions (troll.txt section 3.1, appendix A).
+"""TROLL's trust-region projection of categorical distributions (TROLL, arXiv 2510.03817, section 3.1, appendix A).
 
-Design: the projection is ordinary autograd code (troll.txt Listing 1) around one scalar per token,
+Design: the projection is ordinary autograd code (TROLL, arXiv 2510.03817, Listing 1) around one scalar per token,
 the dual step size eta*. eta* comes from a gradient-free batched n-ary bracketing search on the
-convex dual (Listing 3, with the stop test fixed as in ALGORITHMS.md section 3) and enters the
+convex dual (Listing 3, with its stop test corrected: the printed test is always true) and enters the
 graph through ``ImplicitEta``, an ``autograd.Function`` whose backward is the closed-form implicit
 gradient of appendix A.3, so no gradient ever flows through the search itself. Only tokens outside
 the trust region are solved for; the rest are returned unchanged (eta* = 0, zero gradient through
@@ -90,7 +90,7 @@ def log_normalize(x: Tensor) -> Tensor:
 
 
 def _primal(lq: Tensor, lo: Tensor, eta: Tensor) -> Tensor:
-    """Projected log-probs log_softmax((eta lo + lq) / (eta + 1)), troll.txt eq. 4 / eq. 17.
+    """Projected log-probs log_softmax((eta lo + lq) / (eta + 1)), TROLL (arXiv 2510.03817) eq. 4 / eq. 17.
 
     lq, lo [N,D]; eta [N] (> 0). Entries where either input is -inf are -inf (no NaN in backward).
     """
@@ -103,7 +103,7 @@ def _primal(lq: Tensor, lo: Tensor, eta: Tensor) -> Tensor:
 
 
 def dual_objective(log_eta: Tensor, lq: Tensor, lo: Tensor, eps: float) -> Tensor:
-    """Negated dual of the projection, to minimise (troll.txt appendix A.2, Listing 2 ``dual``).
+    """Negated dual of the projection, to minimise (TROLL, arXiv 2510.03817, appendix A.2, Listing 2 ``dual``).
 
     f(eta) = eta * eps + (eta + 1) * logsumexp((lq + eta lo) / (eta + 1)), eta = exp(log_eta).
     log_eta [N,P] evaluation points, lq/lo [N,D] -> [N,P].
@@ -132,7 +132,7 @@ def _kl_and_slope(lq: Tensor, lo: Tensor, eta: Tensor) -> tuple[Tensor, Tensor, 
 
     Returns (kl [N], dkl_deta [N], q [N,D], c [N,D]) with q = projected probs and
     c = 1 + log q - lo (0 off the support). dkl_deta = <c, dq/deta>, dq/deta = q (d - <q,d>) / (eta+1)^2
-    with d = lo - lq (ALGORITHMS.md section 3).
+    with d = lo - lq (appendix A.3).
     """
     lp = _primal(lq, lo, eta)
     q = lp.exp()
@@ -161,7 +161,7 @@ def solve_dual(
 
     lq, lo: [N,D] log-probs of the new and old distributions (no grad needed). Each step evaluates
     ``num_points`` interior points of every bracket [l, u] and keeps the two neighbours of the
-    argmin; stops when all (u - l) < tol (ALGORITHMS.md's corrected stop test) or after
+    argmin; stops when all (u - l) < tol (the corrected stop test; Listing 3's printed one is always true) or after
     ``max_steps``. Returns eta* = exp((l + u) / 2).
 
     ``polish_steps`` > 0 adds safeguarded Newton steps on the stationarity condition
@@ -222,7 +222,7 @@ def _polish(lq: Tensor, lo: Tensor, eps: float, log_eta: Tensor, lo_bound: float
 class ImplicitEta(torch.autograd.Function):
     """Identity on eta* in the forward; implicit gradient d eta*/d lq in the backward.
 
-    troll.txt appendix A.3 / Listing 2 ``DualSolver.backward``, in ALGORITHMS.md's notation:
+    TROLL (arXiv 2510.03817) appendix A.3 / Listing 2 ``DualSolver.backward``, in this module's notation:
     d eta*/d lq = -[q (c - <q,c>) / (eta+1)] / <c, dq/deta>. Zero for rows flagged ``active=False``
     (not converged, or degenerate with <c, dq/deta> = 0). ``lo`` is a constant (no gradient).
     Shapes: lq, lo [N,D]; eta, active [N].
@@ -249,7 +249,7 @@ def project_with_info(
     eps: float,
     **solver_options,
 ) -> tuple[Tensor, ProjectionInfo]:
-    """Project q_new onto {p : KL(p || q_old) <= eps} per row (troll.txt eq. 3, 4, 13).
+    """Project q_new onto {p : KL(p || q_old) <= eps} per row (TROLL, arXiv 2510.03817, eq. 3, 4, 13).
 
     logp_new [..., V] (differentiable), logp_old [..., V] (treated as a constant: it is detached).
     Returns projected log-probs [..., V] (dtype of ``logp_new``; rows inside the trust region are
@@ -299,7 +299,7 @@ def project(logp_new: Tensor, logp_old: Tensor, eps: float, **solver_options) ->
     """Projected log-probs [..., V]: the stable entry point (see ``project_with_info``).
 
     Dense, last dim = vocabulary, any leading shape; differentiable in ``logp_new`` with the
-    implicit gradient through eta* (troll.txt appendix A.3). Tokens with
+    implicit gradient through eta* (TROLL, arXiv 2510.03817, appendix A.3). Tokens with
     KL(q_new || q_old) <= eps are returned unchanged.
     """
     return project_with_info(logp_new, logp_old, eps, **solver_options)[0]

@@ -1,4 +1,4 @@
-"""TROLL's sparse token distributions (troll.txt section 3.2, appendix A.4 eq. 21, appendix E.4).
+"""TROLL's sparse token distributions (TROLL, arXiv 2510.03817, section 3.2, appendix A.4 eq. 21, appendix E.4).
 
 Design: the old (rollout) policy is stored per token as at most K+1 (vocabulary id, log-prob)
 pairs: the top-K tokens, cut after the first that brings the cumulative mass to 1 - delta, plus
@@ -115,7 +115,7 @@ def sparsify(
     chunk_size: int = 1024,
     return_mass: bool = False,
 ) -> tuple[Tensor, Tensor] | tuple[Tensor, Tensor, Tensor]:
-    """Sparse form of a token distribution (troll.txt section 3.2, eq. 21).
+    """Sparse form of a token distribution (TROLL, arXiv 2510.03817, section 3.2, eq. 21).
 
     logits: [..., V] logits or log-probs (only differences matter); sampled: [...] token ids.
     Returns ``index`` [..., K+1] int32 and ``logp`` [..., K+1] float32: slots 0..K-1 hold the
@@ -215,7 +215,7 @@ class SparseBound(NamedTuple):
 
 
 def theorem_a2_bound(V: int, K: int, delta: float, p_d: float, q_min: float, eps: float) -> SparseBound:
-    """Theorem A.2 (troll.txt appendix A.4): factor = (1 - delta) / (1 - (V - K) p_d) = 1 / gamma,
+    """Theorem A.2 (TROLL, arXiv 2510.03817, appendix A.4): factor = (1 - delta) / (1 - (V - K) p_d) = 1 / gamma,
     additive = delta log(delta / q_min), bound = factor * eps + additive (natural log)."""
     factor = (1 - delta) / (1 - (V - K) * p_d)
     additive = delta * math.log(delta / q_min)
@@ -223,7 +223,7 @@ def theorem_a2_bound(V: int, K: int, delta: float, p_d: float, q_min: float, eps
 
 
 def dense_storage_bytes(tokens: int, responses: int, vocab: int, *, bytes_per_value: int = 4) -> int:
-    """Bytes of dense old-policy distributions for one prompt (troll.txt eq. 23: 256 x 8 x 151936 x 4 B)."""
+    """Bytes of dense old-policy distributions for one prompt (TROLL, arXiv 2510.03817, eq. 23: 256 x 8 x 151936 x 4 B)."""
     return tokens * responses * vocab * bytes_per_value
 
 
@@ -233,6 +233,6 @@ def sparse_storage_bytes(
     """Bytes of sparse (id, log-prob) pairs for one prompt with ``kept_per_token`` slots per token.
 
     ``kept_per_token`` = K + 1 for the padded [.., K+1] layout of ``sparsify``, or the mean kept
-    count for a packed layout (troll.txt appendix E.4: 5-10 per token -> under 1 MiB per prompt).
+    count for a packed layout (TROLL, arXiv 2510.03817, appendix E.4: 5-10 per token -> under 1 MiB per prompt).
     """
     return tokens * responses * kept_per_token * (index_bytes + value_bytes)

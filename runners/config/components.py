@@ -144,7 +144,7 @@ class BapoObjective(NamedComponent):
 
 @dataclass
 class TrollObjective(NamedComponent):
-    # trust-region radius: KL(q_new || q_old) <= eps per token (troll.txt: 0.05)
+    # trust-region radius: KL(q_new || q_old) <= eps per token (TROLL, arXiv 2510.03817: 0.05)
     eps: float = checked(0.05, POSITIVE)
     # weight of the regression term KL(q_new || stopgrad(q_proj)) (eq. 5)
     alpha: float = checked(1.0, NON_NEGATIVE)

@@ -125,7 +125,7 @@ class TrainerConfig:
     value_clip_high: float = 0.5
     # KL-to-reference loss coefficient (k3); 0 = no reference model
     kl_coef: float = 0.0
-    # precision of log-probs and ratios: fp32 | bf16 (entropy.txt section 4 ablation)
+    # precision of log-probs and ratios: fp32 | bf16 (Entropy-preserving RL, arXiv 2603.11682, section 4 ablation)
     logprob_precision: str = "fp32"
     # evaluate every N steps (and before the first and after the last step); 0 = never
     eval_every: int = 10

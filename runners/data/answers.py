@@ -1,6 +1,6 @@
 """Strict final-answer extraction and answer equivalence (torch-free, math-verify imported lazily).
 
-Design (DESIGN.md "Rewards: pitfalls measured here"): math-verify's default ``parse`` takes the last
+Design (a pitfall measured on the shipped SmolLM2 model): math-verify's default ``parse`` takes the last
 mathematical expression anywhere in a response, so a response echoing the question
 (``\\boxed{66 + 24} = 110`` for gold 90) gets credited. Here the final answer is first *extracted*
 strictly, by the dataset's own convention only:

@@ -9,7 +9,7 @@ Test cases follow the Eurus-2-RL-Data / APPS / TACO schema, stored as a JSON str
 In call mode an input is a list of arguments or a string with one JSON argument per line, and an
 output is the value, possibly wrapped in a one-element list (APPS), or its JSON string.
 
-Reward (troll.txt appendix C.2, PRIME's verl reward manager): the fraction of the first
+Reward (TROLL, arXiv 2510.03817, appendix C.2, PRIME's verl reward manager): the fraction of the first
 ``max_tests`` (10) cases passed; if any case exceeds the time limit (10 s) the reward is 0.
 stdout is compared line by line ignoring surrounding whitespace, then token by token with a
 1e-6 tolerance on numbers.

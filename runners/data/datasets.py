@@ -9,7 +9,7 @@ network). ``embedded`` is generated (``embedded.py``), never read.
 
 Splits: ``train`` plus an evaluation split (``test``; ``validation``/``val`` are aliases where the
 source has one name only). Sources with a single split (DAPO-Math-17k) hold out a fixed subset for
-evaluation (troll.txt C.2: 1024 DAPO-Math problems), chosen with a fixed seed so that every run
+evaluation (TROLL, arXiv 2510.03817, C.2: 1024 DAPO-Math problems), chosen with a fixed seed so that every run
 sees the same held-out problems. ``limit`` keeps a ``seed``-dependent random subset of the
 training split, but the FIRST ``limit`` examples of an evaluation split: runs that differ only in
 their seed are evaluated on the same problems.

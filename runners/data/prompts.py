@@ -7,7 +7,7 @@ extracts: ``boxed`` for math (last ``\\boxed{}``), ``gsm8k`` for GSM8K's ``#### 
 The embedded task's prompts are used verbatim (no instruction, no template: a character-level
 model learned the format in its warm start).
 
-``system_prompt="troll"`` reproduces troll.txt Listing 4 (the thinking-format system prompt used
+``system_prompt="troll"`` reproduces TROLL (arXiv 2510.03817) Listing 4 (the thinking-format system prompt used
 for DAPO-Train, DAPO-Eval and Math-Eval), with the user turn ending in the paper's
 "Present the answer in LaTeX format: \\boxed{Your answer}." instruction.
 
@@ -32,7 +32,7 @@ INSTRUCTIONS = {
     "code": "Write a complete Python 3 solution in a single ```python code block at the end of your answer.",
 }
 
-# troll.txt Listing 4 (system prompt of DAPO-Train, DAPO-Eval and Math-Eval)
+# TROLL (arXiv 2510.03817) Listing 4 (system prompt of DAPO-Train, DAPO-Eval and Math-Eval)
 TROLL_SYSTEM_PROMPT = (
     "Your task is to follow a systematic, thorough reasoning process before providing the final solution. "
     "This involves analyzing, summarizing, exploring, reassessing, and refining your thought process through "

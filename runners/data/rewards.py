@@ -6,12 +6,12 @@ extracts the final answer strictly by the dataset's convention, then compares (`
 - ``embedded_int``: the last ``\\boxed{}`` must hold a bare integer equal to the gold (exact, no
   math-verify: the embedded task's answers are integers);
 - ``math``: the last ``\\boxed{}`` (MATH-500, AMC, AIME, Minerva, OlympiadBench, Omni-Math,
-  DAPO-Math as formatted by troll.txt's prompt, Eurus-2 math);
+  DAPO-Math as formatted by the TROLL paper's prompt, Eurus-2 math);
 - ``math_answer_line``: the last ``Answer: ...`` line (DAPO-Math-17k's original prompt);
 - ``gsm8k``: the last ``#### N``, falling back to the last ``\\boxed{}`` when the response has no
   ``####`` (instruct models box by habit; ``allow_boxed=False`` makes it strict);
 - ``code``: fraction of the first 10 test cases passed by the response's last Python code block,
-  run in the sandbox (0 if any case times out; troll.txt appendix C.2).
+  run in the sandbox (0 if any case times out; TROLL (arXiv 2510.03817) appendix C.2).
 
 Keyword arguments every math reward accepts: ``prompt`` (enables the echo check for non-numeric
 golds), ``timeout_s`` (math-verify). Unknown keywords are ignored, so the trainer can pass the

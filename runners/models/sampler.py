@@ -14,7 +14,7 @@ the batch and the cache once they are at least half of it (``compact=True``). Sa
 ``compact=False`` and the global RNG it reproduces ``generate(do_sample=True)`` token for token;
 with a ``torch.Generator`` it is deterministic.
 
-Continuing unfinished responses (T-PPO truncated windows, tppo.txt section 3): a prompt may already
+Continuing unfinished responses (T-PPO truncated windows, arXiv 2506.15050 section 3): a prompt may already
 hold a partial response. Join each row's prompt and partial response with
 ``join_left_padded(prompt_ids, prompt_mask, responses, response_mask, pad_token_id)`` and call
 ``generate`` on the result with the window length as ``max_new_tokens``; in greedy mode this equals

@@ -1,6 +1,6 @@
 """TRM error bounds (runners/algorithms/bounds.py) against the paper's numbers and brute-force sums.
 
-Checks against: trm.txt / ALGORITHMS.md section 4 numbers (T = 4096 table, large-divergence case,
+Checks against: TRM (arXiv 2512.23075) section 4's numbers (T = 4096 table, large-divergence case,
 Adaptive worst case, Z(T), table D.1), the small-divergence closed forms (eq. 29, 36), and plain
 Python loops over positions for the sums.  Run: ``pytest tests/algorithms/test_bounds.py``.
 """

@@ -1,4 +1,4 @@
-"""Entropy control (entropy.txt sections 3-5, appendix D.2): controller trajectories against the rules
+"""Entropy control (Entropy-preserving RL, arXiv 2603.11682, sections 3-5, appendix D.2): controller trajectories against the rules
 applied by hand step by step, REPO advantage transforms against hand-computed values, checkpoint
 round trips, and the Corollary-1 covariance against the exact entropy change of a tabular softmax."""
 

@@ -157,7 +157,7 @@ def _egae(rewards, values, mask, finished, **kw):
 
 
 def test_egae_hand_cases():
-    """tppo.txt eq. 6 by hand. Row 0 finished (terminal V = 0); row 1 unfinished with V(s_3) = V(s_2);
+    """T-PPO (arXiv 2506.15050) eq. 6 by hand. Row 0 finished (terminal V = 0); row 1 unfinished with V(s_3) = V(s_2);
     row 2 unfinished with one padding slot (its value 9.9 must be ignored)."""
     adv, ret = _egae(
         [[0.0, 0.0, 1.0], [0.0, 0.0, 0.0], [0.0, 0.0, 0.0]],

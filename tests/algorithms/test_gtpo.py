@@ -1,4 +1,4 @@
-"""GTPO (gtpo.txt sections 5, 11, 16): conflict spans on hand-built groups, a plain per-response loop
+"""GTPO (GTPO, arXiv 2508.03772, sections 5, 11, 16): conflict spans on hand-built groups, a plain per-response loop
 reference of the spans and of eq. 7, finite-difference gradients, and the entropy filter (eq. 6)."""
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ def pad(rows, width):
     return torch.tensor([r + [0] * (width - len(r)) for r in rows], dtype=torch.bool)
 
 
-# -- plain per-response reference (definitions of gtpo.txt section 5.1) ------------------------------
+# -- plain per-response reference (definitions of GTPO (arXiv 2508.03772) section 5.1) ------------------------------
 def ref_spans(rows, advs, groups):
     def conflicted(i, aligned):
         out = []
@@ -246,7 +246,7 @@ def objective_inputs(seed=0, dtype=torch.float64):
 
 
 def eq7_loop(inp, rows, advs, groups, *, gamma, h_ini, combine="or"):
-    """-J_GTPO of gtpo.txt eq. 7, one response at a time."""
+    """-J_GTPO of GTPO (arXiv 2508.03772) eq. 7, one response at a time."""
     lam = ref_lambda(rows, advs, groups, combine)
     total = 0.0
     for i, r in enumerate(rows):
@@ -259,7 +259,7 @@ def eq7_loop(inp, rows, advs, groups, *, gamma, h_ini, combine="or"):
 
 
 def authors_loop(inp, rows, advs, groups, *, gamma, h_ini, combine="product"):
-    """Authors' variant (gtpo.txt Listing 3): shifted advantage, token mean / max(1, n_conflict)."""
+    """Authors' variant (GTPO, arXiv 2508.03772, Listing 3): shifted advantage, token mean / max(1, n_conflict)."""
     lam = ref_lambda(rows, advs, groups, combine)
     fwd, bwd = ref_spans(rows, advs, groups)
     total = 0.0

@@ -1,5 +1,5 @@
 """Loss aggregation modes against verl's ``agg_loss``, gradient accumulation with global counts, and
-the TRM convention that sequence masks keep the denominator (trm.txt eq. 50).
+the TRM convention that sequence masks keep the denominator (TRM, arXiv 2512.23075, eq. 50).
 
 Run: ``pytest tests/algorithms/test_loss_agg.py``.
 """
@@ -87,7 +87,7 @@ def test_hand_case():
 
 
 def test_sequence_mask_keeps_denominator():
-    """trm.txt eq. 50: rejecting a sequence zeroes its numerator but not its share of the
+    """TRM (arXiv 2512.23075) eq. 50: rejecting a sequence zeroes its numerator but not its share of the
     denominator (multiply loss_mat by the keep weights, keep the response mask)."""
     loss_mat = torch.tensor([[1.0, 1.0], [5.0, 5.0]])
     mask = torch.ones(2, 2)

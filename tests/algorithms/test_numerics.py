@@ -1,5 +1,5 @@
 """Log-probs and entropies from logits against float64 references (values, gradients via gradcheck,
-chunking, temperature, -inf logits), against verl's helpers, and entropy.txt Theorem 3 (section 4.1,
+chunking, temperature, -inf logits), against verl's helpers, and Entropy-preserving RL (arXiv 2603.11682) Theorem 3 (section 4.1,
 App. A.8): ratios from bf16-rounded log-probs are biased upward, by Var(delta)/2, and fp32 is not.
 
 Run: ``pytest tests/algorithms/test_numerics.py``.
@@ -104,7 +104,7 @@ def test_agree_with_verl_helpers():
     torch.testing.assert_close(entropy_from_logits(logits), verl_f.entropy_from_logits(logits))
 
 
-# -- entropy.txt Theorem 3 -----------------------------------------------------------------------
+# -- Entropy-preserving RL (arXiv 2603.11682) Theorem 3 -----------------------------------------------------------------------
 def _bf16_ulp(x: torch.Tensor) -> torch.Tensor:
     """Spacing of bfloat16 numbers (8 significant bits) around |x|."""
     return 2.0 ** (torch.floor(torch.log2(x.abs().clamp(min=1e-30))) - 7)
@@ -116,7 +116,7 @@ def _mean_and_se(x: torch.Tensor) -> tuple[float, float]:
 
 @pytest.mark.slow
 def test_theorem3_bf16_ratio_bias():
-    """entropy.txt Theorem 3: E[r_obs | r_true] = r_true (1 + (ulp_new^2 + ulp_old^2) / 24) > r_true.
+    """Entropy-preserving RL (arXiv 2603.11682) Theorem 3: E[r_obs | r_true] = r_true (1 + (ulp_new^2 + ulp_old^2) / 24) > r_true.
 
     1e5 random distributions over 16 tokens (logits ~ N(0, 6^2)), a perturbed new policy (+ N(0, 0.5^2)
     on the logits), and the least likely token of each, where one bf16 ulp of log p is largest

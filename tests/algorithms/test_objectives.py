@@ -211,7 +211,7 @@ def test_gspo_gradient_equals_sequence_level_gradient():
 
 
 def test_value_loss_asymmetric_hand_cases():
-    """xi_low = 0.5, xi_high = 0.6 around V_old = 0 (tppo.txt eqs. 4-5)."""
+    """xi_low = 0.5, xi_high = 0.6 around V_old = 0 (T-PPO, arXiv 2506.15050, eqs. 4-5)."""
     values = torch.tensor([[1.0, -1.0, 1.0, 0.3]])
     returns = torch.tensor([[2.0, -2.0, 0.0, 0.0]])
     out = value_loss(values, torch.zeros(1, 4), returns, torch.ones(1, 4))

@@ -1,4 +1,4 @@
-"""TROLL (troll.txt section 3, appendices A and B) against independent references.
+"""TROLL (TROLL, arXiv 2510.03817, section 3, appendices A and B) against independent references.
 
 - gradients: ``torch.autograd.gradcheck`` (finite differences, float64) through the dense
   projection, the sparse objective, the dense objective and the GSPO form;
@@ -283,7 +283,7 @@ def test_tail_atom_equals_projection_of_explicit_sparse_distributions():
 
 
 def test_theorem_a2_numbers():
-    """troll.txt appendix A.4 / ALGORITHMS.md: 0.99999015168, 0.00075823623, 0.050757743814."""
+    """TROLL (arXiv 2510.03817) appendix A.4, Theorem A.2: 0.99999015168, 0.00075823623, 0.050757743814."""
     b = theorem_a2_bound(V=151936, K=256, delta=1e-5, p_d=1e-12, q_min=1.17549e-38, eps=0.05)
     assert math.isclose(b.factor, 0.99999015168, rel_tol=1e-11)
     assert math.isclose(b.additive, 0.00075823623, rel_tol=1e-9)

@@ -31,7 +31,7 @@ def test_report_command_writes_and_logs_the_report(store, tb_home, tmp_path, cap
     printed = capsys.readouterr().out
     assert "html:" in printed and (out / "report.html").exists()
     html = (out / "report.html").read_text()
-    assert "reproduces troll.txt Table 1" in html and "Failed to build" not in html
+    assert "reproduces TROLL (arXiv 2510.03817) Table 1" in html and "Failed to build" not in html
 
     client = MlflowClient(store.uri)
     exp = client.get_experiment_by_name("troll_table1")

@@ -1,4 +1,4 @@
-"""Roofline inputs: the decode arithmetic-intensity formula (ALGORITHMS.md section 9) against hand
+"""Roofline inputs: the decode arithmetic-intensity formula (T-PPO, arXiv 2506.15050, figure 5) against hand
 counts of FLOPs and bytes, and the hardware table's ridge points (spec: H100/H800 ~295 FLOP/byte)."""
 
 from __future__ import annotations

@@ -44,7 +44,7 @@ def test_troll_table1_matches_numpy_on_logged_curves(store):
             assert table.aux["std"].loc[cell] == pytest.approx(np.std(finals, ddof=1), abs=1e-12)
             checked += 1
     assert checked == 12
-    # the paper's numbers (troll.txt Table 1, Qwen3-8B; our model tag qwen3_8b matches it)
+    # the paper's numbers (TROLL, arXiv 2510.03817, Table 1, Qwen3-8B; our model tag qwen3_8b matches it)
     paper = table.values.xs("paper", axis=1, level="source")
     assert paper.loc[("qwen3_8b", "GSPO"), ("DAPO Train", "Clip")] == 0.0
     assert paper.loc[("qwen3_8b", "GSPO"), ("DAPO Train", "TROLL")] == 0.736
@@ -55,7 +55,7 @@ def test_troll_table1_matches_numpy_on_logged_curves(store):
 def test_entropy_table_matches_numpy_on_logged_curves(store):
     spec, truth = store.specs["entropy_tables"], store.truth["entropy_tables"]
     table = entropy_table(load_experiment("entropy_tables", store.uri, cache_dir=None))
-    assert table.reproduces == "entropy.txt Table 3"  # AIME evaluations, Qwen3-8B
+    assert table.reproduces == "Entropy-preserving RL (arXiv 2603.11682) Table 3"  # AIME evaluations, Qwen3-8B
     a24, a25 = metric_names.val_acc_mean("aime24"), metric_names.val_acc_mean("aime25")
     for method in spec.methods:
         at_best = {a24: [], a25: []}
@@ -83,7 +83,7 @@ def test_entropy_table_matches_numpy_on_logged_curves(store):
             assert table.values.loc[row, (name, "best", "ours")] == pytest.approx(best_any[metric], abs=1e-12)
         assert table.values.loc[row, ("ΔH", "", "ours")] == pytest.approx(np.mean(dh), abs=1e-12)
         assert table.aux["relative"].loc[row, ("ΔH", "", "ours")] == pytest.approx(np.mean(rel), abs=1e-12)
-    # entropy.txt Table 3 (Qwen-3-8B, AIME): DAPO 0.43 ± 0.01, best 0.44, ΔH +0.23 (+158%)
+    # Entropy-preserving RL (arXiv 2603.11682) Table 3 (Qwen-3-8B, AIME): DAPO 0.43 ± 0.01, best 0.44, ΔH +0.23 (+158%)
     assert table.values.loc["DAPO", ("AIME 2024", "mean ± std", "paper")] == 0.43
     assert table.aux["std"].loc["DAPO", ("AIME 2024", "mean ± std", "paper")] == 0.01
     assert table.values.loc["DAPO", ("AIME 2024", "best", "paper")] == 0.44
@@ -137,7 +137,7 @@ def test_troll_table4_and_table5_match_numpy():
     assert t5.values.loc[("Runtime", "Delta"), col] == pytest.approx(
         step["GRPO+TROLL (chunked)"] - step["GRPO"], abs=1e-12
     )
-    # troll.txt Table 5, Qwen3-1.7B: VRAM (Clip) 28.418 GiB, Runtime Delta (Chunked) +7.257 s (+16.7%)
+    # TROLL (arXiv 2510.03817) Table 5, Qwen3-1.7B: VRAM (Clip) 28.418 GiB, Runtime Delta (Chunked) +7.257 s (+16.7%)
     assert t5.values.loc[("VRAM", "Clip"), ("Qwen/Qwen3-1.7B", "paper")] == 28.418
     assert t5.display.loc[("Runtime", "Delta"), ("Qwen/Qwen3-1.7B", "paper")] == "+7.257 s (+16.7%) [Chunked]"
 
@@ -155,7 +155,7 @@ def test_tppo_table1_matches_numpy_and_lists_the_papers_rows():
         for lab in ("PPO", "T-PPO")
     }
     assert table.values.loc["T-PPO", ("time vs PPO", "ours")] == pytest.approx(t["T-PPO"] / t["PPO"], abs=1e-12)
-    # tppo.txt Table 1: all six published rows, T-PPO 62, VAPO 60, DeepSeek-R1-Zero-Qwen-32B 47
+    # T-PPO (arXiv 2506.15050) Table 1: all six published rows, T-PPO 62, VAPO 60, DeepSeek-R1-Zero-Qwen-32B 47
     assert list(table.values.index[:6]) == ["DeepSeek-R1-Zero-Qwen-32B", "DAPO", "VAPO", "GePPO", "PPO-EWMA", "T-PPO"]
     assert table.values.loc["T-PPO", ("AIME24 avg@1 (%)", "paper")] == 62
     assert table.values.loc["VAPO", ("AIME24 avg@1 (%)", "paper")] == 60
@@ -163,7 +163,7 @@ def test_tppo_table1_matches_numpy_and_lists_the_papers_rows():
 
 
 def test_trm_table_d1_agrees_with_the_paper():
-    """(1 - p)^T vs trm.txt Table D.1 as printed (some entries truncated: tolerance 1e-3)."""
+    """(1 - p)^T vs TRM (arXiv 2512.23075) Table D.1 as printed (some entries truncated: tolerance 1e-3)."""
     table = trm_table_d1()
     ours = table.values.xs("ours", axis=1, level="source")
     paper = table.values.xs("paper", axis=1, level="source")
@@ -180,7 +180,7 @@ def test_trm_bounds_table_agrees_with_the_paper():
     ours = table.values.xs("ours", axis=1, level="source")
     paper = table.values.xs("paper", axis=1, level="source")
     small = ours.columns[0]
-    # trm.txt section 6.3: classical 1677, Pinsker-Marginal 35.0, Mixed 8.2, linear 115.9 (T=4096, delta=1e-4, D_seq=0.01)
+    # TRM (arXiv 2512.23075) section 6.3: classical 1677, Pinsker-Marginal 35.0, Mixed 8.2, linear 115.9 (T=4096, delta=1e-4, D_seq=0.01)
     for bound, value in (("Classical (TRPO)", 1677), ("Pinsker-Marginal", 35.0), ("Mixed", 8.2), ("Linear", 115.9)):
         assert paper.loc[bound, small] == value
         assert ours.loc[bound, small] == pytest.approx(value, rel=3e-3)
@@ -196,7 +196,10 @@ def test_trm_acceptance_table_fits_the_iid_model():
         for col in table.values.columns[:-1]:
             lo, hi = (int(x) for x in col.strip("[)").split(", "))
             expect = np.mean(
-                [_curve(truth, method.label, s, metric_names.trm_accept_rate_bucket(lo, hi))[1].mean() for s in spec.seeds]
+                [
+                    _curve(truth, method.label, s, metric_names.trm_accept_rate_bucket(lo, hi))[1].mean()
+                    for s in spec.seeds
+                ]
             )
             assert row[col] == pytest.approx(expect, abs=1e-12)
         # the fitted p: least squares of log(acceptance) = T_mid log(1 - p) through the origin (numpy lstsq)

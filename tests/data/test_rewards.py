@@ -79,7 +79,7 @@ def test_adversarial_responses(name, response, gold, expected):
 
 
 def test_design_echo_is_credited_by_plain_math_verify_but_not_here():
-    """DESIGN.md's measured pitfall: math-verify's default parse credits the echo; ours does not."""
+    """The measured pitfall: math-verify's default parse credits the echo; ours does not."""
     from math_verify import parse, verify
 
     response = r"\boxed{66 + 24} = 110"

@@ -62,7 +62,7 @@ def test_report_html_is_self_contained_and_complete(built_report):
     assert refs and all(r.startswith(("data:", "#")) for r in refs)
     assert "<script" not in html and "<link" not in html and "@import" not in html
     # the reader sees what is reproduced, and ours beside paper
-    assert "reproduces trm.txt Table D.1" in html
+    assert "reproduces TRM (arXiv 2512.23075) Table D.1" in html
     assert html.count('<td class="paper">') > 0
     assert "Synthetic data." in html
     for name in ("report.md", "tables/trm_table_d1.tex", "tables/trm_table_d1.csv", "figures/trm_bounds.svg"):

@@ -1,6 +1,6 @@
 """The ``report`` and ``bounds`` subcommands, mounted on a plain argparse parser as runners/cli.py does.
 
-``trustbench bounds`` is checked against trm.txt's numbers (T = 4096, delta = 1e-4, D_seq = 0.01:
+``trustbench bounds`` is checked against the TRM paper's numbers (T = 4096, delta = 1e-4, D_seq = 0.01:
 classical 1677, Pinsker-Marginal 35.0, Mixed 8.2, linear 115.9)."""
 
 from __future__ import annotations
@@ -44,7 +44,9 @@ def test_bounds_large_divergence_and_errors(parser, capsys):
     args = parser.parse_args(["bounds", "--T", "4096", "--delta", "1", "--d-seq", "1", "--no-cap"])
     assert args.func(args) == 0
     text = capsys.readouterr().out
-    assert _value(text, "Pinsker-Marginal") == pytest.approx(3.49e5, rel=2e-3)  # trm.txt: 3.49e5 without caps
+    assert _value(text, "Pinsker-Marginal") == pytest.approx(
+        3.49e5, rel=2e-3
+    )  # TRM (arXiv 2512.23075): 3.49e5 without caps
     args = parser.parse_args(["bounds", "--T", "4096", "--delta", "-1"])
     assert args.func(args) == 2
     assert "delta" in capsys.readouterr().err

@@ -347,7 +347,7 @@ def test_update_pass_equals_local_trainer(case, remove_padding):
 
 def test_stored_old_distribution_within_budget():
     """Stored top-K (K=64) per response token vs a dense fp32 row: <= 1/1000 at V=151936
-    (troll.txt eq. 23's vocabulary), from the tensors the hook returns; chunking changes nothing."""
+    (TROLL, arXiv 2510.03817, eq. 23's vocabulary), from the tensors the hook returns; chunking changes nothing."""
     from runners.backends.verl.sparse_old import expand_rows, sparsify_rows
 
     vocab, n = 151936, 4

@@ -46,7 +46,7 @@ HF_MODELS = [m for m in MODELS if m not in NON_HF_MODELS]
 INEXPRESSIBLE = {
     "tppo": ("rollout.mode", None),
 }
-# trustbench estimator -> verl's estimator (ALGORITHMS.md s1 against verl's core_algos)
+# trustbench estimator -> verl's estimator (the library's estimators against verl's core_algos)
 VERL_ESTIMATOR = {
     "grpo": "grpo",
     "drgrpo": "grpo",

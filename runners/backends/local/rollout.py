@@ -6,7 +6,7 @@ slot by at most ``window`` tokens:
 
 - ``mode="full"`` (PPO, GRPO, ...): every step starts ``prompts_per_step`` fresh groups and the
   window is the whole response budget, so every slot finishes within the step.
-- ``mode="truncated"`` (T-PPO, tppo.txt section 3, Algorithm 1): the window is ``l`` tokens;
+- ``mode="truncated"`` (T-PPO, T-PPO (arXiv 2506.15050) section 3, Algorithm 1): the window is ``l`` tokens;
   slots that finish leave, unfinished ones carry over to the next step with their tokens so far as
   context, and free places are refilled from new prompt groups so the batch size stays constant.
 

@@ -12,7 +12,7 @@ worker state to keep in sync, and checkpointing is a JSON file next to verl's ch
 
 The entropy fed to the controller is the token mean over the batch's response tokens, as the
 built-in trainer computes it (verl's logged ``actor/entropy`` aggregates with ``loss_agg_mode``
-and equals it under ``token-mean``). GTPO's H_ini (gtpo.txt section 5.2: the initial model's
+and equals it under ``token-mean``). GTPO's H_ini (GTPO, arXiv 2508.03772, section 5.2: the initial model's
 entropy on the first training prompts) is measured on the first iteration's batch, restricted to
 its first ``h_ini_prompts`` prompt groups: responses sampled by the initial model on the first
 training prompts, before any update.

@@ -1,4 +1,4 @@
-"""Old-policy top-K and current logits inside verl's engine forward (troll.txt section 3.2, trm.txt eq. 51).
+"""Old-policy top-K and current logits inside verl's engine forward (TROLL, arXiv 2510.03817, section 3.2, TRM (arXiv 2512.23075) eq. 51).
 
 Design: verl 0.9.1 computes log pi_old in ``TrainingWorker.infer_batch`` -> ``engine.forward_step``
 -> ``prepare_model_outputs``, the one place where the full [tokens, V] logits exist, and hands the
