@@ -7,9 +7,14 @@ the gradient stays normalised by the whole batch N (eq. 50) and rejected sequenc
 
 Criteria (TRM section 6 and appendix B; every threshold is inclusive, "keep iff stat <= threshold"):
 
-- exact, from the stored sparse rollout distributions (``inp.old_topk_index/old_topk_logp``) against
-  ``inp.logits``: ``D_KL(c_t) = sum_v pi_roll(v) (log pi_roll(v) - log pi_theta(v))`` over the
-  stored support (eq. 51): ``trm_max`` (max_t), ``trm_avg`` (mean_t), ``trm_max_avg`` (both);
+- exact, from the stored sparse rollout distributions (``inp.old_topk_index/old_topk_logp``: the
+  kept tokens' true log-probs) against ``inp.logits``: ``D_KL(c_t) = sum_v pi_roll(v) (log pi_roll(v)
+  - log pi_theta(v))`` (eq. 51) over the stored support plus one "rest" bin holding the mass of every
+  other token (``tail_bin``, the default). That is the KL of the coarse-grained pair: by the data
+  processing inequality it is at most the true KL, it equals it when the support is the whole
+  vocabulary, and it is 0 for an unchanged policy whatever mass the support keeps (without the rest
+  bin, eq. 51 over the support alone is neither a bound nor zero-preserving under renormalisation).
+  ``trm_max`` (max_t), ``trm_avg`` (mean_t), ``trm_max_avg`` (both);
 - sample-based, from ``log r_t = logp - rollout_logp`` of the sampled tokens (appendix B):
   ``trm_max_k2`` (max_t of k2 = 0.5 (log r)^2), ``trm_avg_k3`` (mean_t of k3 = r - 1 - log r),
   ``trm_max_avg_sample`` (both);
@@ -79,7 +84,7 @@ def _sparse_token_stats(logits: Tensor, index: Tensor, topk_logp: Tensor, tail_b
     q_rest = (1.0 - q.sum(-1)).clamp(min=0.0)
     if tail_bin:  # KL of the coarse-grained pair (kept ids + one "rest" bin): >= 0, <= the true KL
         rest = p_rest * (p_rest.clamp(min=1e-300).log() - q_rest.clamp(min=1e-12).log())
-        kl = kl + torch.where(p_rest > 0, rest, 0.0)
+        kl = (kl + torch.where(p_rest > 0, rest, 0.0)).clamp(min=0.0)  # a KL: rounding must not make it < 0
     tv = 0.5 * ((p - q).abs().sum(-1) + (p_rest - q_rest).abs())
     return kl, tv.clamp(max=1.0)
 
@@ -90,7 +95,7 @@ def sparse_token_divergences(
     topk_logp: Tensor,
     mask: Tensor | None = None,
     *,
-    tail_bin: bool = False,
+    tail_bin: bool = True,
 ) -> tuple[Tensor, Tensor]:
     """Exact token KL(pi_roll || pi_theta) and TV [B,T] from a stored sparse rollout distribution.
 
@@ -128,7 +133,7 @@ def sparse_token_divergences(
     return kl.reshape(lead), tv.reshape(lead)
 
 
-def exact_token_kl(logits: Tensor, index: Tensor, topk_logp: Tensor, *, tail_bin: bool = False) -> Tensor:
+def exact_token_kl(logits: Tensor, index: Tensor, topk_logp: Tensor, *, tail_bin: bool = True) -> Tensor:
     """Per-token exact KL(pi_roll || pi_theta) [B,T] over the stored support (TRM, arXiv 2512.23075, eq. 51).
 
     ``logits`` [B,T,V], ``index`` [B,T,K], ``topk_logp`` [B,T,K] (-inf = padding slot, ignored).
@@ -300,7 +305,7 @@ def _finish(
         return MaskOutput(seq_mask, {})
     if token_kl is None and all(getattr(inp, f) is not None for f in _EXACT_FIELDS):
         # distributions stored: monitor the exact KL/TV even when the criterion is sample-based
-        token_kl, token_tv = _exact_divergences(inp, "monitoring", False)
+        token_kl, token_tv = _exact_divergences(inp, "monitoring", True)
     with torch.no_grad():
         metrics = compute_trm_metrics(
             inp,
@@ -329,18 +334,18 @@ def no_mask(inp: PolicyInputs, **monitor_kw) -> MaskOutput:
     return _finish(inp, keep, **monitor_kw)
 
 
-def trm_max_mask(inp: PolicyInputs, *, delta: float = 0.05, tail_bin: bool = False, **monitor_kw) -> MaskOutput:
+def trm_max_mask(inp: PolicyInputs, *, delta: float = 0.05, tail_bin: bool = True, **monitor_kw) -> MaskOutput:
     """TRM-Max: keep iff ``max_t D_KL(c_t) <= delta`` (exact KL, TRM (arXiv 2512.23075) section 6.2)."""
     return _exact_mask(inp, "trm_max", delta, None, tail_bin, monitor_kw)
 
 
-def trm_avg_mask(inp: PolicyInputs, *, delta_avg: float = 0.001, tail_bin: bool = False, **monitor_kw) -> MaskOutput:
+def trm_avg_mask(inp: PolicyInputs, *, delta_avg: float = 0.001, tail_bin: bool = True, **monitor_kw) -> MaskOutput:
     """TRM-Avg: keep iff ``mean_t D_KL(c_t) <= delta_avg`` (exact KL)."""
     return _exact_mask(inp, "trm_avg", None, delta_avg, tail_bin, monitor_kw)
 
 
 def trm_max_avg_mask(
-    inp: PolicyInputs, *, delta: float = 0.1, delta_avg: float = 0.002, tail_bin: bool = False, **monitor_kw
+    inp: PolicyInputs, *, delta: float = 0.1, delta_avg: float = 0.002, tail_bin: bool = True, **monitor_kw
 ) -> MaskOutput:
     """TRM-Max&Avg: both criteria with looser thresholds (TRM, arXiv 2512.23075, section 7, figure 3)."""
     return _exact_mask(inp, "trm_max_avg", delta, delta_avg, tail_bin, monitor_kw)

@@ -114,6 +114,7 @@ def sparsify(
     p_default: float = 1e-12,
     chunk_size: int = 1024,
     return_mass: bool = False,
+    renormalize: bool = True,
 ) -> tuple[Tensor, Tensor] | tuple[Tensor, Tensor, Tensor]:
     """Sparse form of a token distribution (TROLL, arXiv 2510.03817, section 3.2, eq. 21).
 
@@ -123,7 +124,10 @@ def sparsify(
     1 - delta; slot K holds the sampled token (removed from the top slots if it was among them);
     unused slots have logp = -inf and index 0. Kept log-probs are log p(x) + log gamma with
     gamma = (1 - (V - |S|) p_default) / sum_S p. With ``return_mass`` also returns the kept mass
-    sum_S p [...] (float32) before renormalisation.
+    sum_S p [...] (float32) before renormalisation. ``renormalize=False`` stores the kept tokens'
+    true log-probs log p(x) instead (their sum is the kept mass): the form a trainer stores for the
+    old / rollout policy, from which TROLL renormalises on S itself (``reduce_on_kept_set``) and TRM
+    takes exact per-token divergences with the missing mass as one rest bin.
     """
     vocab = logits.shape[-1]
     _check_sparse_params(vocab, k, delta, p_default)
@@ -139,14 +143,18 @@ def sparsify(
     with torch.no_grad():
         for start in range(0, flat.shape[0], chunk_size):
             rows = slice(start, start + chunk_size)
-            index[rows], logp[rows], mass[rows] = _sparsify_chunk(flat[rows], ids[rows], k, delta, p_default)
+            index[rows], logp[rows], mass[rows] = _sparsify_chunk(
+                flat[rows], ids[rows], k, delta, p_default, renormalize
+            )
     out_shape = (*logits.shape[:-1], k + 1)
     if return_mass:
         return index.reshape(out_shape), logp.reshape(out_shape), mass.reshape(logits.shape[:-1])
     return index.reshape(out_shape), logp.reshape(out_shape)
 
 
-def _sparsify_chunk(x: Tensor, ids: Tensor, k: int, delta: float, p_default: float) -> tuple[Tensor, Tensor, Tensor]:
+def _sparsify_chunk(
+    x: Tensor, ids: Tensor, k: int, delta: float, p_default: float, renormalize: bool = True
+) -> tuple[Tensor, Tensor, Tensor]:
     """One chunk of ``sparsify``: x [C,V] (any float dtype), ids [C] -> index, logp [C,K+1], mass [C]."""
     vocab = x.shape[-1]
     lse = chunked_logsumexp(x, chunk_size=x.shape[0] or 1).double()  # upcasts block by block
@@ -165,8 +173,9 @@ def _sparsify_chunk(x: Tensor, ids: Tensor, k: int, delta: float, p_default: flo
     idx = torch.cat([torch.where(keep, top_idx, torch.zeros_like(top_idx)), ids.unsqueeze(-1)], dim=-1)
     kept = lp > -math.inf
     mass = torch.logsumexp(lp, -1).exp()
-    gamma = (1 - (vocab - kept.sum(-1)).double() * p_default) / mass
-    lp = torch.where(kept, lp + gamma.log().unsqueeze(-1), -math.inf)
+    if renormalize:
+        gamma = (1 - (vocab - kept.sum(-1)).double() * p_default) / mass
+        lp = torch.where(kept, lp + gamma.log().unsqueeze(-1), -math.inf)
     idx = torch.where(kept, idx, torch.zeros_like(idx))
     return idx.to(torch.int32), lp.float(), mass.float()
 

@@ -7,7 +7,9 @@ V vocabulary. All masks are float or bool with 1 on real response tokens.
 Sparse distributions (TROLL section 3.2, TRM exact KL) are stored as a pair
 ``(index [B,T,K] int32/int64, logp [B,T,K] float)`` of vocabulary ids and log-probabilities, with
 padding slots marked by ``logp = -inf`` (their index is arbitrary but valid, e.g. 0). The kept set
-always contains the sampled token.
+always contains the sampled token. Trainers store the kept tokens' true log-probs (their sum is the
+kept mass; ``sparsify(renormalize=False)``): TROLL renormalises on the kept set itself and TRM counts
+the missing mass as one rest bin, so both are correct at any kept mass.
 """
 
 from __future__ import annotations

@@ -81,7 +81,7 @@ def test_exact_kl_truncated_support_padding_and_chunks(monkeypatch):
     ref_tail = ref + p_rest * (p_rest.log() - q_rest.log())
     ref_tv = 0.5 * (torch.where(kept, (p - q).abs(), 0.0).sum(-1) + (p_rest - q_rest).abs())
     monkeypatch.setattr(trm, "_CHUNK_ELEMENTS", 13 * 4)  # 4 rows per chunk
-    kl, tv = trm.sparse_token_divergences(inp.logits, index, topk_logp)
+    kl, tv = trm.sparse_token_divergences(inp.logits, index, topk_logp, tail_bin=False)
     kl_tail, _ = trm.sparse_token_divergences(inp.logits, index, topk_logp, tail_bin=True)
     torch.testing.assert_close(kl, ref, rtol=1e-9, atol=1e-12)
     torch.testing.assert_close(kl_tail, ref_tail, rtol=1e-9, atol=1e-12)

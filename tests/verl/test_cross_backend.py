@@ -53,7 +53,7 @@ EXTRA_CELLS = {
         "algorithm=grpo",
         "mask=trm_max",
         f"mask.top_k={TOP_K}",
-        "mask.delta=1.0",
+        "mask.delta=0.01",
         "trainer.kl_coef=0.05",
     ),
     "gspo+troll+repo_r": ("algorithm=gspo", "objective=troll", f"objective.top_k={TOP_K}", "entropy_control=repo_r"),

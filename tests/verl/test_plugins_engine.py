@@ -129,7 +129,8 @@ def _padded(parts, fill=0):
 
 @pytest.mark.parametrize("remove_padding", [True, False])
 def test_old_pass_stores_sparsify_of_each_response(remove_padding):
-    """old_topk_index/logp from the engine hook equal sparsify() of independently computed logits;
+    """old_topk_index/logp from the engine hook equal sparsify() of independently computed logits (the
+    kept tokens' true log-probs, ``renormalize=False``, as the built-in trainer stores them);
     verl's own log_probs are untouched and consistent with the stored top-K's last slot."""
     from verl.workers.utils.padding import response_from_nested
 
@@ -143,7 +144,9 @@ def test_old_pass_stores_sparsify_of_each_response(remove_padding):
         out = _forward(engine, td)
         ref_logits = _response_logits(old_model, prompts, responses)
     mask = _padded([torch.ones(len(r)) for r in responses])
-    ref_idx, ref_lp = sparsify(ref_logits, _padded(responses), k=6, delta=1e-5, p_default=1e-12, chunk_size=1024)
+    ref_idx, ref_lp = sparsify(
+        ref_logits, _padded(responses), k=6, delta=1e-5, p_default=1e-12, chunk_size=1024, renormalize=False
+    )
     idx = torch.nested.to_padded_tensor(out[OLD_TOPK_INDEX], 0).long()
     lp = torch.nested.to_padded_tensor(out[OLD_TOPK_LOGP], float("-inf"))
     real = mask > 0
@@ -171,7 +174,7 @@ def test_old_pass_through_verl_dynamic_micro_batches():
         outputs = [{"model_output": _forward(_engine(model), mb), "loss": 0.0, "metrics": {}} for mb in micro_batches]
         whole = postprocess_batch_func(outputs, indices, td)["model_output"]
         ref_logits = _response_logits(model, prompts, responses)
-    ref_idx, ref_lp = sparsify(ref_logits, _padded(responses), k=6, delta=1e-5, p_default=1e-12)
+    ref_idx, ref_lp = sparsify(ref_logits, _padded(responses), k=6, delta=1e-5, p_default=1e-12, renormalize=False)
     for i, length in enumerate(RESPONSES):
         assert torch.equal(whole[OLD_TOPK_INDEX].unbind()[i].long(), ref_idx[i, :length].long())
         torch.testing.assert_close(whole[OLD_TOPK_LOGP].unbind()[i], ref_lp[i, :length], rtol=1e-6, atol=1e-6)
@@ -362,3 +365,53 @@ def test_stored_old_distribution_within_budget():
     idx2, lp2 = sparsify_rows(logits, rows, sampled, k=64, delta=1e-5, p_default=1e-12, chunk_size=1024)
     assert torch.equal(idx, idx2) and torch.equal(lp, lp2)
     assert torch.equal(rows, torch.tensor([0, 1, 2, 3]))
+
+
+def test_unchanged_policy_is_accepted_at_a_real_vocabulary_size():
+    """V = 4096, K = 64 (top-64 keeps a fraction of the mass): the engine stores the kept tokens' true
+    log-probs and the plugin's exact-KL TRM-Max reads KL 0 and accepts every sequence for an unchanged
+    policy (stored renormalised log-probs read -log(kept mass) and rejected all)."""
+    from verl.workers.config.actor import ActorConfig
+    from verl.workers.utils.padding import response_from_nested, response_to_nested
+
+    from runners.backends.verl import plugins  # noqa: F401
+    from runners.backends.verl.plugins_config import TrustbenchPolicyLossConfig
+    from runners.backends.verl.plugins_losses import RUNTIME_KEY
+    from runners.backends.verl.plugins_ppo_loss import trustbench_ppo_loss
+    from runners.backends.verl.sparse_old import KEEP_LOGITS_KEY, OLD_TOPK_INDEX, OLD_TOPK_LOGP, SPARSIFY_KEY
+    from runners.models.tiny import build_tiny_model
+
+    vocab = 4096
+    model = build_tiny_model("qwen2", vocab_size=vocab, seed=4, num_hidden_layers=2).double()
+    gen = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(0, vocab, (p,), generator=gen) for p in PROMPTS]
+    responses = [torch.randint(0, vocab, (r,), generator=gen) for r in RESPONSES]
+    sparse = {"k": 64, "delta": 1e-5, "p_default": 1e-12, "chunk_size": 1024}
+    td_old = _batch(prompts, responses, remove_padding=True, calculate_entropy=False, **{SPARSIFY_KEY: sparse})
+    with torch.no_grad():
+        old_out = _forward(_engine(model), td_old)
+    mass = torch.nested.to_padded_tensor(old_out[OLD_TOPK_LOGP], float("-inf")).double().exp().sum(-1)
+    assert float(mass[mass > 0].max()) < 0.9
+    mask_nt = td_old["response_mask"]
+    old_logp_nt = response_from_nested(old_out["log_probs"], mask_nt)
+    mask = _padded([torch.ones(len(r)) for r in responses]).double()
+    fields = {
+        "old_log_probs": old_logp_nt,
+        "advantages": response_to_nested(torch.randn(mask.shape, dtype=torch.float64) * mask, mask_nt),
+        OLD_TOPK_INDEX: old_out[OLD_TOPK_INDEX],
+        OLD_TOPK_LOGP: old_out[OLD_TOPK_LOGP],
+        KEEP_LOGITS_KEY: True,
+        RUNTIME_KEY: {},
+        "dp_size": 1,
+        "batch_num_tokens": int(mask.sum()),
+        "global_batch_size": 4,
+    }
+    td = _batch(prompts, responses, remove_padding=True, **fields)
+    policy_loss = TrustbenchPolicyLossConfig(
+        loss_mode="trustbench_clip", mask="trm_max", mask_params={"delta": 0.05, "top_k": 64}
+    )
+    config = ActorConfig(strategy="fsdp", rollout_n=4, ppo_micro_batch_size_per_gpu=4, policy_loss=policy_loss)
+    loss_fn = partial(trustbench_ppo_loss, config=config)
+    _, metrics = loss_fn(model_output=_forward(_engine(model), td, loss_fn), data=td)
+    assert np.mean(metrics["trm/accept_rate"].values) == 1.0
+    assert max(metrics["trm/max_kl"].values) < 1e-5

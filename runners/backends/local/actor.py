@@ -55,8 +55,11 @@ def old_pass(forward: LogitsFn, data: dict, *, method, micro_batch_size: int, pr
                 from runners.algorithms.troll import sparsify
 
                 flat = logits.reshape(-1, logits.shape[-1])
-                idx, lp = sparsify(
-                    flat, data["responses"][rows].reshape(-1), **{**sparse, "k": min(sparse["k"], logits.shape[-1])}
+                idx, lp = sparsify(  # true log-probs of the kept tokens (the rest is one bin for TRM)
+                    flat,
+                    data["responses"][rows].reshape(-1),
+                    **{**sparse, "k": min(sparse["k"], logits.shape[-1])},
+                    renormalize=False,
                 )
                 shape = (*logits.shape[:2], idx.shape[-1])
                 out["old_topk_index"].append(idx.reshape(shape))

@@ -103,7 +103,13 @@ def sparsify_rows(
             stop = min(start + chunk_size, n)
             chunk = logits.detach().index_select(0, rows[start:stop])
             index[start:stop], logp[start:stop] = sparsify(
-                chunk, sampled[start:stop], k=k, delta=delta, p_default=p_default, chunk_size=chunk_size
+                chunk,
+                sampled[start:stop],
+                k=k,
+                delta=delta,
+                p_default=p_default,
+                chunk_size=chunk_size,
+                renormalize=False,  # the kept tokens' true log-probs, as the built-in trainer stores them
             )
     return index, logp
 
