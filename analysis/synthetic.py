@@ -118,7 +118,10 @@ def _core(out: dict, spec: SyntheticSpec, method: SyntheticMethod, final: float,
     out[metric_names.ENTROPY] = (steps, noisy(method.entropy0 * np.exp(-method.entropy_decay * t), 0.01, lo=1e-3))
     out[metric_names.RESPONSE_LENGTH_MEAN] = (steps, noisy(200.0 + 150.0 * learn, 5.0, lo=1.0))
     if method.tags.get(metric_names.TAG_OBJECTIVE, "clip") == "troll":
-        out[metric_names.TROLL_PROJECTED_FRAC] = (steps, noisy(np.full_like(t, 2e-3) * (1 + t / spec.steps), 2e-4, lo=0.0))
+        out[metric_names.TROLL_PROJECTED_FRAC] = (
+            steps,
+            noisy(np.full_like(t, 2e-3) * (1 + t / spec.steps), 2e-4, lo=0.0),
+        )
         out[metric_names.TROLL_KEPT_TOKENS] = (steps, noisy(np.full_like(t, 7.0), 0.5, lo=1.0))
     else:
         out[metric_names.PG_CLIPFRAC] = (steps, noisy(np.full_like(t, method.clipfrac), method.clipfrac / 7.5, lo=0.0))
@@ -318,7 +321,9 @@ def synthetic_data(spec: SyntheticSpec) -> tuple[ExperimentData, dict[tuple[str,
 
 def _m(label: str, algorithm: str, objective: str = "clip", estimator: str | None = None, **kw) -> SyntheticMethod:
     tags = {metric_names.TAG_ALGORITHM: algorithm, metric_names.TAG_OBJECTIVE: objective}
-    tags[metric_names.TAG_ESTIMATOR] = estimator or {"ppo": "gae", "tppo": "egae", "gspo": "grpo"}.get(algorithm, algorithm)
+    tags[metric_names.TAG_ESTIMATOR] = estimator or {"ppo": "gae", "tppo": "egae", "gspo": "grpo"}.get(
+        algorithm, algorithm
+    )
     for key in (metric_names.TAG_MASK, metric_names.TAG_ENTROPY_CONTROL):
         if key in kw:
             tags[key] = kw.pop(key)
@@ -381,7 +386,7 @@ def profile(experiment: str, steps: int = 60, seeds: tuple[int, ...] = (0, 1, 2)
                 _m("GRPO", "grpo", final=0.47, entropy_decay=0.02),
                 _m("DAPO", "dapo", final=0.45, entropy_decay=-0.01),
                 _m("ADAPO", "adapo", final=0.46, entropy_decay=0.0, entropy_control="adapo", clipfrac=2.5e-3),
-                _m("REPO-R", "repo_r", final=0.48, entropy_decay=-0.003, entropy_control="repo_r"),
+                _m("REPO-R", "repo_r", final=0.48, entropy_decay=-0.001, entropy_control="repo_r"),
             ],
             eval_sets=("aime24", "aime25"),
             dataset="dapo_math",
@@ -407,7 +412,9 @@ def profile(experiment: str, steps: int = 60, seeds: tuple[int, ...] = (0, 1, 2)
         ),
     }
     base = experiment[: -len("_cpu")] if experiment.endswith("_cpu") else experiment  # CPU-scale variants
-    spec = replace(specs[base], experiment=experiment) if base in specs else replace(specs["demo"], experiment=experiment)
+    spec = (
+        replace(specs[base], experiment=experiment) if base in specs else replace(specs["demo"], experiment=experiment)
+    )
     return replace(spec, steps=steps, seeds=seeds)
 
 
