@@ -147,6 +147,13 @@ def register_claim(claim: Claim) -> Claim:
     return claim
 
 
+def claim_keys() -> list[str]:
+    """Keys of every registered claim (the papers' claims of ``analysis.claim_checks`` included)."""
+    import analysis.claim_checks  # noqa: F401
+
+    return sorted(CLAIMS)
+
+
 def get_claim(key: str) -> Claim:
     import analysis.claim_checks  # noqa: F401  (registers the papers' claims)
 

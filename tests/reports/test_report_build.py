@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import re
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
+import yaml
 
 from analysis.skip import SkipItem
 from analysis.synthetic import profile, synthetic_data
@@ -23,6 +25,20 @@ EXPECTED_REPORTS = {
     "trm_acceptance",
     "generic",
 }
+SWEEPS = sorted((Path(__file__).resolve().parents[2] / "sweeps").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("sweep", SWEEPS, ids=[p.stem for p in SWEEPS])
+def test_every_sweep_gets_its_papers_report(sweep):
+    """Each sweep file's experiment (its MLflow experiment) has a registered report, not the generic one:
+    a *_cpu sweep the items of its paper's report; every report compares with a baseline and checks claims."""
+    experiment = yaml.safe_load(sweep.read_text())["experiment"]
+    spec = get_report(experiment)
+    assert spec.name == experiment != "generic"
+    base = experiment.removesuffix("_cpu")
+    assert spec.items == get_report(base).items
+    targets = {item.target for item in spec.items}
+    assert {"analysis.tables.compare:comparison_table", "analysis.tables.claims:claims_table"} <= targets
 
 
 def test_registry_covers_the_sweeps_and_falls_back_to_generic():
