@@ -54,14 +54,15 @@ class MeanCI:
     def has_interval(self) -> bool:
         return self.n >= 2 and np.isfinite(self.lo) and np.isfinite(self.hi)
 
-    def text(self, digits: int = 3, signed: bool = False) -> str:
-        """'0.617 [0.517, 0.716] (n=3)'; '0.617 (n=1, no CI)'; '–' without values."""
+    def text(self, digits: int = 3, signed: bool = False, show_n: bool = True) -> str:
+        """'0.617 [0.517, 0.716] (n=3)'; '0.617 (n=1, no CI)'; '–' without values (``show_n=False``: no "(n=3)")."""
         if self.n == 0 or not np.isfinite(self.mean):
             return "–"
         f = f"{{:{'+' if signed else ''}.{digits}f}}"
         if not self.has_interval:
             return f"{f.format(self.mean)} (n={self.n}, no CI)"
-        return f"{f.format(self.mean)} [{f.format(self.lo)}, {f.format(self.hi)}] (n={self.n})"
+        n = f" (n={self.n})" if show_n else ""
+        return f"{f.format(self.mean)} [{f.format(self.lo)}, {f.format(self.hi)}]{n}"
 
 
 def _finite(values: Sequence[float] | np.ndarray) -> np.ndarray:
@@ -230,9 +231,9 @@ def seeds_needed(delta: float, sd: float, alpha: float = ALPHA, power: float = P
 
 
 def seeds_text(n: int | None, have: int, n_max: int = 1000) -> str:
-    """'5 (have 3)', '> 1000', or '–' when the variance is unknown (fewer than 2 seeds)."""
+    """'5', '> 1000', or '–' when the variance is unknown (fewer than 2 paired seeds)."""
     if have < 2:
-        return "– (needs 2 seeds for a variance)"
+        return "–"
     if n is None:
         return f"> {n_max}"
-    return f"{n} (have {have})"
+    return str(n)

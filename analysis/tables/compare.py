@@ -27,15 +27,15 @@ from analysis.tables.base import MISSING, Table
 from runners import metric_names
 
 COLUMNS = [
-    "n",
+    "n seeds",
     "mean [95% CI]",
     "baseline",
     "Δ vs baseline [95% CI]",
     "p",
     "p (Holm)",
     "verdict",
-    "seeds: observed Δ",
-    "seeds: minimal effect",
+    "seeds for observed Δ",
+    "seeds for minimal Δ",
 ]
 
 
@@ -121,9 +121,9 @@ def comparison_table(
             aux["diff_lo"].loc[row, "value"], aux["diff_hi"].loc[row, "value"] = tr.diff.lo, tr.diff.hi
         display.loc[row] = [
             str(ci.n),
-            ci.text(3),
+            ci.text(3, show_n=False),
             base if base not in (None, row[1]) else ("–" if base is None else "(baseline)"),
-            tr.diff.text(3, signed=True) if tr is not None else MISSING,
+            tr.diff.text(3, signed=True, show_n=False) if tr is not None else MISSING,
             _p(tr.p) if tr is not None else MISSING,
             _p(p_holm),
             verdict,
@@ -143,9 +143,11 @@ def comparison_table(
             "Mean [95% t interval] over seeds (n seeds) of each run's final value. Δ = method − baseline on the seeds "
             f"both ran (paired by seed) with its 95% t interval; p: two-sided {TEST_NAMES[test]} on the paired "
             f"differences; p (Holm): Holm-Bonferroni adjusted over the {m} comparisons of this table; "
-            f"'not distinguishable' where the adjusted p > {ALPHA}. Seeds: paired seeds a paired t-test needs for "
-            f"{POWER:.0%} power at alpha {ALPHA} (two-sided) given the observed spread of the differences, to detect the "
-            f"observed Δ and a minimal effect of {min_effect:g}. " + spec.describe().capitalize() + "."
+            f"'not distinguishable' where the adjusted p > {ALPHA}. Seeds for observed / minimal Δ: paired seeds a paired "
+            f"t-test needs for {POWER:.0%} power at alpha {ALPHA} (two-sided, per comparison) given the observed spread of "
+            f"the differences, to detect the observed Δ / a minimal effect of {min_effect:g} (– below 2 paired seeds). "
+            + spec.describe().capitalize()
+            + "."
         ),
         values=values,
         display=display,
