@@ -233,11 +233,11 @@ def write_pdf(
 
 
 def _meta(experiment: str, data: ExperimentData, tracking_uri: str) -> list[tuple[str, str]]:
-    from runners import schema
+    from runners import metric_names
 
     labels = data.labels()
-    seeds = sorted({int(s) for s in labels[schema.TAG_SEED] if s >= 0}) if len(labels) else []
-    methods = labels[schema.TAG_METHOD].nunique() if len(labels) else 0
+    seeds = sorted({int(s) for s in labels[metric_names.TAG_SEED] if s >= 0}) if len(labels) else []
+    methods = labels[metric_names.TAG_METHOD].nunique() if len(labels) else 0
     return [
         ("Experiment", experiment),
         ("Runs", f"{len(labels)} runs, {methods} methods" + (f", seeds {', '.join(map(str, seeds))}" if seeds else "")),

@@ -14,7 +14,7 @@ from analysis.stats import MeanCI
 from analysis.synthetic import SyntheticSpec, _m, synthetic_data
 from analysis.tables.claims import ALL_CLAIMS, claims_table
 from reports.registry import ALL_CLAIMS as REGISTRY_CLAIMS
-from runners import schema
+from runners import metric_names
 
 FAMILIES = frozenset({"core", "timing", "claims", "trm"})
 
@@ -73,7 +73,7 @@ def test_troll_claim_passes_with_the_statistic_recomputed_from_the_curves():
     assert outcome.verdict == PASS
     troll, clip = outcome.checks
     for check, label in ((troll, "GRPO+TROLL"), (clip, "GRPO")):
-        per_seed = [truth[(label, s)]["curves"][schema.POST_UPDATE_KL][1].max() / 0.05 for s in spec.seeds]
+        per_seed = [truth[(label, s)]["curves"][metric_names.POST_UPDATE_KL][1].max() / 0.05 for s in spec.seeds]
         assert (check.ci.lo, check.ci.mean, check.ci.hi) == pytest.approx(_ci(per_seed), rel=1e-9)
     assert troll.verdict == PASS and troll.ci.hi < 1 and clip.verdict == PASS and clip.ci.lo > 1
 
@@ -83,7 +83,7 @@ def test_troll_claim_fails_when_troll_exceeds_eps_and_is_inconclusive_on_the_edg
     assert _outcome(data, "troll_kl_bound").verdict == FAIL
     spec, data, truth = _data(_troll_methods(troll_kl=0.04), seeds=(0, 1))  # max over steps near eps
     troll = _outcome(data, "troll_kl_bound").checks[0]
-    per_seed = [truth[("GRPO+TROLL", s)]["curves"][schema.POST_UPDATE_KL][1].max() / 0.05 for s in spec.seeds]
+    per_seed = [truth[("GRPO+TROLL", s)]["curves"][metric_names.POST_UPDATE_KL][1].max() / 0.05 for s in spec.seeds]
     lo, _, hi = _ci(per_seed)
     assert lo < 1 < hi and troll.verdict == INCONCLUSIVE
     _, data, _ = _data(_troll_methods(), seeds=(0,))
@@ -101,7 +101,7 @@ def test_claims_without_their_runs_are_not_checked_and_say_why():
 def test_trm_claim_pass_and_fail_on_known_violation_rates():
     spec, data, truth = _data([_m("GRPO", "grpo", violation_p=1e-3), _m("TRM-Max", "grpo", "token_is", mask="trm_max")])
     length, bound = _outcome(data, "trm_length").checks
-    short, long_ = schema.trm_accept_rate_bucket(0, 256), schema.trm_accept_rate_bucket(4096, 8192)
+    short, long_ = metric_names.trm_accept_rate_bucket(0, 256), metric_names.trm_accept_rate_bucket(4096, 8192)
     diffs = [
         truth[("TRM-Max", s)]["curves"][short][1].mean() - truth[("TRM-Max", s)]["curves"][long_][1].mean()
         for s in spec.seeds
@@ -123,7 +123,7 @@ def test_repo_r_claim():
     k = 4  # a tenth of 40 steps
     rel = []
     for s in spec.seeds:
-        h = truth[("REPO-R", s)]["curves"][schema.ENTROPY][1]
+        h = truth[("REPO-R", s)]["curves"][metric_names.ENTROPY][1]
         rel.append((h[-k:].mean() - h[:k].mean()) / h[:k].mean())
     assert repo.ci.mean == pytest.approx(np.mean(rel), rel=1e-9)
     assert (outcome.verdict, repo.verdict, grpo.verdict) == (PASS, PASS, PASS)
@@ -150,7 +150,7 @@ def test_adapo_claim():
 
 def _time_to_target(truth, label, seed, target, metric):
     steps, values = truth[(label, seed)]["curves"][metric]
-    t_steps, t = truth[(label, seed)]["curves"][schema.TIMING_STEP]
+    t_steps, t = truth[(label, seed)]["curves"][metric_names.TIMING_STEP]
     hit = np.flatnonzero(values >= target - 1e-12)
     step = steps[hit[0]] if len(hit) else steps[-1]
     return t[t_steps <= step].sum()
@@ -165,7 +165,7 @@ def test_tppo_claim_time_to_ppo_final_reward(tppo_rate, expected):
     spec, data, truth = _data(methods, steps=60, eval_sets=("aime24",))
     outcome = _outcome(data, "tppo_time")
     wall, cpu = outcome.checks
-    metric = schema.val_acc_mean("aime24")
+    metric = metric_names.val_acc_mean("aime24")
     ratios = []
     for s in spec.seeds:
         target = truth[("PPO", s)]["curves"][metric][1][-3:].mean()

@@ -12,7 +12,7 @@ from scipy import stats as st
 from analysis.frames import ExperimentData
 from analysis.synthetic import SyntheticSpec, _m, profile, synthetic_data
 from analysis.tables.compare import comparison_table
-from runners import schema
+from runners import metric_names
 
 LABEL = "train success (last 5 steps)"
 
@@ -33,7 +33,7 @@ def _spec(seeds=(0, 1, 2, 3, 4, 5)):
 
 
 def _finals(truth, label, seeds):
-    return np.array([truth[(label, s)]["curves"][schema.SCORE_MEAN][1][-5:].mean() for s in seeds])
+    return np.array([truth[(label, s)]["curves"][metric_names.SCORE_MEAN][1][-5:].mean() for s in seeds])
 
 
 def _holm_rejected(p: dict[str, float], alpha: float = 0.05) -> set[str]:

@@ -9,7 +9,7 @@ import pytest
 from analysis.scaling import fit_sigmoid, sigmoid_reward
 from analysis.synthetic import profile, synthetic_data
 from analysis.tables.scaling import scaling_table
-from runners import schema
+from runners import metric_names
 
 
 def test_sigmoid_is_r0_at_zero_compute_and_half_gain_at_c_mid():
@@ -55,14 +55,14 @@ def test_scaling_table_fits_each_run_on_its_cumulative_wall_time():
     spec = profile("tppo_table1", steps=80, seeds=(0, 1, 2))
     data, truth = synthetic_data(spec)
     table = scaling_table(data)
-    metric = schema.val_acc_mean("aime24")
+    metric = metric_names.val_acc_mean("aime24")
     assert metric in table.caption and "cumulative wall time" in table.caption
     for method in spec.methods:
         As, Bs = [], []
         for seed in spec.seeds:
             curves = truth[(method.label, seed)]["curves"]
             steps, reward = curves[metric]
-            t_steps, t_vals = curves[schema.TIMING_STEP]
+            t_steps, t_vals = curves[metric_names.TIMING_STEP]
             C = np.array([t_vals[t_steps <= s].sum() for s in steps])
             fit = fit_sigmoid(C, reward, a_bounds=(0, 1))
             As.append(fit.A)

@@ -10,7 +10,7 @@ from analysis.figures.timing import timing_figure
 from analysis.synthetic import SyntheticSpec, _m, synthetic_data
 from analysis.tables.timing import timing_table
 from analysis.timing import load_inflation, phase_times
-from runners import schema
+from runners import metric_names
 
 SPEC = SyntheticSpec(
     "timing_test",
@@ -37,10 +37,10 @@ def test_phase_times_give_wall_and_cpu_seconds(sweep):
     data, truth = sweep
     times = phase_times(data)
     for label in ("Quiet", "Crowded"):
-        for metric in (schema.TIMING_GEN, schema.TIMING_UPDATE_ACTOR):
+        for metric in (metric_names.TIMING_GEN, metric_names.TIMING_UPDATE_ACTOR):
             phase = metric.split("/")[1]
             assert times.loc[label, (phase, "wall")] == pytest.approx(_after_first(truth, label, metric), rel=1e-12)
-            cpu = _after_first(truth, label, schema.timing_cpu(metric))
+            cpu = _after_first(truth, label, metric_names.timing_cpu(metric))
             assert times.loc[label, (phase, "cpu")] == pytest.approx(cpu, rel=1e-12)
     # contention stretches wall time only: the crowded run's wall is 3x its uncontended wall, CPU unchanged
     ratio = times.loc["Crowded", ("gen", "wall")] / times.loc["Crowded", ("gen", "cpu")]
@@ -54,8 +54,8 @@ def test_load_inflation_flags_only_the_crowded_run(sweep):
         fracs, ratios = [], []
         for s in SPEC.seeds:
             c = truth[(label, s)]["curves"]
-            wall, cpu = c[schema.TIMING_STEP][1], c[schema.TIMING_CPU_STEP][1]
-            load, cores = c[schema.LOAD_AVG_1M][1], c[schema.CPU_COUNT_AVAILABLE][1]
+            wall, cpu = c[metric_names.TIMING_STEP][1], c[metric_names.TIMING_CPU_STEP][1]
+            load, cores = c[metric_names.LOAD_AVG_1M][1], c[metric_names.CPU_COUNT_AVAILABLE][1]
             fracs.append(np.mean((wall / cpu > 1.5) & (load > cores)))
             ratios.append(wall.sum() / cpu.sum())
         assert infl.loc[label, "inflated_frac"] == pytest.approx(np.mean(fracs), abs=1e-12)
