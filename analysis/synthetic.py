@@ -40,6 +40,18 @@ class SyntheticMethod:
     entropy_decay: float = 0.01  # entropy ~ entropy0 * exp(-decay * t)
     violation_p: float = 1e-4  # TRM per-token violation probability (acceptance by length)
     params: dict[str, object] = field(default_factory=dict)
+    seed_sd: float = 0.0  # across-seed sd of ``final`` (a per-seed offset on top of the step noise)
+    clipfrac: float = 1.5e-3  # level of actor/pg_clipfrac
+    # "claims" family: post-update token KL (None: 0.5 eps for TROLL, 2 eps otherwise), conflict-token
+    # log-prob change (None: GTPO +0.002, GRPO -0.02, others not logged), ADAPO's eps_high drift over the run
+    post_update_kl: float | None = None
+    conflict_delta: float | None = None
+    eps_high_drift: float = 0.03
+    # "timing" family: CPU seconds per uncontended wall second, wall-time inflation by other load, machine load
+    cpu_per_wall: float = 1.0
+    contention: float = 1.0
+    load: float = 1.0
+    cpus: int = 2
 
 
 @dataclass
@@ -52,7 +64,7 @@ class SyntheticSpec:
     eval_sets: tuple[str, ...] = ("dapo_eval",)
     model: str = "qwen3-8b"
     dataset: str = "dapo_math"
-    families: frozenset[str] = frozenset({"core", "timing", "perf"})  # + "troll", "trm", "roofline"
+    families: frozenset[str] = frozenset({"core", "timing", "perf", "claims"})  # + "trm", "roofline"
     noise: float = 0.02
 
 
@@ -66,43 +78,18 @@ def generate_run(spec: SyntheticSpec, method: SyntheticMethod, seed: int) -> dic
     rng = _rng(spec.experiment, method.label, seed)
     steps = np.arange(1, spec.steps + 1)
     t = steps.astype(float)
-    learn = 1.0 - np.exp(-method.rate * t)
 
     def noisy(x: np.ndarray, scale: float = spec.noise, lo: float = 0.0, hi: float = np.inf) -> np.ndarray:
         return np.clip(x + rng.normal(0.0, scale, size=x.shape), lo, hi)
 
+    # the method's level for this seed: seeds differ by more than step noise in real sweeps
+    final = method.final + method.seed_sd * float(_rng(spec.experiment, method.label, seed, "seed").normal())
     out: dict[str, tuple[np.ndarray, np.ndarray]] = {}
-    out[metric_names.SCORE_MEAN] = (steps, noisy(method.final * learn, hi=1.0))
-    eval_steps = np.unique(np.r_[0, steps[steps % spec.eval_every == 0]])
-    for k, data in enumerate(spec.eval_sets):
-        scale = 0.95 - 0.08 * k
-        x = method.final * scale * (1.0 - np.exp(-method.rate * eval_steps)) + 0.05
-        out[metric_names.val_acc_mean(data, 1)] = (eval_steps, noisy(x, hi=1.0))
-    out[metric_names.ENTROPY] = (steps, noisy(method.entropy0 * np.exp(-method.entropy_decay * t), 0.01, lo=1e-3))
-    out[metric_names.RESPONSE_LENGTH_MEAN] = (steps, noisy(200.0 + 150.0 * learn, 5.0, lo=1.0))
-    objective = method.tags.get(metric_names.TAG_OBJECTIVE, "clip")
-    if objective == "troll":
-        out[metric_names.TROLL_PROJECTED_FRAC] = (steps, noisy(np.full_like(t, 2e-3) * (1 + t / spec.steps), 2e-4, lo=0.0))
-        out[metric_names.TROLL_KEPT_TOKENS] = (steps, noisy(np.full_like(t, 7.0), 0.5, lo=1.0))
-    else:
-        out[metric_names.PG_CLIPFRAC] = (steps, noisy(np.full_like(t, 1.5e-3), 2e-4, lo=0.0))
+    _core(out, spec, method, final, steps, noisy)
     if "timing" in spec.families:
-        critic = method.tags.get(metric_names.TAG_ESTIMATOR) in ("gae", "egae")
-        truncated = method.tags.get(metric_names.TAG_ALGORITHM) == "tppo"
-        phases = {
-            metric_names.TIMING_GEN: 12.0 / (2.5 if truncated else 1.0),
-            metric_names.TIMING_OLD_LOG_PROB: 2.0,
-            metric_names.TIMING_UPDATE_ACTOR: 5.0 + (1.0 if objective == "troll" else 0.0),
-            metric_names.TIMING_UPDATE_CRITIC: 3.0 if critic else 0.0,
-        }
-        total = np.zeros_like(t)
-        for name, mean in phases.items():
-            if mean > 0:
-                vals = noisy(np.full_like(t, mean), 0.3, lo=0.01)
-                out[name] = (steps, vals)
-                total += vals
-        out[metric_names.TIMING_STEP] = (steps, total + noisy(np.full_like(t, 0.5), 0.05, lo=0.0))
+        _timing(out, method, steps, noisy)
     if "perf" in spec.families:
+        objective = method.tags.get(metric_names.TAG_OBJECTIVE, "clip")
         base = 25.0 + (1.8 if objective == "troll" else 0.0) + (-0.6 if "chunk" in method.label.lower() else 0.0)
         out[metric_names.MAX_MEMORY_ALLOCATED_GB] = (steps, noisy(np.full_like(t, base), 0.2, lo=0.1))
     if "roofline" in spec.families:
@@ -110,23 +97,123 @@ def generate_run(spec: SyntheticSpec, method: SyntheticMethod, seed: int) -> dic
         out[metric_names.ROLLOUT_ARITHMETIC_INTENSITY] = (steps, noisy(np.full_like(t, ai), 5.0, lo=1.0))
         out[metric_names.ROLLOUT_TFLOPS] = (steps, noisy(np.full_like(t, ai * 3.35 * 0.6), 10.0, lo=1.0))
     if "trm" in spec.families:
-        p = method.violation_p
-        accept_buckets = []
-        for lo, hi in LENGTH_BUCKETS:
-            mid = 0.5 * (lo + hi)
-            vals = noisy(np.full_like(t, (1.0 - p) ** mid), 0.01, hi=1.0)
-            out[metric_names.trm_accept_rate_bucket(lo, hi)] = (steps, vals)
-            accept_buckets.append(vals)
-        out[metric_names.TRM_ACCEPT_RATE] = (steps, np.mean(accept_buckets, axis=0))
-        out[metric_names.TRM_PPL_GAP] = (steps, noisy(np.full_like(t, 0.01 + 50 * p), 0.002, lo=0.0))
-        out[metric_names.TRM_MAX_KL] = (steps, noisy(np.full_like(t, 2e-4 + p), 1e-5, lo=0.0))
-        out[metric_names.TRM_MEAN_KL] = (steps, noisy(np.full_like(t, 1e-5 + p / 10), 1e-6, lo=0.0))
-        for lo, hi in POSITION_BUCKETS:
-            out[metric_names.trm_tv_position_bucket(lo, hi)] = (
-                steps,
-                noisy(np.full_like(t, 2e-3 / (1 + lo / 256)), 1e-4, lo=0.0, hi=1.0),
-            )
+        _trm(out, method, steps, noisy)
+    if "claims" in spec.families:
+        _claim_metrics(out, spec, method, steps, rng)
+    if "timing" in spec.families:
+        _machine(out, method, steps, noisy)
     return out
+
+
+def _core(out: dict, spec: SyntheticSpec, method: SyntheticMethod, final: float, steps: np.ndarray, noisy) -> None:
+    """Training score, evaluations, entropy, response length and the clip/projection fraction."""
+    t = steps.astype(float)
+    learn = 1.0 - np.exp(-method.rate * t)
+    out[metric_names.SCORE_MEAN] = (steps, noisy(final * learn, hi=1.0))
+    eval_steps = np.unique(np.r_[0, steps[steps % spec.eval_every == 0]])
+    for k, data in enumerate(spec.eval_sets):
+        scale = 0.95 - 0.08 * k
+        x = final * scale * (1.0 - np.exp(-method.rate * eval_steps)) + 0.05
+        out[metric_names.val_acc_mean(data, 1)] = (eval_steps, noisy(x, hi=1.0))
+    out[metric_names.ENTROPY] = (steps, noisy(method.entropy0 * np.exp(-method.entropy_decay * t), 0.01, lo=1e-3))
+    out[metric_names.RESPONSE_LENGTH_MEAN] = (steps, noisy(200.0 + 150.0 * learn, 5.0, lo=1.0))
+    if method.tags.get(metric_names.TAG_OBJECTIVE, "clip") == "troll":
+        out[metric_names.TROLL_PROJECTED_FRAC] = (
+            steps,
+            noisy(np.full_like(t, 2e-3) * (1 + t / spec.steps), 2e-4, lo=0.0),
+        )
+        out[metric_names.TROLL_KEPT_TOKENS] = (steps, noisy(np.full_like(t, 7.0), 0.5, lo=1.0))
+    else:
+        out[metric_names.PG_CLIPFRAC] = (steps, noisy(np.full_like(t, method.clipfrac), method.clipfrac / 7.5, lo=0.0))
+
+
+def _phase_means(method: SyntheticMethod) -> dict[str, float]:
+    """Uncontended wall seconds per step of each phase (T-PPO generates in windows: 2.5x shorter)."""
+    critic = method.tags.get(metric_names.TAG_ESTIMATOR) in ("gae", "egae")
+    truncated = method.tags.get(metric_names.TAG_ALGORITHM) == "tppo"
+    troll = method.tags.get(metric_names.TAG_OBJECTIVE, "clip") == "troll"
+    return {
+        metric_names.TIMING_GEN: 12.0 / (2.5 if truncated else 1.0),
+        metric_names.TIMING_OLD_LOG_PROB: 2.0,
+        metric_names.TIMING_UPDATE_ACTOR: 5.0 + (1.0 if troll else 0.0),
+        metric_names.TIMING_UPDATE_CRITIC: 3.0 if critic else 0.0,
+    }
+
+
+def _timing(out: dict, method: SyntheticMethod, steps: np.ndarray, noisy) -> None:
+    """Wall time per phase and step (x ``contention``) and CPU time beside it (x ``cpu_per_wall``, uncontended)."""
+    t = steps.astype(float)
+    total = np.zeros_like(t)
+    for name, mean in _phase_means(method).items():
+        if mean > 0:
+            vals = noisy(np.full_like(t, mean), 0.3, lo=0.01)
+            out[name] = (steps, vals * method.contention)
+            total += vals
+    rest = noisy(np.full_like(t, 0.5), 0.05, lo=0.0)
+    out[metric_names.TIMING_STEP] = (steps, (total + rest) * method.contention)
+    for name in (*metric_names.TIMING_PHASES, metric_names.TIMING_STEP):
+        if name in out:
+            out[metric_names.timing_cpu(name)] = (steps, out[name][1] / method.contention * method.cpu_per_wall)
+
+
+def _machine(out: dict, method: SyntheticMethod, steps: np.ndarray, noisy) -> None:
+    t = steps.astype(float)
+    out[metric_names.LOAD_AVG_1M] = (steps, noisy(np.full_like(t, method.load), 0.1 * method.load, lo=0.0))
+    out[metric_names.CPU_COUNT_AVAILABLE] = (steps, np.full_like(t, float(method.cpus)))
+
+
+def _trm(out: dict, method: SyntheticMethod, steps: np.ndarray, noisy) -> None:
+    t = steps.astype(float)
+    p = method.violation_p
+    accept_buckets = []
+    for lo, hi in LENGTH_BUCKETS:
+        mid = 0.5 * (lo + hi)
+        vals = noisy(np.full_like(t, (1.0 - p) ** mid), 0.01, hi=1.0)
+        out[metric_names.trm_accept_rate_bucket(lo, hi)] = (steps, vals)
+        accept_buckets.append(vals)
+    out[metric_names.TRM_ACCEPT_RATE] = (steps, np.mean(accept_buckets, axis=0))
+    out[metric_names.TRM_PPL_GAP] = (steps, noisy(np.full_like(t, 0.01 + 50 * p), 0.002, lo=0.0))
+    out[metric_names.TRM_MAX_KL] = (steps, noisy(np.full_like(t, 2e-4 + p), 1e-5, lo=0.0))
+    out[metric_names.TRM_MEAN_KL] = (steps, noisy(np.full_like(t, 1e-5 + p / 10), 1e-6, lo=0.0))
+    for lo, hi in POSITION_BUCKETS:
+        out[metric_names.trm_tv_position_bucket(lo, hi)] = (
+            steps,
+            noisy(np.full_like(t, 2e-3 / (1 + lo / 256)), 1e-4, lo=0.0, hi=1.0),
+        )
+
+
+def objective_eps(method: SyntheticMethod) -> float:
+    """The ``objective.eps`` param of a synthetic run: TROLL's trust region 0.05, else the clip range 0.2."""
+    default = 0.05 if method.tags.get(metric_names.TAG_OBJECTIVE, "clip").startswith("troll") else 0.2
+    return float(method.params.get("objective.eps", default))
+
+
+def _claim_metrics(out: dict, spec: SyntheticSpec, method: SyntheticMethod, steps: np.ndarray, rng) -> None:
+    """Post-update KL, GTPO conflict-token log-prob change and ADAPO's eps_high (the paper-claim metrics).
+
+    Defaults: post-update KL at 0.5 eps (TROLL's eps 0.05) for TROLL, 2 eps otherwise, log-normal
+    10% step noise; conflict log-prob change +0.002 for GTPO, -0.02 for GRPO (sd 0.005 per step),
+    not logged by other methods; eps_high of ADAPO from 0.28 drifting by ``eps_high_drift`` (+-10% per
+    seed) within [0.2, 0.32], not logged by methods without ADAPO.
+    """
+    t = steps.astype(float)
+    tags = method.tags
+    troll = tags.get(metric_names.TAG_OBJECTIVE, "clip").startswith("troll")
+    eps = objective_eps(method) if troll else 0.05
+    level = method.post_update_kl if method.post_update_kl is not None else (0.5 if troll else 2.0) * eps
+    kl = level * np.exp(rng.normal(0.0, 0.1, size=t.shape))
+    out[metric_names.POST_UPDATE_KL] = (steps, kl)
+    if troll:
+        out[metric_names.TROLL_KL_AFTER] = (steps, np.minimum(kl, eps))
+    algorithm = tags.get(metric_names.TAG_ALGORITHM)
+    delta = method.conflict_delta
+    if delta is None and algorithm in ("gtpo", "grpo"):
+        delta = 0.002 if algorithm == "gtpo" else -0.02
+    if delta is not None:
+        out[metric_names.GTPO_CONFLICT_PROB_DELTA] = (steps, delta + rng.normal(0.0, 0.005, size=t.shape))
+    if tags.get(metric_names.TAG_ENTROPY_CONTROL) == "adapo" or algorithm == "adapo":
+        drift = method.eps_high_drift * (1.0 + 0.1 * float(rng.normal()))
+        out[metric_names.ENTROPY_EPS_HIGH] = (steps, np.clip(0.28 + drift * t / spec.steps, 0.2, 0.32))
 
 
 def run_params(spec: SyntheticSpec, method: SyntheticMethod, seed: int) -> dict[str, object]:
@@ -140,6 +227,7 @@ def run_params(spec: SyntheticSpec, method: SyntheticMethod, seed: int) -> dict[
         "algorithm.name": method.tags.get(metric_names.TAG_ALGORITHM, method.label),
         "algorithm.objective": method.tags.get(metric_names.TAG_OBJECTIVE, "clip"),
         "algorithm.mask": method.tags.get(metric_names.TAG_MASK, "none"),
+        "objective.eps": objective_eps(method),
         "optim.lr": 1e-6,
         **method.params,
     }
@@ -233,7 +321,9 @@ def synthetic_data(spec: SyntheticSpec) -> tuple[ExperimentData, dict[tuple[str,
 
 def _m(label: str, algorithm: str, objective: str = "clip", estimator: str | None = None, **kw) -> SyntheticMethod:
     tags = {metric_names.TAG_ALGORITHM: algorithm, metric_names.TAG_OBJECTIVE: objective}
-    tags[metric_names.TAG_ESTIMATOR] = estimator or {"ppo": "gae", "tppo": "egae", "gspo": "grpo"}.get(algorithm, algorithm)
+    tags[metric_names.TAG_ESTIMATOR] = estimator or {"ppo": "gae", "tppo": "egae", "gspo": "grpo"}.get(
+        algorithm, algorithm
+    )
     for key in (metric_names.TAG_MASK, metric_names.TAG_ENTROPY_CONTROL):
         if key in kw:
             tags[key] = kw.pop(key)
@@ -246,10 +336,19 @@ def profile(experiment: str, steps: int = 60, seeds: tuple[int, ...] = (0, 1, 2)
     specs = {
         "demo": SyntheticSpec(
             "demo",
-            [_m("GRPO", "grpo", final=0.5), _m("GRPO+TROLL", "grpo", "troll", final=0.6, rate=0.08)],
+            [
+                _m("GRPO", "grpo", final=0.5, violation_p=1e-3, seed_sd=0.02),
+                _m("GRPO+TROLL", "grpo", "troll", final=0.6, rate=0.08, violation_p=1e-3, seed_sd=0.02),
+                _m("GRPO+TRM-Max", "grpo", "token_is", mask="trm_max", final=0.52, violation_p=1e-4, seed_sd=0.02),
+                _m("GTPO", "gtpo", "gtpo", final=0.52, violation_p=1e-3, seed_sd=0.02),
+                _m("REPO-R", "repo_r", final=0.5, entropy_decay=0.0, entropy_control="repo_r", seed_sd=0.02),
+                _m("DAPO", "dapo", final=0.5, entropy_decay=-0.01, seed_sd=0.02),
+                _m("ADAPO", "adapo", final=0.51, entropy_decay=0.0, entropy_control="adapo", clipfrac=2.5e-3),
+            ],
             eval_sets=("embedded_test",),
             model="tiny-qwen2",
             dataset="embedded",
+            families=frozenset({"core", "timing", "perf", "claims", "trm"}),
         ),
         "troll_table1": SyntheticSpec(
             "troll_table1",
@@ -262,7 +361,7 @@ def profile(experiment: str, steps: int = 60, seeds: tuple[int, ...] = (0, 1, 2)
                 _m("GSPO+TROLL", "gspo", "troll", final=0.7, rate=0.08),
             ],
             eval_sets=("dapo_eval", "math_eval"),
-            families=frozenset({"core", "timing", "perf"}),
+            families=frozenset({"core", "timing", "perf", "claims"}),
         ),
         "troll_table4": SyntheticSpec(
             "troll_table4",
@@ -286,8 +385,8 @@ def profile(experiment: str, steps: int = 60, seeds: tuple[int, ...] = (0, 1, 2)
                 _m("RLOO", "rloo", final=0.5, entropy_decay=0.002),
                 _m("GRPO", "grpo", final=0.47, entropy_decay=0.02),
                 _m("DAPO", "dapo", final=0.45, entropy_decay=-0.01),
-                _m("ADAPO", "adapo", final=0.46, entropy_decay=0.0, entropy_control="adapo"),
-                _m("REPO-R", "repo_r", final=0.48, entropy_decay=-0.003, entropy_control="repo_r"),
+                _m("ADAPO", "adapo", final=0.46, entropy_decay=0.0, entropy_control="adapo", clipfrac=2.5e-3),
+                _m("REPO-R", "repo_r", final=0.48, entropy_decay=-0.001, entropy_control="repo_r"),
             ],
             eval_sets=("aime24", "aime25"),
             dataset="dapo_math",
@@ -297,7 +396,7 @@ def profile(experiment: str, steps: int = 60, seeds: tuple[int, ...] = (0, 1, 2)
             [_m("PPO", "ppo", final=0.5), _m("T-PPO", "tppo", final=0.6, rate=0.07)],
             eval_sets=("aime24",),
             model="qwen2.5-32b",
-            families=frozenset({"core", "timing", "perf", "roofline"}),
+            families=frozenset({"core", "timing", "perf", "roofline", "claims"}),
         ),
         "trm_acceptance": SyntheticSpec(
             "trm_acceptance",
@@ -312,7 +411,10 @@ def profile(experiment: str, steps: int = 60, seeds: tuple[int, ...] = (0, 1, 2)
             families=frozenset({"core", "timing", "trm"}),
         ),
     }
-    spec = specs.get(experiment) or replace(specs["demo"], experiment=experiment)
+    base = experiment[: -len("_cpu")] if experiment.endswith("_cpu") else experiment  # CPU-scale variants
+    spec = (
+        replace(specs[base], experiment=experiment) if base in specs else replace(specs["demo"], experiment=experiment)
+    )
     return replace(spec, steps=steps, seeds=seeds)
 
 

@@ -4,7 +4,8 @@ Design: ``build_report`` loads the runs (``analysis.load_experiment``, cached), 
 ``reports.registry.get_report(experiment)``, and writes into ``runners.paths.report_dir(exp)``:
 
     report.html           self-contained (CSS inline, figures as data-URI <img>, no external URL)
-    report.pdf            the same page printed by headless Chromium (``reports.chromium``)
+    report.pdf            the same page printed by headless Chromium (``reports.chromium``); without
+                          Chromium, the same tables and figures rendered by matplotlib (``reports.pdf``)
     report.md             every table in Markdown
     tables/<key>.{md,tex,csv}   figures/<key>.{svg,png}
 
@@ -57,6 +58,8 @@ class ReportResult:
     pdf: Path | None
     items: list[BuiltItem]
     mlflow_run_id: str | None = None
+    pdf_renderer: str | None = None  # "chromium" | "matplotlib"
+    pdf_note: str = ""  # why the fallback renderer was used, and how to get the Chromium PDF
 
     @property
     def failures(self) -> list[BuiltItem]:
@@ -195,19 +198,75 @@ def write_outputs(out_dir: Path, items: list[BuiltItem], html: str) -> Path:
     return path
 
 
+PDF_RENDERERS = ("auto", "chromium", "matplotlib")
+
+
+def chromium_hint(experiment: str) -> str:
+    return (
+        "for the browser-rendered PDF install Chromium (Debian/Ubuntu: apt-get install chromium) or set "
+        f"TRUSTBENCH_CHROMIUM to a Chrome/Chromium binary, then rerun: trustbench report {experiment} --pdf-renderer chromium"
+    )
+
+
+def write_pdf(
+    html_path: Path, pdf_path: Path, renderer: str, experiment: str, spec: ReportSpec, items: list[BuiltItem], meta
+) -> tuple[Path, str, str]:
+    """(path, renderer used, note). ``auto``: Chromium when it is found and works, else matplotlib."""
+    from reports.chromium import ChromiumMissingError, html_to_pdf
+    from reports.pdf import render_pdf
+
+    if renderer not in PDF_RENDERERS:
+        raise ValueError(f"pdf renderer must be one of {', '.join(PDF_RENDERERS)}, got {renderer!r}")
+    note = ""
+    if renderer in ("auto", "chromium"):
+        try:
+            return html_to_pdf(html_path, pdf_path), "chromium", ""
+        except ChromiumMissingError as exc:
+            if renderer == "chromium":
+                raise
+            note = f"{exc.args[0].split(':')[0]}; {chromium_hint(experiment)}"
+        except (RuntimeError, OSError, subprocess.SubprocessError) as exc:
+            if renderer == "chromium":
+                raise
+            note = f"Chromium failed ({str(exc).splitlines()[0]}); {chromium_hint(experiment)}"
+    return render_pdf(pdf_path, spec.title, spec.description, meta, items), "matplotlib", note
+
+
+def _meta(experiment: str, data: ExperimentData, tracking_uri: str) -> list[tuple[str, str]]:
+    from runners import metric_names
+
+    labels = data.labels()
+    seeds = sorted({int(s) for s in labels[metric_names.TAG_SEED] if s >= 0}) if len(labels) else []
+    methods = labels[metric_names.TAG_METHOD].nunique() if len(labels) else 0
+    return [
+        ("Experiment", experiment),
+        ("Runs", f"{len(labels)} runs, {methods} methods" + (f", seeds {', '.join(map(str, seeds))}" if seeds else "")),
+        ("Tracking store", tracking_uri),
+        (
+            "Generated",
+            _dt.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z") + f" · trustbench {_git_revision()}",
+        ),
+        ("Reproduce", f"trustbench report {experiment}"),
+    ]
+
+
 def build_report(
     experiment: str,
     tracking_uri: str | None = None,
     out_dir: str | Path | None = None,
     *,
     data: ExperimentData | None = None,
-    pdf: bool = True,
+    pdf: bool | str = True,
     log_to_mlflow: bool = True,
     refresh: bool | str = True,
     progress: bool | None = None,
     backend_uri: str | None = None,
 ) -> ReportResult:
-    """Build the report of ``experiment`` (see module docstring); ``data`` skips loading from MLflow."""
+    """Build the report of ``experiment`` (see module docstring); ``data`` skips loading from MLflow.
+
+    ``pdf``: False (none), True or "auto" (Chromium, else matplotlib), "chromium" (raises
+    ``ChromiumMissingError`` without it) or "matplotlib".
+    """
     from runners.paths import default_tracking_uri, report_dir
 
     uri = tracking_uri or default_tracking_uri()
@@ -219,12 +278,12 @@ def build_report(
     out = Path(out_dir) if out_dir is not None else report_dir(experiment)
     items = build_items(spec, data)
     html_path = write_outputs(out, items, render_html(experiment, spec, items, data, uri))
-    pdf_path = None
+    pdf_path, renderer, note = None, None, ""
     if pdf:
-        from reports.chromium import html_to_pdf
-
-        pdf_path = html_to_pdf(html_path, out / "report.pdf")
-    result = ReportResult(experiment, spec, out, html_path, pdf_path, items)
+        renderer = "auto" if pdf is True else str(pdf)
+        meta = _meta(experiment, data, uri)
+        pdf_path, renderer, note = write_pdf(html_path, out / "report.pdf", renderer, experiment, spec, items, meta)
+    result = ReportResult(experiment, spec, out, html_path, pdf_path, items, pdf_renderer=renderer, pdf_note=note)
     if log_to_mlflow:
         from reports.mlflow_log import log_report
 

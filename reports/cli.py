@@ -2,6 +2,8 @@
 
     trustbench report troll_table1                       # .trustbench/reports/troll_table1/report.{html,pdf}
     trustbench report demo --no-pdf --out /tmp/r         # HTML only, elsewhere
+    trustbench report demo --pdf-renderer chromium       # the browser-printed PDF or exit 3 (default: Chromium if
+                                                         # found, else matplotlib renders the same tables/figures)
     trustbench bounds --T 4096 --delta 1e-4 --d-seq 0.01 --out bounds.svg
 
 ``runners/cli.py`` calls ``add_report_parser(subparsers)`` and ``add_bounds_parser(subparsers)``;
@@ -20,7 +22,7 @@ def add_report_parser(subparsers) -> argparse.ArgumentParser:
         help="build an experiment's report (HTML + PDF) from its MLflow runs",
         description="Load the runs of EXPERIMENT from MLflow (cached, refreshed incrementally), build the tables and "
         "figures registered for it (reports/registry.py; unknown experiments get a generic report) and write "
-        "report.html (self-contained), report.pdf (headless Chromium), Markdown and LaTeX tables.",
+        "report.html (self-contained), report.pdf (headless Chromium, else matplotlib), Markdown and LaTeX tables.",
     )
     p.add_argument("experiment", help="MLflow experiment (= sweep) name, e.g. troll_table1")
     p.add_argument(
@@ -35,7 +37,14 @@ def add_report_parser(subparsers) -> argparse.ArgumentParser:
         "(default: $TRUSTBENCH_MLFLOW_BACKEND_URI)",
     )
     p.add_argument("--out", default=None, help="output directory (default: .trustbench/reports/EXPERIMENT)")
-    p.add_argument("--no-pdf", action="store_true", help="skip the PDF (no Chromium needed)")
+    p.add_argument("--no-pdf", action="store_true", help="skip the PDF")
+    p.add_argument(
+        "--pdf-renderer",
+        choices=("auto", "chromium", "matplotlib"),
+        default="auto",
+        help="auto (default): headless Chromium when found, else the same tables and figures rendered by matplotlib; "
+        "chromium: fail (exit 3) without it",
+    )
     p.add_argument("--no-mlflow", action="store_true", help="do not log the report as MLflow artifacts")
     refresh = p.add_mutually_exclusive_group()
     refresh.add_argument(
@@ -58,7 +67,7 @@ def run_report(args: argparse.Namespace) -> int:
             args.experiment,
             tracking_uri=args.tracking_uri,
             out_dir=args.out,
-            pdf=not args.no_pdf,
+            pdf=False if args.no_pdf else args.pdf_renderer,
             log_to_mlflow=not args.no_mlflow,
             refresh=refresh,
             progress=False if args.quiet else None,
@@ -80,7 +89,9 @@ def run_report(args: argparse.Namespace) -> int:
             print(f"  {item.status}: {item.kind} {item.key}: {item.reason.splitlines()[0]}")
     print(f"  html: {result.html}")
     if result.pdf:
-        print(f"  pdf:  {result.pdf}")
+        print(f"  pdf:  {result.pdf} ({result.pdf_renderer})")
+    if result.pdf_note:
+        print(f"  note: PDF rendered by matplotlib: {result.pdf_note}")
     if result.mlflow_run_id:
         print(f"  mlflow: artifacts of run {result.mlflow_run_id} (report/)")
     return 1 if result.failures else 0

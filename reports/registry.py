@@ -16,6 +16,9 @@ import importlib
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+# the claim keys (no import of analysis here: listing reports stays cheap)
+ALL_CLAIMS = ("troll_kl_bound", "trm_length", "repo_r_entropy", "gtpo_conflict", "adapo_eps_high", "tppo_time")
+
 
 @dataclass(frozen=True)
 class Item:
@@ -83,6 +86,22 @@ ENTROPY = _f("curves:entropy_figure")
 LENGTH = _f("curves:response_length_figure")
 CLIP = _f("curves:clip_projection_figure")
 TIMING = _f("timing:timing_figure")
+TIMING_TABLE = _t("timing:timing_table")
+SCALING = _t("scaling:scaling_table")
+
+
+def _compare(tags: dict[str, str] | None = None, match: tuple[str, ...] = ()) -> Item:
+    """The comparison with the sweep's baseline (``analysis.arms.Baseline``: tags, shared tags)."""
+    return _t("compare:comparison_table", **({"baseline": {"tags": tags, "match": match}} if tags else {}))
+
+
+def _claims(*keys: str, show_unchecked: bool = True) -> Item:
+    return _t("claims:claims_table", claims=keys, show_unchecked=show_unchecked)
+
+
+# each paper sweep's baseline and the claims its report checks (analysis/claim_checks.py)
+TROLL_BASELINE = _compare({"objective": "!troll*"}, ("algorithm", "estimator", "mask", "entropy_control"))
+TROLL_CLAIMS = _claims("troll_kl_bound")
 
 register_report(
     ReportSpec(
@@ -91,9 +110,13 @@ register_report(
         "No dedicated report is registered for this experiment: final values and curves of every logged metric.",
         (
             OVERVIEW,
+            _compare(),
+            _claims(*ALL_CLAIMS, show_unchecked=False),
             _t("generic:eval_start_end_table"),
             _t("generic:final_metrics_table"),
             _f("curves:all_metrics_figure"),
+            SCALING,
+            TIMING_TABLE,
             CONFIG_DIFF,
         ),
     )
@@ -103,9 +126,12 @@ register_report(
         "demo",
         "Demo sweep: GRPO with Clip, TROLL and TRM-Max, GTPO, REPO-R, DAPO and ADAPO on the embedded task",
         "The embedded default run end to end (a small warm-started model on generated arithmetic, 2 CPU cores): "
-        "success, entropy, response length, clipped vs projected tokens, TRM acceptance and time per phase.",
+        "each method against GRPO over seeds, the papers' claims checked on the runs, success, entropy, response "
+        "length, clipped vs projected tokens, TRM acceptance and time per phase.",
         (
             OVERVIEW,
+            _compare(),
+            _claims("troll_kl_bound", "trm_length", "repo_r_entropy", "gtpo_conflict", "adapo_eps_high"),
             _t("generic:eval_start_end_table"),
             _t(
                 "generic:final_metrics_table",
@@ -116,7 +142,9 @@ register_report(
             LENGTH,
             CLIP,
             _f("trm:acceptance_figure"),
+            SCALING,
             TIMING,
+            TIMING_TABLE,
             CONFIG_DIFF,
         ),
     )
@@ -126,16 +154,21 @@ register_report(
         "troll_table1",
         "TROLL vs Clip across advantage estimators",
         "Reproduces TROLL (arXiv 2510.03817) Table 1 (final train/eval success per estimator, Clip vs TROLL), its training curves "
-        "(Figures 8-9), the token statistics of Figure 18 and the overhead of Table 5.",
+        "(Figures 8-9), the token statistics of Figure 18 and the overhead of Table 5; TROLL is compared with Clip "
+        "of the same estimator over seeds and its trust-region claim is checked.",
         (
             OVERVIEW,
             _t("troll:troll_table1"),
+            TROLL_BASELINE,
+            TROLL_CLAIMS,
             _t("troll:troll_table5"),
             SUCCESS,
             CLIP,
             LENGTH,
             ENTROPY,
+            SCALING,
             TIMING,
+            TIMING_TABLE,
             CONFIG_DIFF,
         ),
     )
@@ -145,7 +178,7 @@ register_report(
         "troll_table4",
         "TROLL vs Clip on the individual MATH benchmarks",
         "Reproduces TROLL (arXiv 2510.03817) Table 4 (AIME24, AIME25, AMC, MATH500, Omni-Math, OlympiadBench, Minerva).",
-        (OVERVIEW, _t("troll:troll_table4"), SUCCESS, CONFIG_DIFF),
+        (OVERVIEW, _t("troll:troll_table4"), TROLL_BASELINE, TROLL_CLAIMS, SUCCESS, SCALING, CONFIG_DIFF),
     )
 )
 register_report(
@@ -153,7 +186,7 @@ register_report(
         "troll_table5",
         "Memory and runtime overhead of TROLL",
         "Reproduces TROLL (arXiv 2510.03817) Table 5 (peak memory and time per iteration of Clip, TROLL and chunked TROLL).",
-        (OVERVIEW, _t("troll:troll_table5"), TIMING, CONFIG_DIFF),
+        (OVERVIEW, _t("troll:troll_table5"), TROLL_BASELINE, TROLL_CLAIMS, TIMING, TIMING_TABLE, CONFIG_DIFF),
     )
 )
 register_report(
@@ -161,8 +194,18 @@ register_report(
         "entropy_tables",
         "Entropy-preserving policy updates",
         "Reproduces Entropy-preserving RL (arXiv 2603.11682) Tables 1-4 (score at the best checkpoint, best score, entropy change) and the entropy "
-        "dynamics of Figures 1 and 6.",
-        (OVERVIEW, _t("entropy:entropy_table"), ENTROPY, SUCCESS, LENGTH, CONFIG_DIFF),
+        "dynamics of Figures 1 and 6; every method against GRPO over seeds; REPO-R's and ADAPO's claims checked.",
+        (
+            OVERVIEW,
+            _t("entropy:entropy_table"),
+            _compare({"algorithm": "grpo", "entropy_control": "none"}),
+            _claims("repo_r_entropy", "adapo_eps_high"),
+            ENTROPY,
+            SUCCESS,
+            LENGTH,
+            SCALING,
+            CONFIG_DIFF,
+        ),
     )
 )
 register_report(
@@ -170,8 +213,20 @@ register_report(
         "tppo_table1",
         "Truncated PPO: accuracy and efficiency",
         "Reproduces T-PPO (arXiv 2506.15050) Table 1 (AIME24 avg@N), the per-phase time breakdown of Figure 4, the Roofline of Figure 5 "
-        "and the response-length dynamics of Figure 6.",
-        (OVERVIEW, _t("tppo:tppo_table1"), TIMING, _f("roofline:roofline_figure"), LENGTH, SUCCESS, CONFIG_DIFF),
+        "and the response-length dynamics of Figure 6; checks the time-to-reward claim against PPO.",
+        (
+            OVERVIEW,
+            _t("tppo:tppo_table1"),
+            _compare({"algorithm": "ppo", "objective": "!troll*"}),
+            _claims("tppo_time"),
+            TIMING,
+            TIMING_TABLE,
+            _f("roofline:roofline_figure"),
+            LENGTH,
+            SUCCESS,
+            SCALING,
+            CONFIG_DIFF,
+        ),
     )
 )
 register_report(
@@ -179,13 +234,16 @@ register_report(
         "trm_acceptance",
         "Trust Region Masking: acceptance, PPL gap and error bounds",
         "Reproduces TRM (arXiv 2512.23075) Table D.1 (acceptance vs length), the bound comparison of Table 1 / section 6.3, the monitoring "
-        "curves of Figures 1-3, and evaluates the bounds at the runs' measured divergence.",
+        "curves of Figures 1-3, and evaluates the bounds at the runs' measured divergence; checks TRM-Max's length bias "
+        "and bound claims.",
         (
             OVERVIEW,
             _t("trm:trm_table_d1", uses_data=False),
             _t("trm:trm_acceptance_table"),
+            _claims("trm_length"),
             _t("trm:trm_bounds_table", uses_data=False),
             _t("trm:trm_run_bounds_table"),
+            _compare({"mask": "none"}, ("algorithm",)),
             _f("trm:acceptance_figure"),
             _f("trm:acceptance_by_length_figure"),
             _f("bounds:bounds_figure"),
@@ -194,3 +252,14 @@ register_report(
         ),
     )
 )
+
+
+def register_variant(base: str, name: str, note: str) -> ReportSpec:
+    """Register ``name`` (e.g. a sweep's CPU-scale version) with the items of the report ``base``."""
+    spec = _REPORTS[base]
+    return register_report(ReportSpec(name, f"{spec.title} ({note})", spec.description, spec.items))
+
+
+# the CPU-scale sweeps of sweeps/*_cpu.yaml get their paper's report
+for _base in ("troll_table1", "entropy_tables", "tppo_table1", "trm_acceptance"):
+    register_variant(_base, f"{_base}_cpu", "CPU scale")

@@ -35,6 +35,10 @@ PG_CLIPFRAC_LOWER = "actor/pg_clipfrac_lower"
 PPO_KL = "actor/ppo_kl"
 GRAD_NORM = "actor/grad_norm"
 LR = "actor/lr"
+# token KL(pi_old || pi_new) on the step's batch measured AFTER the actor update (mean over response tokens;
+# pi_old = the policy that sampled / the old log-probs, pi_new = the updated weights, one extra forward pass).
+# Every method logs it, so TROLL's trust region can be compared with what Clip actually does (claim checks).
+POST_UPDATE_KL = "actor/post_update_kl"
 
 # -- timing and throughput -------------------------------------------------------------------
 TIMING_GEN = "timing_s/gen"
@@ -46,6 +50,27 @@ TIMING_UPDATE_CRITIC = "timing_s/update_critic"
 TIMING_STEP = "timing_s/step"
 TIMING_TESTING = "timing_s/testing"
 TIMING_PHASES = (TIMING_GEN, TIMING_OLD_LOG_PROB, TIMING_UPDATE_ACTOR, TIMING_UPDATE_CRITIC)
+# CPU time (user + system of the training process and its threads, time.process_time) of the same phases,
+# logged beside wall time so that a step slowed by other load on the machine can be told apart
+TIMING_CPU_PREFIX = "timing_cpu_s/"
+
+
+def timing_cpu(wall_metric: str) -> str:
+    """CPU-time twin of a wall-time phase metric: ``timing_s/gen`` -> ``timing_cpu_s/gen``."""
+    if not wall_metric.startswith("timing_s/"):
+        raise ValueError(f"not a timing_s/<phase> metric: {wall_metric!r}")
+    return TIMING_CPU_PREFIX + wall_metric.split("/", 1)[1]
+
+
+TIMING_CPU_GEN = timing_cpu(TIMING_GEN)
+TIMING_CPU_OLD_LOG_PROB = timing_cpu(TIMING_OLD_LOG_PROB)
+TIMING_CPU_UPDATE_ACTOR = timing_cpu(TIMING_UPDATE_ACTOR)
+TIMING_CPU_UPDATE_CRITIC = timing_cpu(TIMING_UPDATE_CRITIC)
+TIMING_CPU_STEP = timing_cpu(TIMING_STEP)
+# machine load during the step: 1-minute load average (os.getloadavg) and the cores this process may use
+# (len(os.sched_getaffinity(0))); load above the cores means other work competed for them
+LOAD_AVG_1M = "perf/load_avg_1m"
+CPU_COUNT_AVAILABLE = "perf/cpu_count_available"
 THROUGHPUT = "perf/throughput"  # tokens (prompt + response) per second over the whole step
 GEN_THROUGHPUT = "perf/gen_throughput"  # generated tokens per second during rollout
 TOTAL_NUM_TOKENS = "perf/total_num_tokens"
@@ -68,6 +93,11 @@ TRM_MAX_KL = "trm/max_kl"
 TRM_MEAN_KL = "trm/mean_kl"
 GTPO_CONFLICT_FRAC = "gtpo/conflict_frac"
 GTPO_FILTERED_FRAC = "gtpo/filtered_frac"
+# mean over conflict tokens (gtpo.txt section 5: same token at the same forward/backward position in a positive
+# and a negative response of a group) of log pi_new(token) - log pi_old(token) after the actor update. GTPO logs
+# it on the tokens it protects; GRPO (any group method) logs it on the conflict tokens found by the same rule in
+# its own batch, without changing its update, so the two can be compared.
+GTPO_CONFLICT_PROB_DELTA = "gtpo/conflict_prob_delta"
 ENTROPY_ZETA = "entropy/zeta"
 ENTROPY_EPS_HIGH = "entropy/eps_high"
 ENTROPY_BONUS_COEF = "entropy/bonus_coef"

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import base64
 import io
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import matplotlib
 
@@ -38,6 +38,9 @@ class Figure:
     data: bytes
     mime: str
     reproduces: str = ""
+    # the matplotlib figure itself (closed to pyplot, still drawable): the PDF route without a browser
+    # (reports/pdf.py) draws it again as vector graphics
+    mpl: object = field(default=None, repr=False, compare=False)
 
     def data_uri(self) -> str:
         return f"data:{self.mime};base64,{base64.b64encode(self.data).decode()}"
@@ -74,7 +77,7 @@ def render(fig, key: str, title: str, caption: str, reproduces: str = "") -> Fig
         fig.savefig(buf, format="png", dpi=150, bbox_inches="tight")
         data, mime = buf.getvalue(), "image/png"
     plt.close(fig)
-    return Figure(key=key, title=title, caption=caption, data=data, mime=mime, reproduces=reproduces)
+    return Figure(key=key, title=title, caption=caption, data=data, mime=mime, reproduces=reproduces, mpl=fig)
 
 
 def method_styles(labels: pd.DataFrame) -> dict[str, dict]:

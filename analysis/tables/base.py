@@ -60,6 +60,8 @@ class Table:
     digits: int = 3
     # secondary numbers shown inside display cells (e.g. "std" of a "mean ± std" cell), same shape
     aux: dict[str, pd.DataFrame] = field(default_factory=dict)
+    # extra CSS classes of display cells (same shape; "" for none), e.g. "verdict-pass"
+    cell_classes: pd.DataFrame | None = None
 
     def __post_init__(self) -> None:
         if self.display is None:
@@ -105,6 +107,8 @@ class Table:
                 cells.append(f'<th class="idx">{"" if same else html.escape(value)}</th>')
             for c, col in enumerate(cols):
                 classes = [s for s in ("ours", "paper") if s in col]
+                if self.cell_classes is not None and self.cell_classes.iat[r, c]:
+                    classes.append(str(self.cell_classes.iat[r, c]))
                 cls = f' class="{" ".join(classes)}"' if classes else ""
                 cells.append(f"<td{cls}>{html.escape(str(self.display.iat[r, c]))}</td>")
             out.append("<tr>" + "".join(cells) + "</tr>")

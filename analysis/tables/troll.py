@@ -19,6 +19,7 @@ from analysis.paper_data import paper_source, paper_table
 from analysis.skip import SkipItem
 from analysis.tables.base import MISSING, Table, fmt_num
 from analysis.tables.common import is_troll, objective_column, paper_cell, paper_model, resolve_eval, seed_cell
+from analysis.timing import inflation_notes
 from runners import metric_names
 
 PAPER_METHODS = ["GRPO", "Dr.GRPO", "PPO", "GSPO", "RF++"]
@@ -41,7 +42,9 @@ def _method_order(name: str) -> tuple[int, str]:
 
 def _with_keys(frame: pd.DataFrame) -> pd.DataFrame:
     frame = frame.copy()
-    frame["Method"] = [paper_method(a, m) for a, m in zip(frame[metric_names.TAG_ALGORITHM], frame[metric_names.TAG_METHOD])]
+    frame["Method"] = [
+        paper_method(a, m) for a, m in zip(frame[metric_names.TAG_ALGORITHM], frame[metric_names.TAG_METHOD])
+    ]
     frame["Objective"] = [objective_column(o) for o in frame[metric_names.TAG_OBJECTIVE]]
     frame["Model"] = frame[metric_names.TAG_MODEL].fillna("?")
     return frame[frame["value"].notna()]
@@ -51,7 +54,9 @@ def troll_table1(data: ExperimentData, last_n_train: int = 7, last_n_eval: int =
     """TROLL (arXiv 2510.03817) Table 1, transposed: rows (model, method); columns split x objective x {ours, paper}."""
     names = data.metric_names()
     labels = data.labels()
-    dataset = labels[metric_names.TAG_DATASET].dropna().iloc[0] if labels[metric_names.TAG_DATASET].notna().any() else None
+    dataset = (
+        labels[metric_names.TAG_DATASET].dropna().iloc[0] if labels[metric_names.TAG_DATASET].notna().any() else None
+    )
     notes: list[str] = []
     splits = {"DAPO Train": (metric_names.SCORE_MEAN if metric_names.SCORE_MEAN in names else None, last_n_train)}
     for split, canonical in (("DAPO Eval", "dapo_eval"), ("MATH Eval", "math_eval")):
@@ -197,11 +202,7 @@ def troll_variant(label: str, objective: object, params: dict[str, object]) -> s
 
 def troll_table5(data: ExperimentData) -> Table:
     """TROLL (arXiv 2510.03817) Table 5: peak memory and time per iteration per variant, with Delta vs Clip."""
-    names = data.metric_names()
-    mem_metric = next((m for m in (metric_names.MAX_MEMORY_ALLOCATED_GB, metric_names.CPU_MEMORY_USED_GB) if m in names), None)
-    time_metric = metric_names.TIMING_STEP if metric_names.TIMING_STEP in names else None
-    if mem_metric is None and time_metric is None:
-        raise SkipItem(f"no run logs {metric_names.MAX_MEMORY_ALLOCATED_GB} or {metric_names.TIMING_STEP}")
+    per, mem_metric, time_metric = _table5_inputs(data)
     labels = data.labels()
     params = data.runs.set_index("run_id")
     pcols = [c for c in params.columns if c.startswith("params.")]
@@ -209,14 +210,9 @@ def troll_table5(data: ExperimentData) -> Table:
         troll_variant(m, o, {c[7:]: params.at[r, c] for c in pcols if pd.notna(params.at[r, c])})
         for r, m, o in zip(labels["run_id"], labels[metric_names.TAG_METHOD], labels[metric_names.TAG_OBJECTIVE])
     ]
-    per = {}
-    if mem_metric:
-        per["VRAM"] = per_run(data, mem_metric, "max").set_index("run_id")["value"]
-    if time_metric:
-        per["Runtime"] = _runtime_per_run(data, time_metric)
     models = sorted(labels[metric_names.TAG_MODEL].fillna("?").unique())
     variants = ["Clip", "TROLL", "TROLL Chunked"]
-    units = {"VRAM": "GiB", "Runtime": "s"}
+    units = {"VRAM": "GiB", "Runtime": "s", "Runtime (CPU)": "s"}
     rows = [(metric, v) for metric in per for v in (*variants, "Delta")]
     index = pd.MultiIndex.from_tuples(rows, names=["Metric", "Variant"])
     cols = pd.MultiIndex.from_tuples([(m, s) for m in models for s in ("ours", "paper")], names=["model", "source"])
@@ -266,14 +262,35 @@ def troll_table5(data: ExperimentData) -> Table:
         title="Memory and runtime overhead of TROLL",
         caption=(
             f"Reproduces TROLL (arXiv 2510.03817) Table 5. Ours: peak of {mem_metric or 'memory'} over the run and mean of {time_metric or 'step time'} "
+            f"(wall clock; Runtime (CPU): {metric_names.TIMING_CPU_STEP}, the training process's CPU time) "
             "over all steps but the first (warm-up), averaged over seeds; Delta = TROLL (chunked if present) minus Clip. "
             "Paper: " + paper_source("troll_table5")
         ),
         values=values,
         display=display,
         reproduces="TROLL (arXiv 2510.03817) Table 5",
-        notes=notes,
+        notes=notes + inflation_notes(data),
     )
+
+
+def _table5_inputs(data: ExperimentData) -> tuple[dict[str, pd.Series], str | None, str | None]:
+    """({row metric: value per run}, memory metric, time metric): peak memory, mean step time after the
+    first step, and the CPU time of the step beside it when the backend logs it."""
+    names = data.metric_names()
+    mem_metric = next(
+        (m for m in (metric_names.MAX_MEMORY_ALLOCATED_GB, metric_names.CPU_MEMORY_USED_GB) if m in names), None
+    )
+    time_metric = metric_names.TIMING_STEP if metric_names.TIMING_STEP in names else None
+    if mem_metric is None and time_metric is None:
+        raise SkipItem(f"no run logs {metric_names.MAX_MEMORY_ALLOCATED_GB} or {metric_names.TIMING_STEP}")
+    per = {}
+    if mem_metric:
+        per["VRAM"] = per_run(data, mem_metric, "max").set_index("run_id")["value"]
+    if time_metric:
+        per["Runtime"] = _runtime_per_run(data, time_metric)
+    if time_metric and metric_names.TIMING_CPU_STEP in names:
+        per["Runtime (CPU)"] = _runtime_per_run(data, metric_names.TIMING_CPU_STEP)
+    return per, mem_metric, time_metric
 
 
 def _runtime_per_run(data: ExperimentData, metric: str) -> pd.Series:

@@ -7,6 +7,8 @@ use the same curves built in memory (``analysis.synthetic.synthetic_data``).
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -219,6 +221,7 @@ def test_fit_violation_p_inverts_the_model():
 
 def test_generic_tables():
     spec = profile("demo", steps=10, seeds=(0, 1))
+    spec = replace(spec, methods=spec.methods[:2])  # GRPO with Clip and with TROLL
     data, truth = synthetic_data(spec)
     over = overview_table(data)
     assert over.values.loc["GRPO+TROLL", "runs"] == 2
@@ -227,8 +230,10 @@ def test_generic_tables():
     assert final.values.loc[metric_names.SCORE_MEAN, "GRPO"] == pytest.approx(np.mean(expect), abs=1e-12)
     assert final.aux["std"].loc[metric_names.SCORE_MEAN, "GRPO"] == pytest.approx(np.std(expect, ddof=1), abs=1e-12)
     diff = config_diff_table(data)
-    assert set(diff.values.index) == {"algorithm.objective"}  # the only param that differs (seed is left out)
+    # the only params that differ (seed is left out): the objective and its eps (clip range vs trust region)
+    assert set(diff.values.index) == {"algorithm.objective", "objective.eps"}
     assert diff.values.loc["algorithm.objective", "GRPO+TROLL"] == "troll"
+    assert (diff.values.loc["objective.eps", "GRPO"], diff.values.loc["objective.eps", "GRPO+TROLL"]) == ("0.2", "0.05")
 
 
 def test_eval_start_end_table_matches_numpy():

@@ -4,8 +4,11 @@ self-contained and shows each registered figure, skipped items say why."""
 from __future__ import annotations
 
 import re
+from dataclasses import replace
+from pathlib import Path
 
 import pytest
+import yaml
 
 from analysis.skip import SkipItem
 from analysis.synthetic import profile, synthetic_data
@@ -22,6 +25,20 @@ EXPECTED_REPORTS = {
     "trm_acceptance",
     "generic",
 }
+SWEEPS = sorted((Path(__file__).resolve().parents[2] / "sweeps").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("sweep", SWEEPS, ids=[p.stem for p in SWEEPS])
+def test_every_sweep_gets_its_papers_report(sweep):
+    """Each sweep file's experiment (its MLflow experiment) has a registered report, not the generic one:
+    a *_cpu sweep the items of its paper's report; every report compares with a baseline and checks claims."""
+    experiment = yaml.safe_load(sweep.read_text())["experiment"]
+    spec = get_report(experiment)
+    assert spec.name == experiment != "generic"
+    base = experiment.removesuffix("_cpu")
+    assert spec.items == get_report(base).items
+    targets = {item.target for item in spec.items}
+    assert {"analysis.tables.compare:comparison_table", "analysis.tables.claims:claims_table"} <= targets
 
 
 def test_registry_covers_the_sweeps_and_falls_back_to_generic():
@@ -69,15 +86,19 @@ def test_report_html_is_self_contained_and_complete(built_report):
         assert (built_report.out_dir / name).exists(), name
 
 
+def _without_trm(spec):
+    return replace(spec, families=spec.families - {"trm"})
+
+
 def test_missing_metrics_are_skipped_with_a_reason(tmp_path):
-    data, _ = synthetic_data(profile("demo", steps=6, seeds=(0,)))  # no TRM metrics
+    data, _ = synthetic_data(_without_trm(profile("demo", steps=6, seeds=(0,))))
     spec = ReportSpec("only_trm", "t", "d", (Item("figure", "analysis.figures.trm:acceptance_by_length_figure"),))
     (item,) = build_items(spec, data)
     assert item.status == "skipped" and "trm/accept_rate/len_" in item.reason
 
 
 def test_a_failing_item_does_not_hide_the_rest(tmp_path, monkeypatch):
-    data, _ = synthetic_data(profile("demo", steps=6, seeds=(0,)))
+    data, _ = synthetic_data(_without_trm(profile("demo", steps=6, seeds=(0,))))
     import analysis.tables.generic as generic
 
     def broken(_data):
@@ -91,7 +112,7 @@ def test_a_failing_item_does_not_hide_the_rest(tmp_path, monkeypatch):
     html = result.html.read_text()
     assert "Failed to build: ZeroDivisionError: boom" in html
     skipped = [i.key for i in result.items if i.status == "skipped"]
-    assert skipped == ["acceptance_figure"]  # the demo profile logs no TRM metrics
+    assert skipped == ["acceptance_figure"]  # the data logs no TRM metrics
     assert len(result.figures()) == get_report("demo").count("figure") - 1
 
 
