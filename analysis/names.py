@@ -15,12 +15,16 @@ from runners import metric_names
 _EVAL = re.compile(r"^val-core/(?P<data>.+)/acc/mean_at_(?P<n>\d+)$")
 _ACCEPT_BUCKET = re.compile(
     "^"
-    + re.escape(metric_names.trm_accept_rate_bucket(314159, 271828)).replace("314159", r"(\d+)").replace("271828", r"(\d+)")
+    + re.escape(metric_names.trm_accept_rate_bucket(314159, 271828))
+    .replace("314159", r"(\d+)")
+    .replace("271828", r"(\d+)")
     + "$"
 )
 _TV_BUCKET = re.compile(
     "^"
-    + re.escape(metric_names.trm_tv_position_bucket(314159, 271828)).replace("314159", r"(\d+)").replace("271828", r"(\d+)")
+    + re.escape(metric_names.trm_tv_position_bucket(314159, 271828))
+    .replace("314159", r"(\d+)")
+    .replace("271828", r"(\d+)")
     + "$"
 )
 

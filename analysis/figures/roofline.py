@@ -45,7 +45,9 @@ def roofline_figure(
         ax.scatter([x], [y], marker="*", s=90, color="black", zorder=5)
         ax.annotate(f"paper {p['method']} ({x:.0f})", (x, y), textcoords="offset points", xytext=(4, -12), fontsize=7)
     measured = ""
-    if data is not None and {metric_names.ROLLOUT_ARITHMETIC_INTENSITY, metric_names.ROLLOUT_TFLOPS} <= set(data.metric_names()):
+    if data is not None and {metric_names.ROLLOUT_ARITHMETIC_INTENSITY, metric_names.ROLLOUT_TFLOPS} <= set(
+        data.metric_names()
+    ):
         x = per_run(data, metric_names.ROLLOUT_ARITHMETIC_INTENSITY, "median").set_index("run_id")
         y = per_run(data, metric_names.ROLLOUT_TFLOPS, "median").set_index("run_id")["value"]
         styles = method_styles(data.labels())

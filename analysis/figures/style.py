@@ -88,7 +88,13 @@ def method_styles(labels: pd.DataFrame) -> dict[str, dict]:
     own colour, solid.
     """
     first = labels.drop_duplicates(metric_names.TAG_METHOD)
-    keys = [metric_names.TAG_ALGORITHM, metric_names.TAG_ESTIMATOR, metric_names.TAG_MASK, metric_names.TAG_ENTROPY_CONTROL, metric_names.TAG_MODEL]
+    keys = [
+        metric_names.TAG_ALGORITHM,
+        metric_names.TAG_ESTIMATOR,
+        metric_names.TAG_MASK,
+        metric_names.TAG_ENTROPY_CONTROL,
+        metric_names.TAG_MODEL,
+    ]
     groups: dict[tuple, dict[str, list[str]]] = {}
     for _, row in first.iterrows():
         key = tuple(str(row.get(k)) for k in keys)

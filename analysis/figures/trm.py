@@ -24,7 +24,12 @@ def acceptance_figure(data: ExperimentData) -> Figure:
     return panels_figure(
         data,
         [
-            (metric_names.TRM_ACCEPT_RATE, "sequences accepted (trm/accept_rate)", TRAIN_WINDOW, "fraction of sequences"),
+            (
+                metric_names.TRM_ACCEPT_RATE,
+                "sequences accepted (trm/accept_rate)",
+                TRAIN_WINDOW,
+                "fraction of sequences",
+            ),
             (
                 metric_names.TRM_PPL_GAP,
                 "log absolute PPL gap (trm/ppl_gap)",

@@ -120,7 +120,9 @@ def trm_acceptance_table(data: ExperimentData) -> Table:
     """Measured acceptance per response-length bucket (mean over steps and seeds) and the i.i.d. fit."""
     buckets = accept_rate_buckets(data.metric_names())
     if not buckets:
-        raise SkipItem(f"no run logs {metric_names.trm_accept_rate_bucket(0, 256)}-style length-bucket acceptance metrics")
+        raise SkipItem(
+            f"no run logs {metric_names.trm_accept_rate_bucket(0, 256)}-style length-bucket acceptance metrics"
+        )
     methods = None
     means = {}
     for lo, hi, metric in buckets:
