@@ -56,3 +56,25 @@ def test_importing_the_library_does_not_import_torch():
 @pytest.mark.parametrize("kind,name", [(kind, name) for kind, reg in REGISTRIES.items() for name in reg.names()])
 def test_every_builtin_entry_resolves(kind, name):
     assert callable(REGISTRIES[kind].get(name))
+
+
+def test_declarations_and_a_schema_written_on_the_registry_line():
+    """An entry's needs / provides / trainer keys, and a schema given as {field: (type, default, *checks)}
+    become a dataclass with those fields, defaults and checks (what `runners.config.validate` applies)."""
+    import dataclasses
+
+    from runners.config.components import POSITIVE, field_checks
+
+    reg = Registry("objective")
+    reg.register(
+        "x", "math:sqrt", needs=("logits",), provides=("token_clip",), schema={"alpha": (float, 0.5, POSITIVE)}
+    )
+    entry = reg.entry("x")
+    assert entry.needs == {"logits"} and entry.provides == {"token_clip"} and entry.trainer_keys == ()
+    schema = reg.schema("x")
+    assert {f.name: f.default for f in dataclasses.fields(schema) if f.name != "name"} == {"alpha": 0.5}
+    assert [(key, check.what) for key, check in field_checks(schema)] == [("alpha", "must be > 0")]
+    assert reg.schema("x") is schema  # built once
+    assert reg.with_need("logits") == ["x"]
+    with pytest.raises(UnknownNameError, match="valid names: x"):
+        reg.entry("y")

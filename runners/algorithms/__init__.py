@@ -23,6 +23,7 @@ the one place that assembles a (micro-)batch's policy loss from the components, 
 """
 
 from runners.algorithms.registry import Entry, Registry, UnknownNameError
+from runners.config.components import OPEN_UNIT_OR_ONE, POSITIVE
 
 ESTIMATORS = Registry("estimator")
 OBJECTIVES = Registry("objective")
@@ -59,6 +60,11 @@ for _name, (_target, _schema, _decl) in {
     "gspo": ("objectives:gspo_objective", "GspoObjective", {}),
     "gpg": ("objectives:gpg_objective", None, {}),
     "bapo": ("objectives:bapo_objective", "BapoObjective", {}),
+    "cispo": (
+        "cispo:cispo_objective",
+        {"clip_ratio_low": (float, 1.0, OPEN_UNIT_OR_ONE), "clip_ratio_high": (float, 0.28, POSITIVE)},
+        {},
+    ),
     "troll": ("troll:troll_objective", "TrollObjective", {"needs": _EXACT, "trainer_keys": _SPARSE_KEYS}),
     "gtpo": (
         "gtpo:gtpo_objective",
@@ -66,7 +72,8 @@ for _name, (_target, _schema, _decl) in {
         {"needs": ("grad_entropy", "h_ini", "groups"), "trainer_keys": ("h_ini_prompts",)},
     ),
 }.items():
-    OBJECTIVES.register(_name, f"{_PKG}.{_target}", schema=_schema and f"{_SCHEMA}:{_schema}", **_decl)
+    _schema = _schema if isinstance(_schema, dict) else _schema and f"{_SCHEMA}:{_schema}"
+    OBJECTIVES.register(_name, f"{_PKG}.{_target}", schema=_schema, **_decl)
 
 for _name, (_attr, _schema, _needs) in {
     "none": ("no_mask", None, ()),

@@ -24,7 +24,7 @@ of ``needs`` / ``provides`` are listed in ``runners.algorithms.method.CAPABILITI
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,8 +48,9 @@ class Entry:
     provides: frozenset[str] = frozenset()
     # config keys the trainer consumes itself (never passed to the target)
     trainer_keys: tuple[str, ...] = ()
-    # dataclass typing the component's config node, or a lazy "module:attr" string; None: untyped
-    schema: str | type | None = None
+    # dataclass typing the component's config node, a lazy "module:attr" string, or a mapping
+    # {field: (type, default, *checks)} built into a dataclass on first use; None: untyped
+    schema: str | type | Mapping[str, tuple] | None = None
 
 
 def _resolve(target: str | Any) -> Any:
@@ -74,6 +75,7 @@ class Registry:
         self.kind = kind
         self._entries: dict[str, Entry] = {}
         self._resolved: dict[str, Callable[..., Any]] = {}
+        self._schemas: dict[str, type] = {}
 
     def register(
         self,
@@ -83,7 +85,7 @@ class Registry:
         needs: Iterable[str] = (),
         provides: Iterable[str] = (),
         trainer_keys: Iterable[str] = (),
-        schema: str | type | None = None,
+        schema: str | type | Mapping[str, tuple] | None = None,
     ):
         """Register ``target`` under ``name``; without ``target`` acts as a decorator.
 
@@ -127,8 +129,18 @@ class Registry:
         return self._resolved[name]
 
     def schema(self, name: str) -> type | None:
-        """The config dataclass of ``name`` (imported if lazy); None for an untyped entry."""
+        """The config dataclass of ``name`` (imported if lazy); None for an untyped entry.
+
+        A schema declared as a mapping ``{field: (type, default, *checks)}`` on the registry line is
+        turned into a dataclass here (``runners.config.components.component_dataclass``).
+        """
         schema = self.entry(name).schema
+        if isinstance(schema, Mapping):
+            if name not in self._schemas:
+                from runners.config.components import component_dataclass
+
+                self._schemas[name] = component_dataclass(f"{self.kind}_{name}", schema)
+            return self._schemas[name]
         return None if schema is None else _resolve(schema)
 
     def with_need(self, need: str) -> list[str]:

@@ -14,8 +14,8 @@ keyword arguments of the registered function, except the entry's ``trainer_keys`
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field, make_dataclass
 from typing import Any, Optional
 
 from omegaconf import MISSING
@@ -39,6 +39,7 @@ POSITIVE = Check(lambda v: v is not None and v > 0 and math.isfinite(v), "must b
 NON_NEGATIVE = Check(lambda v: v is not None and v >= 0, "must be >= 0")
 OPEN_UNIT = Check(lambda v: 0 < v < 1, "must be in (0, 1)")
 UNIT = Check(lambda v: 0 <= v <= 1, "must be in [0, 1]")
+OPEN_UNIT_OR_ONE = Check(lambda v: 0 < v <= 1, "must be in (0, 1]")
 BELOW_ONE = Check(lambda v: v < 1, "must be < 1 (the ratio's lower bound is 1 - value)")
 DUAL_CLIP = Check(lambda v: v is None or v > 1, "dual-clip bound must be > 1")
 
@@ -54,6 +55,12 @@ def one_of(*allowed: Any) -> Check:
 def checked(default: Any, *checks: Check) -> Any:
     """A dataclass field with ``default`` and the checks ``runners.config.validate`` applies."""
     return field(default=default, metadata={"checks": checks})
+
+
+def component_dataclass(name: str, fields: Mapping[str, tuple]) -> type:
+    """A component's config dataclass from ``{field: (type, default, *checks)}`` (a registry line's schema)."""
+    spec = [(key, typ, checked(default, *checks)) for key, (typ, default, *checks) in fields.items()]
+    return make_dataclass(name.title().replace("_", ""), spec, bases=(NamedComponent,))
 
 
 def field_checks(schema: type) -> Iterator[tuple[str, Check]]:

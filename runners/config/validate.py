@@ -18,8 +18,6 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from runners.algorithms import ESTIMATORS
-from runners.algorithms.method import CAPABILITIES, GROUPS, Method
 from runners.config.components import field_checks
 
 DTYPES = ("float32", "bfloat16", "float16")
@@ -73,6 +71,8 @@ class _Checker:
 
 def _check_component_schemas(cfg: DictConfig) -> None:
     """Each component node: a registered name, only its schema's keys, its declared checks."""
+    from runners.algorithms.method import GROUPS
+
     for group, registry in GROUPS.items():
         node = cfg.get(group)
         if node is None or not isinstance(node, DictConfig) or "name" not in node:
@@ -109,8 +109,10 @@ def _check_fields(group: str, schema: type, node: DictConfig) -> None:
             raise ConfigError(f"{group}.{key}", f"{what} (got {node.get(key)!r})")
 
 
-def _check_method(cfg: DictConfig) -> Method:
+def _check_method(cfg: DictConfig):
     """What the components need from each other (e.g. ADAPO steers a clip objective) and agree on."""
+    from runners.algorithms.method import CAPABILITIES, Method
+
     method = Method.from_config(cfg)
     for group, need in method.unmet():
         others = ", ".join(f"{g}={n}" for g, n in method.names().items() if g != group)
@@ -127,7 +129,9 @@ def _check_method(cfg: DictConfig) -> Method:
     return method
 
 
-def _check_rollout(c: _Checker, cfg: DictConfig, method: Method) -> None:
+def _check_rollout(c: _Checker, cfg: DictConfig, method) -> None:
+    from runners.algorithms import ESTIMATORS
+
     r = cfg.rollout
     c.one_of("rollout.mode", ("full", "truncated"))
     c.at_least("rollout.max_response_length", 1)
@@ -155,7 +159,7 @@ def _check_rollout(c: _Checker, cfg: DictConfig, method: Method) -> None:
         )
 
 
-def _check_trainer(c: _Checker, cfg: DictConfig, method: Method) -> None:
+def _check_trainer(c: _Checker, cfg: DictConfig, method) -> None:
     t = cfg.trainer
     c.at_least("trainer.total_steps", 1)
     c.at_least("trainer.prompts_per_step", 1)

@@ -56,6 +56,7 @@ EXTRA_CELLS = {
         "mask.delta=0.01",
         "trainer.kl_coef=0.05",
     ),
+    "grpo+cispo": ("algorithm=grpo", "objective=cispo", "objective.clip_ratio_low=0.2"),
     "gspo+troll+repo_r": ("algorithm=gspo", "objective=troll", f"objective.top_k={TOP_K}", "entropy_control=repo_r"),
 }
 
