@@ -177,7 +177,7 @@ def train_embedded_model(recipe: EmbeddedRecipe, *, progress: bool = True):
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=recipe.lr, betas=(0.9, 0.98), weight_decay=recipe.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: _lr_factor(step, recipe))
-    order = torch.Generator().manual_seed(recipe.seed)
+    order = torch.Generator(device="cpu").manual_seed(recipe.seed)  # batch indices, drawn on the CPU
     losses: list[float] = []
     bar = tqdm(range(recipe.steps), desc="building embedded model", disable=not progress, file=sys.stderr)
     for _step in bar:

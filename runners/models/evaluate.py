@@ -36,10 +36,10 @@ def evaluate_embedded(
 
     from runners.data.embedded import generate_embedded
     from runners.data.rewards import REWARDS
-    from runners.models.sampler import generate
+    from runners.models.sampler import generate, make_generator
 
     examples = generate_embedded(n, split="test", seed=seed, digits=digits, ops=ops)
-    generator = torch.Generator().manual_seed(seed)
+    generator = make_generator(next(model.parameters()).device, seed)
     rewards: list[float] = []
     lengths: list[float] = []
     finished: list[float] = []

@@ -22,7 +22,7 @@ one long generation (tests/models/test_sampler.py checks it). Pass only the rows
 
     from runners.models.sampler import generate
     out = generate(model, input_ids, attention_mask, max_new_tokens=64, eos_token_id=tok.eos_token_id,
-                   pad_token_id=tok.pad_token_id, generator=torch.Generator().manual_seed(0))
+                   pad_token_id=tok.pad_token_id, generator=make_generator(model.device, 0))
     out.responses, out.response_mask, out.logp, out.finished
 
 Benchmark against ``model.generate``: ``python tests/benchmarks/bench_sampler.py``.
@@ -71,6 +71,21 @@ def filter_top_p(logits: Tensor, top_p: float) -> Tensor:
     return logits.masked_fill(drop, float("-inf"))
 
 
+def make_generator(device: torch.device | str, seed: int) -> torch.Generator:
+    """A seeded generator on ``device``: the one to pass to ``generate`` for a model on that device
+    (``torch.multinomial`` refuses a generator on another device than its probabilities)."""
+    return torch.Generator(device=torch.device(device)).manual_seed(int(seed))
+
+
+def check_generator_device(generator: torch.Generator | None, tensor: Tensor) -> None:
+    """Raise a clear error when ``generator`` lives on another device type than ``tensor``."""
+    if generator is not None and torch.device(generator.device).type != tensor.device.type:
+        raise ValueError(
+            f"sampling generator on {generator.device} but the model's probabilities on {tensor.device}: "
+            f"create it with runners.models.sampler.make_generator({tensor.device.type!r}, seed)"
+        )
+
+
 def sample_next(
     logits: Tensor, *, temperature: float, top_p: float, generator: torch.Generator | None
 ) -> tuple[Tensor, Tensor]:
@@ -87,6 +102,7 @@ def sample_next(
     if top_p < 1.0:
         scores = filter_top_p(scores, top_p)
     probs = scores.softmax(dim=-1)
+    check_generator_device(generator, probs)
     token = torch.multinomial(probs, num_samples=1, generator=generator).squeeze(-1)
     logp = torch.log_softmax(scores, dim=-1).gather(-1, token[:, None]).squeeze(-1)
     return token, logp

@@ -56,7 +56,7 @@ from runners.backends.local.step_metrics import (
 )
 from runners.data.prompts import encode_prompt
 from runners.data.rewards import compute_reward
-from runners.models.sampler import generate
+from runners.models.sampler import generate, make_generator
 
 
 class LocalTrainer:
@@ -90,8 +90,9 @@ class LocalTrainer:
             logprob_precision=t.logprob_precision,
         )
         self._build_data(cfg)
-        self.sample_generator = torch.Generator().manual_seed(cfg.seed + 1)
-        self.shuffle_generator = torch.Generator().manual_seed(cfg.seed + 2)
+        # sampling draws on the model's device; the mini-batch order is drawn on the CPU (randperm)
+        self.sample_generator = make_generator(self.device, cfg.seed + 1)
+        self.shuffle_generator = torch.Generator(device="cpu").manual_seed(cfg.seed + 2)
 
     @classmethod
     def discard_checkpoints(cls, run_dir: str | Path) -> None:
@@ -319,7 +320,7 @@ class LocalTrainer:
     def _evaluate(self) -> dict[str, float]:
         start = time.perf_counter()
         self.model.eval()
-        metrics = self.evaluator.evaluate(self.model, generator=torch.Generator().manual_seed(self.cfg.seed + 7))
+        metrics = self.evaluator.evaluate(self.model, generator=make_generator(self.device, self.cfg.seed + 7))
         metrics[names.TIMING_TESTING] = time.perf_counter() - start
         return metrics
 
@@ -327,7 +328,7 @@ class LocalTrainer:
         """H_ini of GTPO: mean token entropy of the initial model on the first training prompts."""
         examples = self.rollout.stream.examples[:prompts]
         return self.evaluator.mean_entropy(
-            self.model, examples, generator=torch.Generator().manual_seed(self.cfg.seed + 5)
+            self.model, examples, generator=make_generator(self.device, self.cfg.seed + 5)
         )
 
     def _save(self, step: int) -> None:
