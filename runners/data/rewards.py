@@ -11,7 +11,8 @@ extracts the final answer strictly by the dataset's convention, then compares (`
 - ``gsm8k``: the last ``#### N``, falling back to the last ``\\boxed{}`` when the response has no
   ``####`` (instruct models box by habit; ``allow_boxed=False`` makes it strict);
 - ``code``: fraction of the first 10 test cases passed by the response's last Python code block,
-  run in the sandbox (0 if any case times out; TROLL (arXiv 2510.03817) appendix C.2).
+  run in the sandbox (0 if any case times out; TROLL (arXiv 2510.03817) appendix C.2);
+- ``char_coverage``: a shaped, non-verifiable signal for untrained models in tests.
 
 Keyword arguments every math reward accepts: ``prompt`` (enables the echo check for non-numeric
 golds), ``timeout_s`` (math-verify). Unknown keywords are ignored, so the trainer can pass the
@@ -76,6 +77,19 @@ def gsm8k_reward(response: str, gold: str, *, allow_boxed: bool = True, prompt: 
 
 
 REWARDS.register("code", "runners.data.code_tests:code_reward")
+
+_ALPHANUMERIC = frozenset("abcdefghijklmnopqrstuvwxyz0123456789")
+
+
+@REWARDS.register("char_coverage")
+def char_coverage_reward(response: str, gold: str, **_: Any) -> float:
+    """Share of the 36 lowercase letters and digits that occur in the response, in [0, 1].
+
+    Not a verifiable reward (it ignores ``gold``): a shaped signal for untrained (random) models in
+    tests and smoke runs, where every verifiable reward is 0 for the whole group (no advantage, no
+    update); random text over a real vocabulary gets values that differ within a group.
+    """
+    return len(_ALPHANUMERIC & set(response.lower())) / len(_ALPHANUMERIC)
 
 
 def compute_reward(name: str, response: str, gold: str, **kw: Any) -> float:
