@@ -32,7 +32,6 @@ def evaluate_embedded(
     Returns {"accuracy", "response_length" (mean tokens, EOS included), "finished" (fraction that
     emitted EOS), "n"}.
     """
-    import torch
 
     from runners.data.embedded import generate_embedded
     from runners.data.rewards import REWARDS

@@ -231,39 +231,44 @@ def test_sample_trm_metrics_equal_their_definition(home, monkeypatch):
     assert m["trm/mean_kl"] == pytest.approx(float((log_ratio.exp() - 1 - log_ratio).mean()), rel=1e-4)
 
 
+def _leading_conflicts(seqs: list[list[int]], i: int, pos: list[int], neg: list[int]) -> int:
+    """Length of the run, from position 0, where response i's token also sits at that position in some
+    positive and some negative response of its group."""
+    run = 0
+    for step, token in enumerate(seqs[i]):
+        at = [seqs[j][step] if step < len(seqs[j]) else None for j in range(len(seqs))]
+        if not (any(at[j] == token for j in pos) and any(at[j] == token for j in neg)):
+            break
+        run += 1
+    return run
+
+
+def _conflict_fraction(call: dict) -> float:
+    """GTPO section 5.1 by hand: forward spans on the responses, backward spans on them reversed."""
+    mask = call["mask"] > 0
+    lengths = mask.sum(-1).tolist()
+    seqs = [row[:n] for row, n in zip(call["responses"].tolist(), lengths)]
+    groups = call["groups"].tolist()
+    adv = [float((call["advantages"][i] * mask[i]).sum()) / max(1, lengths[i]) for i in range(len(seqs))]
+    in_span = 0
+    for i in range(len(seqs)):
+        if adv[i] == 0:
+            continue
+        mates = [j for j in range(len(seqs)) if groups[j] == groups[i]]
+        pos, neg = [j for j in mates if adv[j] > 0], [j for j in mates if adv[j] < 0]
+        forward = _leading_conflicts(seqs, i, pos, neg)
+        backward = _leading_conflicts([s[::-1] for s in seqs], i, pos, neg)
+        in_span += len(set(range(forward)) | {lengths[i] - 1 - t for t in range(backward)})
+    return in_span / max(1, int(mask.sum()))
+
+
 def test_gtpo_conflicts_equal_a_plain_loop(home, monkeypatch):
     # a larger initialisation makes the random model's distributions peaked: responses of a group share
     # tokens at aligned positions, which is what GTPO's conflict spans look for
     _, rec = _train(["algorithm=gtpo", "+model.options.initializer_range=0.3"], home, monkeypatch, record=True)
     fractions = []
     for call in rec.calls:
-        ids, mask, groups = call["responses"].tolist(), call["mask"] > 0, call["groups"].tolist()
-        lengths = mask.sum(-1).tolist()
-        adv = [(call["advantages"][i] * mask[i]).sum().item() / max(1, lengths[i]) for i in range(len(ids))]
-        in_span = 0
-        for i in range(len(ids)):
-            if adv[i] == 0:
-                continue
-            mates = [j for j in range(len(ids)) if groups[j] == groups[i]]
-            pos = [j for j in mates if adv[j] > 0]
-            neg = [j for j in mates if adv[j] < 0]
-
-            def conflict(token_at, limit, i=i, pos=pos, neg=neg):
-                run = 0
-                for step in range(limit):
-                    tok = token_at(i, step)
-                    hit_pos = any(step < lengths[j] and token_at(j, step) == tok for j in pos)
-                    hit_neg = any(step < lengths[j] and token_at(j, step) == tok for j in neg)
-                    if not (hit_pos and hit_neg):
-                        break
-                    run += 1
-                return run
-
-            forward = conflict(lambda j, t: ids[j][t], lengths[i])
-            backward = conflict(lambda j, t: ids[j][lengths[j] - 1 - t], lengths[i])
-            covered = set(range(forward)) | {lengths[i] - 1 - t for t in range(backward)}
-            in_span += len(covered)
-        expected = in_span / max(1, int(mask.sum()))
+        expected = _conflict_fraction(call)
         assert call["metrics"]["gtpo/conflict_frac"] == pytest.approx(expected, abs=1e-9)
         fractions.append(expected)
     assert max(fractions) > 0, "some micro-batch must hold conflict tokens"
