@@ -245,9 +245,14 @@ def test_asymmetric_value_clip_is_refused_naming_the_key():
     assert err.value.key == "trainer.value_clip_high"
 
 
-def test_critic_config_with_local_model(verl_config, tmp_path):
-    """PPO's critic (GAE): verl builds its CriticConfig (with the model's files: a tiny local model
-    here) and validates it; value clip, learning rate and the estimator's gamma/lambda carried over."""
+@pytest.mark.parametrize(
+    ("cell", "verl_estimator"),
+    [(("algorithm=ppo",), "gae"), (("algorithm=grpo", "estimator=egae", "trainer.value_clip_high=0.5"), "trustbench_egae")],
+)
+def test_critic_config_with_local_model(verl_config, tmp_path, cell, verl_estimator):
+    """Every estimator with a critic (GAE, and EGAE with full rollouts): verl builds its CriticConfig (with
+    the model's files: a tiny local model here) and validates it; the critic starts from the policy's model,
+    with the value clip, learning rate and the estimator's gamma/lambda carried over (not verl's placeholders)."""
     from transformers import AutoTokenizer  # noqa: F401  (transformers present)
     from verl.trainer.ppo.utils import need_critic
     from verl.utils.config import omega_conf_to_dataclass, validate_config
@@ -262,17 +267,17 @@ def test_critic_config_with_local_model(verl_config, tmp_path):
     config = build_tiny_config("qwen2", vocab_size=len(tokenizer))
     config.architectures = ["Qwen2ForCausalLM"]
     config.save_pretrained(tmp_path)
-    cfg = _compose(("algorithm=ppo", "model=qwen3_1.7b", "trainer.value_clip_high=0.5", "estimator.lam=0.95"))
+    cfg = _compose((*cell, "model=qwen3_1.7b", "trainer.value_clip_high=0.5", "estimator.lam=0.95"))
     vc = verl_config(build_overrides(cfg, _paths(), model_path=str(tmp_path)))
     assert need_critic(vc)
     with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         validate_config(vc, use_reference_policy=False, use_critic=True)
     critic = omega_conf_to_dataclass(vc.critic)
-    algo = omega_conf_to_dataclass(vc.algorithm)
+    algo = vc.algorithm  # read undataclassed, as verl's trainer does (plugin estimators carry an extra key)
     assert critic.cliprange_value == cfg.trainer.value_clip_low
     assert critic.optim.lr == cfg.trainer.critic_lr and critic.model.path == str(tmp_path)
-    assert (algo.adv_estimator, algo.gamma, algo.lam) == ("gae", cfg.estimator.gamma, 0.95)
+    assert (algo.adv_estimator, algo.gamma, algo.lam) == (verl_estimator, cfg.estimator.gamma, 0.95)
 
 
 @pytest.mark.parametrize(
