@@ -35,10 +35,12 @@ PG_CLIPFRAC_LOWER = "actor/pg_clipfrac_lower"
 PPO_KL = "actor/ppo_kl"
 GRAD_NORM = "actor/grad_norm"
 LR = "actor/lr"
-# token KL(pi_old || pi_new) on the step's batch measured AFTER the actor update (mean over response tokens;
-# pi_old = the policy that sampled / the old log-probs, pi_new = the updated weights, one extra forward pass).
-# Every method logs it, so TROLL's trust region can be compared with what Clip actually does (claim checks).
+# token KL(pi_new || pi_old) on the step's batch measured AFTER the actor update (mean / max over response
+# tokens; pi_old = the old-log-prob pass, pi_new = the updated weights, one extra forward pass; the direction
+# TROLL's trust region bounds, on pi_old's top-K plus a rest bin). Every method logs it, so TROLL's region can
+# be compared with what Clip actually does (claim checks).
 POST_UPDATE_KL = "actor/post_update_kl"
+POST_UPDATE_KL_MAX = "actor/post_update_kl_max"
 
 # -- timing and throughput -------------------------------------------------------------------
 TIMING_GEN = "timing_s/gen"
@@ -93,7 +95,7 @@ TRM_MAX_KL = "trm/max_kl"
 TRM_MEAN_KL = "trm/mean_kl"
 GTPO_CONFLICT_FRAC = "gtpo/conflict_frac"
 GTPO_FILTERED_FRAC = "gtpo/filtered_frac"
-# mean over conflict tokens (gtpo.txt section 5: same token at the same forward/backward position in a positive
+# mean over conflict tokens (GTPO, arXiv 2508.03772, section 5: same token at the same forward/backward position in a positive
 # and a negative response of a group) of log pi_new(token) - log pi_old(token) after the actor update. GTPO logs
 # it on the tokens it protects; GRPO (any group method) logs it on the conflict tokens found by the same rule in
 # its own batch, without changing its update, so the two can be compared.

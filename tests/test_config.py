@@ -68,7 +68,13 @@ def test_component_options_bind_to_their_functions(group):
         for key in REGISTRIES[group].entry(node.name).trainer_keys:  # consumed by the trainer, declared
             kwargs.pop(key, None)
         fn = REGISTRIES[group].get(node.name)
-        positional = {"estimator": ["inp"], "objective": ["inp"], "mask": ["inp"], "loss_agg": ["mat", "mask"]}
+        positional = {
+            "estimator": ["inp"],
+            "objective": ["inp"],
+            "mask": ["inp"],
+            "loss_agg": ["mat", "mask"],
+            "rollout_correction": ["old", "rollout", "mask"],
+        }
         inspect.signature(fn).bind(*positional.get(group, []), **kwargs)
 
 

@@ -14,6 +14,9 @@ Extension points and their call contracts (tensors: B responses, T response posi
   TRM (arXiv 2512.23075) eq. 50)
 - ``ENTROPY_CONTROLLERS[name](**params)`` -> a controller object (see ``entropy.py``)
 - ``LOSS_AGGS[name](loss_mat, loss_mask, **kw) -> scalar``
+- ``ROLLOUT_CORRECTIONS[name](old_logp, rollout_logp, response_mask, **params) -> CorrectionOutput``
+  (verl's training-inference mismatch corrections: importance weights and/or a shrunk response mask,
+  once per iteration; see ``rollout_correction.py``)
 
 Each entry also declares what its component needs (the current logits, the sparse old
 distribution, entropy with gradient, a critic, rollout log-probs, GTPO's H_ini, whole prompt
@@ -23,13 +26,14 @@ the one place that assembles a (micro-)batch's policy loss from the components, 
 """
 
 from runners.algorithms.registry import Entry, Registry, UnknownNameError
-from runners.config.components import OPEN_UNIT_OR_ONE, POSITIVE
+from runners.config.components import GREATER_THAN_ONE, OPEN_UNIT_OR_ONE, POSITIVE
 
 ESTIMATORS = Registry("estimator")
 OBJECTIVES = Registry("objective")
 MASKS = Registry("mask")
 ENTROPY_CONTROLLERS = Registry("entropy_control")
 LOSS_AGGS = Registry("loss_agg")
+ROLLOUT_CORRECTIONS = Registry("rollout_correction")
 
 _PKG = "runners.algorithms"
 _SCHEMA = "runners.config.components"
@@ -118,12 +122,23 @@ for _name, _attr in {
         needs=("norm_len",) if _name == "seq-mean-token-sum-norm" else (),
     )
 
+for _name, (_attr, _schema) in {
+    "none": ("no_correction", None),
+    "token_tis": ("token_tis", {"cap": (float, 2.0, GREATER_THAN_ONE)}),
+    "seq_max_k2": ("seq_max_k2", {"threshold": (float, 0.05, POSITIVE)}),
+    "seq_max_k3": ("seq_max_k3", {"threshold": (float, 0.05, POSITIVE)}),
+}.items():
+    ROLLOUT_CORRECTIONS.register(
+        _name, f"{_PKG}.rollout_correction:{_attr}", schema=_schema, needs=("rollout_logp",) if _schema else ()
+    )
+
 REGISTRIES = {
     "estimator": ESTIMATORS,
     "objective": OBJECTIVES,
     "mask": MASKS,
     "entropy_control": ENTROPY_CONTROLLERS,
     "loss_agg": LOSS_AGGS,
+    "rollout_correction": ROLLOUT_CORRECTIONS,
 }
 
 __all__ = [
@@ -134,6 +149,7 @@ __all__ = [
     "MASKS",
     "OBJECTIVES",
     "REGISTRIES",
+    "ROLLOUT_CORRECTIONS",
     "Registry",
     "UnknownNameError",
 ]

@@ -29,7 +29,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from runners.algorithms import ENTROPY_CONTROLLERS, ESTIMATORS, LOSS_AGGS, MASKS, OBJECTIVES
+from runners.algorithms import ENTROPY_CONTROLLERS, ESTIMATORS, LOSS_AGGS, MASKS, OBJECTIVES, ROLLOUT_CORRECTIONS
 
 # capability -> what it means (a backend provides BACKEND_CAPABILITIES; components the rest)
 CAPABILITIES: dict[str, str] = {
@@ -59,6 +59,7 @@ GROUPS = {
     "mask": MASKS,
     "entropy_control": ENTROPY_CONTROLLERS,
     "loss_agg": LOSS_AGGS,
+    "rollout_correction": ROLLOUT_CORRECTIONS,
 }
 
 
@@ -85,10 +86,12 @@ class Method:
     mask: str = "none"
     entropy_control: str = "none"
     loss_agg: str = "token-mean"
+    rollout_correction: str = "none"
     estimator_kw: Mapping[str, Any] = field(default_factory=dict)
     objective_kw: Mapping[str, Any] = field(default_factory=dict)
     mask_kw: Mapping[str, Any] = field(default_factory=dict)
     entropy_control_kw: Mapping[str, Any] = field(default_factory=dict)
+    rollout_correction_kw: Mapping[str, Any] = field(default_factory=dict)
     # keys the trainer consumes, by group (e.g. {"objective": {"top_k": 64, "tail_mass": 1e-5}})
     trainer_kw: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     # constant divisor of seq-mean-token-sum-norm (None: the caller's padded width)
@@ -137,6 +140,8 @@ class Method:
             entropy_control=str(cfg.entropy_control.name),
             entropy_control_params=cfg.entropy_control,
             loss_agg=str(cfg.loss_agg.name),
+            rollout_correction=str(cfg.rollout_correction.name) if "rollout_correction" in cfg else "none",
+            rollout_correction_params=cfg.get("rollout_correction"),
             norm_len=int(cfg.loss_agg.norm_len or cfg.rollout.max_response_length),
             kl_coef=float(cfg.trainer.kl_coef),
         )

@@ -26,7 +26,9 @@ SEARCHPATH_OVERRIDE = f"hydra.searchpath=[file://{repo_root()}]"
 
 # top-level keys that do not change what a cell trains
 NON_SEMANTIC_KEYS = ("tracking", "launcher", "label", "progress", "force", "debug", "hydra")
-COMPONENT_GROUPS = ("estimator", "objective", "mask", "entropy_control", "loss_agg", "rollout")
+COMPONENT_GROUPS = ("estimator", "objective", "mask", "entropy_control", "loss_agg", "rollout_correction", "rollout")
+# a group's option when a preset does not choose it (swapping it shows in the label too)
+COMPONENT_DEFAULTS = {"rollout_correction": "none"}
 
 # display names of swapped components
 COMPONENT_LABELS = {
@@ -55,6 +57,7 @@ COMPONENT_LABELS = {
     },
     "entropy_control": {"none": "NoEC", "bonus": "EntBonus", "repo_r": "REPO-R", "repo_d": "REPO-D", "adapo": "ADAPO"},
     "rollout": {"full": "Full", "truncated": "Truncated"},
+    "rollout_correction": {"token_tis": "TIS", "seq_max_k2": "RS-max-k2", "seq_max_k3": "RS-max-k3"},
 }
 
 
@@ -80,9 +83,10 @@ def method_label(cfg: DictConfig, choices: Mapping[str, str] | None = None) -> s
     if not choices:
         return label
     extras = []
-    for group in ("objective", "mask", "entropy_control", "estimator", "loss_agg", "rollout"):
+    for group in ("objective", "mask", "entropy_control", "estimator", "loss_agg", "rollout", "rollout_correction"):
         chosen = choices.get(group)
-        if chosen is not None and group in preset and chosen != preset[group]:
+        base = preset.get(group, COMPONENT_DEFAULTS.get(group))
+        if chosen is not None and base is not None and chosen != base:
             extras.append(COMPONENT_LABELS.get(group, {}).get(chosen, f"{group}={chosen}"))
     return " + ".join([label, *extras])
 

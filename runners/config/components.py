@@ -40,6 +40,7 @@ NON_NEGATIVE = Check(lambda v: v is not None and v >= 0, "must be >= 0")
 OPEN_UNIT = Check(lambda v: 0 < v < 1, "must be in (0, 1)")
 UNIT = Check(lambda v: 0 <= v <= 1, "must be in [0, 1]")
 OPEN_UNIT_OR_ONE = Check(lambda v: 0 < v <= 1, "must be in (0, 1]")
+GREATER_THAN_ONE = Check(lambda v: v > 1, "must be > 1")
 BELOW_ONE = Check(lambda v: v < 1, "must be < 1 (the ratio's lower bound is 1 - value)")
 DUAL_CLIP = Check(lambda v: v is None or v > 1, "dual-clip bound must be > 1")
 

@@ -40,6 +40,11 @@ class RolloutConfig:
     temperature: float = 1.0
     # nucleus sampling
     top_p: float = 1.0
+    # off-policy regimes (built-in backend): sample with the policy this many iterations behind the trained
+    # one (asynchronous RL), and/or in this dtype while training keeps the model's (an inference engine in
+    # bf16 beside an fp32 trainer); "auto" = the model's dtype
+    staleness: int = 0
+    dtype: str = "auto"
 
 
 @dataclass
@@ -135,6 +140,8 @@ class TrainerConfig:
     eval_temperature: float = 1.0
     # save a checkpoint every N steps (and at the end); 0 = only at the end
     checkpoint_every: int = 10
+    # after each update, one no-grad forward for actor/post_update_kl and gtpo/conflict_prob_delta
+    post_update_diagnostics: bool = True
     # stratification edges of the TRM acceptance rate by response length
     length_buckets: list = field(default_factory=lambda: [0, 8, 16, 32, 64, 128, 256, 512, 1024])
 
@@ -222,6 +229,7 @@ class TrustbenchConfig:
     mask: Any = MISSING
     entropy_control: Any = MISSING
     loss_agg: Any = MISSING
+    rollout_correction: Any = MISSING
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     model: ModelConfig = field(default_factory=ModelConfig)

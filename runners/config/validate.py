@@ -139,6 +139,8 @@ def _check_rollout(c: _Checker, cfg: DictConfig, method) -> None:
     c.positive("rollout.temperature")
     c.require("rollout.top_p", lambda v: 0 < v <= 1, "must be in (0, 1]")
     c.non_negative("rollout.drop_last_k")
+    c.non_negative("rollout.staleness")
+    c.one_of("rollout.dtype", ("auto", *DTYPES))
     if r.mode != "truncated":
         if r.drop_last_k:
             raise ConfigError("rollout.drop_last_k", "only applies to rollout.mode=truncated")

@@ -247,7 +247,10 @@ def test_asymmetric_value_clip_is_refused_naming_the_key():
 
 @pytest.mark.parametrize(
     ("cell", "verl_estimator"),
-    [(("algorithm=ppo",), "gae"), (("algorithm=grpo", "estimator=egae", "trainer.value_clip_high=0.5"), "trustbench_egae")],
+    [
+        (("algorithm=ppo",), "gae"),
+        (("algorithm=grpo", "estimator=egae", "trainer.value_clip_high=0.5"), "trustbench_egae"),
+    ],
 )
 def test_critic_config_with_local_model(verl_config, tmp_path, cell, verl_estimator):
     """Every estimator with a critic (GAE, and EGAE with full rollouts): verl builds its CriticConfig (with

@@ -39,35 +39,55 @@ class UpdateSettings:
     logprob_precision: str
 
 
-def old_pass(forward: LogitsFn, data: dict, *, method, micro_batch_size: int, precision: str) -> dict[str, Tensor]:
-    """log pi_old [B,T], entropy [B,T] and (if the method needs it) the sparse old distribution; chunked."""
+def _sparse(logits: Tensor, responses: Tensor, sparse: dict) -> tuple[Tensor, Tensor]:
+    """Top-K form [rows,T,K+1] of ``logits`` [rows,T,V]: the kept tokens' true log-probs (TRM adds a rest bin)."""
+    from runners.algorithms.troll import sparsify
+
+    flat = logits.reshape(-1, logits.shape[-1])
+    idx, lp = sparsify(
+        flat, responses.reshape(-1), **{**sparse, "k": min(sparse["k"], logits.shape[-1])}, renormalize=False
+    )
+    shape = (*logits.shape[:2], idx.shape[-1])
+    return idx.reshape(shape).long(), lp.reshape(shape)
+
+
+def old_pass(
+    forward: LogitsFn,
+    data: dict,
+    *,
+    method,
+    micro_batch_size: int,
+    precision: str,
+    rollout_forward: LogitsFn | None = None,
+    diagnostics: bool = False,
+) -> dict[str, Tensor]:
+    """log pi_old [B,T], entropy [B,T] and the sparse distributions; chunked over rows.
+
+    ``old_topk_index/logp`` (when the method needs them) are the sampling policy's: from
+    ``rollout_forward`` when the rollout policy is a separate copy (stale or lower precision), else
+    from the same forward as log pi_old. ``diagnostics`` also stores pi_old's own top-K
+    (``pi_old_topk_*``) for the post-update KL.
+    """
     out: dict[str, list] = defaultdict(list)
     batch = data["input_ids"].shape[0]
     chunk = micro_rows(batch, micro_batch_size)
-    sparse = method.sparse if method.requires("sparse_old") else None
+    sparse = method.sparse if (method.requires("sparse_old") or diagnostics) else None
     with torch.no_grad():
         for s in range(0, batch, chunk):
             rows = slice(s, s + chunk)
             logits = forward(data, rows)
-            out["logp"].append(token_logprobs(logits, data["responses"][rows], precision=precision))
+            responses = data["responses"][rows]
+            out["logp"].append(token_logprobs(logits, responses, precision=precision))
             out["entropy"].append(entropy_from_logits(logits))
-            if sparse is not None:
-                from runners.algorithms.troll import sparsify
-
-                flat = logits.reshape(-1, logits.shape[-1])
-                idx, lp = sparsify(  # true log-probs of the kept tokens (the rest is one bin for TRM)
-                    flat,
-                    data["responses"][rows].reshape(-1),
-                    **{**sparse, "k": min(sparse["k"], logits.shape[-1])},
-                    renormalize=False,
-                )
-                shape = (*logits.shape[:2], idx.shape[-1])
-                out["old_topk_index"].append(idx.reshape(shape))
-                out["old_topk_logp"].append(lp.reshape(shape))
-    result = {k: torch.cat(v) for k, v in out.items()}
-    if "old_topk_index" in result:
-        result["old_topk_index"] = result["old_topk_index"].long()
-    return result
+            own = _sparse(logits, responses, sparse) if sparse is not None else None
+            if diagnostics:
+                out["pi_old_topk_index"].append(own[0])
+                out["pi_old_topk_logp"].append(own[1])
+            if method.requires("sparse_old"):
+                sampler = own if rollout_forward is None else _sparse(rollout_forward(data, rows), responses, sparse)
+                out["old_topk_index"].append(sampler[0])
+                out["old_topk_logp"].append(sampler[1])
+    return {k: torch.cat(v) for k, v in out.items()}
 
 
 def micro_batch_loss(
@@ -83,6 +103,7 @@ def micro_batch_loss(
     num_seqs: Tensor,
     precision: str = "fp32",
     h_ini: float | None = None,
+    is_weights: Tensor | None = None,
 ) -> PolicyLossOutput:
     """The policy loss of micro-batch ``rows`` from its current ``logits`` [rows,T,V] (differentiable).
 
@@ -105,7 +126,8 @@ def micro_batch_loss(
         old_topk_logp=old["old_topk_logp"][rows] if "old_topk_logp" in old else None,
     )
     ref = old["ref_logp"][rows] if "ref_logp" in old else None
-    return loss_fn(inp, num_tokens=num_tokens, num_seqs=num_seqs, ref_logp=ref, h_ini=h_ini)
+    weights = is_weights[rows] if is_weights is not None else None
+    return loss_fn(inp, num_tokens=num_tokens, num_seqs=num_seqs, ref_logp=ref, h_ini=h_ini, is_weights=weights)
 
 
 def update_actor(
@@ -121,6 +143,7 @@ def update_actor(
     settings: UpdateSettings,
     shuffle: torch.Generator,
     h_ini: float | None = None,
+    is_weights: Tensor | None = None,
 ) -> tuple[dict[str, float], list[tuple[Tensor, Tensor]]]:
     """Epochs x mini-batches of optimiser steps; returns the metrics and (keep weights, rows) per micro-batch."""
     model.train()
@@ -147,6 +170,7 @@ def update_actor(
                     num_seqs=num_seqs,
                     precision=settings.logprob_precision,
                     h_ini=h_ini,
+                    is_weights=is_weights,
                 )
                 out.loss.backward()
                 step_loss += float(out.loss.detach())

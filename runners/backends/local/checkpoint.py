@@ -53,6 +53,7 @@ def state_of(trainer, step: int) -> dict[str, Any]:
         "critic_optimizer": critic_optimizer.state_dict() if critic_optimizer is not None else None,
         "controller": trainer.controller.state_dict(),
         "rollout": trainer.rollout.state_dict(),
+        "rollout_policy": trainer.rollout_policy.state_dict(),
         "h_ini": trainer.h_ini,
         "rng": {
             "torch": torch.get_rng_state(),
@@ -74,6 +75,7 @@ def restore(trainer, state: dict[str, Any]) -> int:
         trainer.critic_optimizer.load_state_dict(state["critic_optimizer"])
     trainer.controller.load_state_dict(state["controller"])
     trainer.rollout.load_state_dict(state["rollout"])
+    trainer.rollout_policy.load_state_dict(state.get("rollout_policy") or {})
     trainer.h_ini = state["h_ini"]
     rng = state["rng"]
     torch.set_rng_state(rng["torch"])

@@ -8,6 +8,7 @@ progress bar's summary.
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 from collections import defaultdict
 from collections.abc import Iterator
@@ -19,21 +20,48 @@ from runners.backends.local.rollout import RolloutBatch
 
 
 class PhaseTimer:
-    """Wall-clock seconds per phase of one iteration (``timing_s/<phase>``)."""
+    """Wall-clock and process CPU seconds per phase of one iteration (``timing_s/<phase>``,
+    ``timing_cpu_s/<phase>``): on a shared machine wall time alone mixes in other work; CPU time
+    (every thread of this process) does not, and CPU < wall with load above the cores says so."""
 
     def __init__(self) -> None:
         self.seconds: dict[str, float] = defaultdict(float)
+        self.cpu_seconds: dict[str, float] = defaultdict(float)
+        self.start, self.cpu_start = time.perf_counter(), time.process_time()
 
     @contextlib.contextmanager
     def __call__(self, phase: str) -> Iterator[None]:
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         try:
             yield
         finally:
             self.seconds[phase] += time.perf_counter() - start
+            self.cpu_seconds[phase] += time.process_time() - cpu
 
     def metrics(self) -> dict[str, float]:
-        return {f"timing_s/{k}": v for k, v in self.seconds.items()}
+        """Every phase, plus ``step`` (the whole iteration so far), wall and CPU."""
+        out = {f"timing_s/{k}": v for k, v in self.seconds.items()}
+        out.update({f"{names.TIMING_CPU_PREFIX}{k}": v for k, v in self.cpu_seconds.items()})
+        out[names.TIMING_STEP] = time.perf_counter() - self.start
+        out[names.TIMING_CPU_STEP] = time.process_time() - self.cpu_start
+        return out
+
+
+def available_cpus() -> int:
+    """CPUs this process may run on (a Slurm job's cgroup / affinity), not the node's count."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+def load_metrics() -> dict[str, float]:
+    """The machine's 1-minute load average beside the CPUs available to this process."""
+    try:
+        load = os.getloadavg()[0]
+    except OSError:  # pragma: no cover
+        load = float("nan")
+    return {names.LOAD_AVG_1M: load, names.CPU_COUNT_AVAILABLE: float(available_cpus())}
 
 
 def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -132,6 +160,8 @@ def postfix(metrics: dict[str, float]) -> dict[str, str]:
 
 __all__ = [
     "PhaseTimer",
+    "available_cpus",
+    "load_metrics",
     "acceptance_metrics",
     "batch_metrics",
     "masked_mean",

@@ -32,23 +32,27 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from runners import metric_names as names
-from runners.algorithms import ESTIMATORS
+from runners.algorithms import ESTIMATORS, ROLLOUT_CORRECTIONS
 from runners.algorithms.method import Method
 from runners.algorithms.numerics import token_logprobs
 from runners.algorithms.policy_loss import PolicyLoss
+from runners.algorithms.rollout_correction import offpolicy_metrics, prefixed
 from runners.algorithms.types import AdvantageInputs
 from runners.backends.base import StopRequested, pause
 from runners.backends.local import checkpoint as ckpt
 from runners.backends.local.actor import UpdateSettings, old_pass, update_actor
-from runners.backends.local.batching import policy_mask, to_device
+from runners.backends.local.batching import micro_rows, policy_mask, to_device
 from runners.backends.local.critic import CriticSettings, update_critic
+from runners.backends.local.diagnostics import post_update_metrics
 from runners.backends.local.evaluate import Evaluator
 from runners.backends.local.policy import ValueModel, segment_logits
 from runners.backends.local.rollout import RolloutManager
+from runners.backends.local.rollout_policy import RolloutPolicy
 from runners.backends.local.step_metrics import (
     PhaseTimer,
     acceptance_metrics,
     batch_metrics,
+    load_metrics,
     masked_mean,
     postfix,
     progress,
@@ -78,6 +82,8 @@ class LocalTrainer:
         _seed_everything(cfg.seed)
         self.method = Method.from_config(cfg)
         self._build_models(cfg)
+        self.rollout_policy = RolloutPolicy(self.model, staleness=cfg.rollout.staleness, dtype=cfg.rollout.dtype)
+        self._sampler = self.model
         self.estimator = ESTIMATORS.get(self.method.estimator)
         self.loss_fn = PolicyLoss(self.method)
         self.controller = self.loss_fn.controller
@@ -179,7 +185,7 @@ class LocalTrainer:
 
     def _generate(self, input_ids, attention_mask, max_new_tokens):
         return generate(
-            self.model,
+            self._sampler,
             input_ids.to(self.device),
             attention_mask.to(self.device),
             max_new_tokens=max_new_tokens,
@@ -232,35 +238,19 @@ class LocalTrainer:
         """One RL iteration (module docstring); returns its metrics."""
         cfg, t = self.cfg, self.cfg.trainer
         timer = PhaseTimer()
-        start = time.perf_counter()
         self.model.eval()
+        self._sampler = self.rollout_policy.sampler()
         with timer("gen"), torch.inference_mode():
             batch = self.rollout.step(self._generate)
         data = to_device(batch, self.device)
         with timer("old_log_prob"):
-            old = old_pass(
-                lambda d, rows: self._logits(self.model, d, rows),
-                data,
-                method=self.method,
-                micro_batch_size=t.micro_batch_size,
-                precision=t.logprob_precision,
-            )
-        if self.ref_model is not None:
-            with timer("ref"), torch.no_grad():
-                old["ref_logp"] = token_logprobs(
-                    self._logits(self.ref_model, data), data["responses"], precision=t.logprob_precision
-                )
-        values = None
-        if self.critic is not None:
-            with timer("values"), torch.no_grad():
-                values = self.critic(data["input_ids"], data["attention_mask"], batch.context_length) * data["mask"]
-        with timer("adv"):
-            adv_inputs = AdvantageInputs(
-                data["token_rewards"], data["mask"], data["group_index"], values, data["finished"]
-            )
-            advantages, returns = self.estimator(adv_inputs, **self.method.estimator_kw)
+            old = self._old_pass(data)
+        values, advantages, returns = self._advantages(timer, batch, data, old)
+        correction = ROLLOUT_CORRECTIONS.get(self.method.rollout_correction)(
+            old["logp"], data["rollout_logp"], data["mask"], **self.method.rollout_correction_kw
+        )
         mask = policy_mask(
-            data["mask"],
+            correction.response_mask,
             data["finished"],
             truncated=cfg.rollout.mode == "truncated",
             drop_last_k=cfg.rollout.drop_last_k,
@@ -280,21 +270,77 @@ class LocalTrainer:
                 settings=self.update_settings,
                 shuffle=self.shuffle_generator,
                 h_ini=self.h_ini,
+                is_weights=correction.is_weights,
             )
-        metrics.update(acceptance_metrics(batch, seq_masks, t.length_buckets))
-        metrics.update(controller_metrics)
+        self.rollout_policy.after_update()
+        if t.post_update_diagnostics:
+            with timer("post_update"):
+                metrics.update(self._post_update(data, old, advantages))
         if self.critic is not None:
             with timer("update_critic"):
                 metrics.update(self._update_critic(batch, data, values, returns))
+        metrics.update(acceptance_metrics(batch, seq_masks, t.length_buckets))
+        metrics.update(controller_metrics)
+        metrics.update(
+            prefixed({**offpolicy_metrics(old["logp"], data["rollout_logp"], data["mask"]), **correction.metrics})
+        )
         metrics.update(
             batch_metrics(
                 batch, data["mask"], old["logp"], advantages, returns, values, entropy, cfg.rollout.max_response_length
             )
         )
+        return self._finish_step(metrics, timer, batch)
+
+    def _old_pass(self, data: dict) -> dict:
+        """log pi_old with the trained model; the sampling policy's sparse distribution with the copy it sampled with."""
+        t = self.cfg.trainer
+        separate = self._sampler is not self.model
+        return old_pass(
+            lambda d, rows: self._logits(self.model, d, rows),
+            data,
+            method=self.method,
+            micro_batch_size=t.micro_batch_size,
+            precision=t.logprob_precision,
+            rollout_forward=(lambda d, rows: self._logits(self._sampler, d, rows).float()) if separate else None,
+            diagnostics=bool(t.post_update_diagnostics),
+        )
+
+    def _advantages(self, timer: PhaseTimer, batch, data: dict, old: dict):
+        """Reference log-probs (KL term), critic values and the estimator's advantages and returns."""
+        t = self.cfg.trainer
+        if self.ref_model is not None:
+            with timer("ref"), torch.no_grad():
+                old["ref_logp"] = token_logprobs(
+                    self._logits(self.ref_model, data), data["responses"], precision=t.logprob_precision
+                )
+        values = None
+        if self.critic is not None:
+            with timer("values"), torch.no_grad():
+                values = self.critic(data["input_ids"], data["attention_mask"], batch.context_length) * data["mask"]
+        with timer("adv"):
+            adv_inputs = AdvantageInputs(
+                data["token_rewards"], data["mask"], data["group_index"], values, data["finished"]
+            )
+            advantages, returns = self.estimator(adv_inputs, **self.method.estimator_kw)
+        return values, advantages, returns
+
+    def _post_update(self, data: dict, old: dict, advantages) -> dict[str, float]:
+        self.model.eval()
+        return post_update_metrics(
+            lambda d, rows: self._logits(self.model, d, rows),
+            data,
+            old,
+            advantages,
+            chunk=micro_rows(data["input_ids"].shape[0], self.cfg.trainer.micro_batch_size),
+            precision=self.cfg.trainer.logprob_precision,
+        )
+
+    def _finish_step(self, metrics: dict[str, float], timer: PhaseTimer, batch) -> dict[str, float]:
+        """Timing (wall and CPU), throughput, memory, load and learning rate; advances the schedule."""
         timing = timer.metrics()
-        timing[names.TIMING_STEP] = time.perf_counter() - start
         metrics.update(timing)
         metrics.update(throughput_metrics(batch, timing))
+        metrics.update(load_metrics())
         if self.device.type == "cuda":
             metrics[names.MAX_MEMORY_ALLOCATED_GB] = torch.cuda.max_memory_allocated() / 2**30
         metrics[names.LR] = self.scheduler.get_last_lr()[0]

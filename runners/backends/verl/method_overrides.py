@@ -24,6 +24,8 @@ mask none                   no mask
 entropy_control none/bonus  ``entropy_coeff`` 0 / beta0 when the bonus is not adaptive
 loss_agg                    ``loss_agg_mode``; ``loss_scale_factor`` = ``loss_agg.norm_len`` or
                             ``rollout.max_response_length`` where the mode needs a constant length
+rollout_correction          ``algorithm.rollout_correction``: ``rollout_is=token`` + threshold (token_tis),
+                            ``rollout_rs=seq_max_k2|k3`` + threshold (verl's implementation of the same)
 trainer.kl_coef > 0         ``use_kl_loss``, ``kl_loss_type=low_var_kl`` (k3 clamped as verl does); with
                             a plugin loss the term is added inside it (under the sequence mask, as on the
                             built-in backend) and verl's ``kl_loss_coef`` is 0
@@ -99,6 +101,8 @@ def _bonus(p: Mapping[str, Any]) -> dict[str, Any] | None:
     return None if p["adaptive"] else {f"{ACTOR}.entropy_coeff": float(p["beta0"])}
 
 
+_RC_KEY = "algorithm.rollout_correction"
+_RC = {f"{_RC_KEY}.rollout_is_batch_normalize": False}
 Twin = Callable[[Mapping[str, Any]], "dict[str, Any] | None"]
 VERL_TWINS: dict[str, dict[str, Twin]] = {
     "estimator": {
@@ -118,6 +122,25 @@ VERL_TWINS: dict[str, dict[str, Twin]] = {
         "gpg": lambda p: {f"{ACTOR}.policy_loss.loss_mode": "gpg"},
     },
     "mask": {"none": lambda p: {}},
+    # verl's own rollout correction (algorithm.rollout_correction), computed by its trainer from the same log-probs
+    "rollout_correction": {
+        "none": lambda p: {},
+        "token_tis": lambda p: {
+            **_RC,
+            f"{_RC_KEY}.rollout_is": "token",
+            f"{_RC_KEY}.rollout_is_threshold": float(p["cap"]),
+        },
+        "seq_max_k2": lambda p: {
+            **_RC,
+            f"{_RC_KEY}.rollout_rs": "seq_max_k2",
+            f"{_RC_KEY}.rollout_rs_threshold": float(p["threshold"]),
+        },
+        "seq_max_k3": lambda p: {
+            **_RC,
+            f"{_RC_KEY}.rollout_rs": "seq_max_k3",
+            f"{_RC_KEY}.rollout_rs_threshold": float(p["threshold"]),
+        },
+    },
     "entropy_control": {"none": lambda p: {f"{ACTOR}.entropy_coeff": 0.0}, "bonus": _bonus},
 }
 
@@ -194,6 +217,10 @@ def algorithm_overrides(cfg: DictConfig) -> tuple[dict[str, Any], list[str]]:
         )
     if cfg.trainer.logprob_precision != "fp32":
         raise _unsupported("trainer.logprob_precision", "verl computes log-probs from fp32 logits only")
+    if int(cfg.rollout.staleness) > 0:
+        raise _unsupported(
+            "rollout.staleness", "the synchronous verl trainer samples with the current weights (use verl's async mode)"
+        )
     method = Method.from_config(cfg)
     est, loss = builtin_estimator(cfg), builtin_loss(cfg)
     values: dict[str, Any] = {**(est or {}), **(loss or {})}
@@ -209,6 +236,10 @@ def algorithm_overrides(cfg: DictConfig) -> tuple[dict[str, Any], list[str]]:
     if method.requires("norm_len"):
         values[f"{ACTOR}.loss_scale_factor"] = int(method.norm_len)
     values.update(_kl_overrides(float(cfg.trainer.kl_coef), plugin_loss=loss is None))
+    correction = _twin(cfg, "rollout_correction")
+    if correction is None:
+        raise _unsupported("rollout_correction.name", f"no verl twin for {cfg.rollout_correction.name!r}")
+    values.update(correction)
     return values, lines
 
 

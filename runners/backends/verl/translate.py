@@ -287,7 +287,10 @@ def model_overrides(cfg: DictConfig, model_path: str, profile: Mapping[str, Any]
         "actor_rollout_ref.actor.fsdp_config.param_offload": offload,
         "actor_rollout_ref.actor.fsdp_config.optimizer_offload": bool(profile.get("optimizer_offload", False)),
         "actor_rollout_ref.ref.fsdp_config.param_offload": bool(profile.get("ref_param_offload", True)),
-        "actor_rollout_ref.rollout.dtype": "bfloat16" if m.dtype != "float32" else "float32",
+        # the rollout engine's dtype: rollout.dtype, else bf16 unless the model trains in fp32
+        "actor_rollout_ref.rollout.dtype": (
+            str(cfg.rollout.dtype) if cfg.rollout.dtype != "auto" else "bfloat16" if m.dtype != "float32" else "float32"
+        ),
     }
     if not m.chat_template:
         out["actor_rollout_ref.model.custom_chat_template"] = PLAIN_CHAT_TEMPLATE

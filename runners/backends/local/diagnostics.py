@@ -1,0 +1,78 @@
+"""After the update: how far the policy moved on the step's batch, per token and on GTPO's conflict tokens.
+
+One no-grad forward of the updated model over the batch gives, against pi_old (the old-log-prob pass):
+
+- ``actor/post_update_kl`` (mean) and ``actor/post_update_kl_max`` (max over response tokens):
+  KL(pi_new || pi_old) per token, the divergence TROLL's trust region bounds (TROLL, arXiv 2510.03817,
+  eq. 4), on pi_old's top-K plus one rest bin: exact when the kept tokens cover the vocabulary, a lower
+  bound otherwise (coarse-graining never increases a KL). Every method logs it, so TROLL's region can be
+  compared with what clipping does;
+- ``gtpo/conflict_prob_delta``: the mean change of log pi of the sampled tokens on conflict spans
+  (GTPO, arXiv 2508.03772, section 5.1: the same token at the same forward or backward position of a
+  positive and a negative response of a group), for every method with prompt groups, so GTPO's
+  protection of those tokens can be compared with GRPO's update of them.
+
+Switch off with ``trainer.post_update_diagnostics=false`` (one forward pass per iteration).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from runners import metric_names as names
+from runners.algorithms.numerics import token_logprobs
+
+
+def coarse_reverse_kl(new_logits: Tensor, index: Tensor, old_topk_logp: Tensor) -> Tensor:
+    """KL(q || p) per row [n] of q = softmax(new_logits) [n,V] and p given on ``index`` [n,K] (-inf: unused slot),
+    over the kept ids plus one rest bin; float64."""
+    logq_all = torch.log_softmax(new_logits.double(), -1)
+    valid = old_topk_logp > float("-inf")
+    logq = torch.where(valid, logq_all.gather(-1, index), float("-inf"))
+    logp = old_topk_logp.double()
+    q, p = torch.where(valid, logq.exp(), 0.0), torch.where(valid, logp.exp(), 0.0)
+    on_kept = torch.where(q > 0, q * (logq - logp), 0.0).sum(-1)
+    q_rest, p_rest = (1.0 - q.sum(-1)).clamp(min=0.0), (1.0 - p.sum(-1)).clamp(min=0.0)
+    rest = torch.where(q_rest > 0, q_rest * (q_rest.clamp(min=1e-300).log() - p_rest.clamp(min=1e-300).log()), 0.0)
+    return (on_kept + rest).clamp(min=0.0)
+
+
+def conflict_tokens(data: dict, advantages: Tensor, mask: Tensor) -> Tensor:
+    """[B,T] bool: tokens on a forward or backward conflict span of their group (GTPO's rule)."""
+    from runners.algorithms.gtpo import conflict_spans
+    from runners.algorithms.loss_agg import masked_mean
+
+    seq_adv = masked_mean(advantages.detach(), mask.to(advantages.dtype), dim=-1)
+    forward, backward = conflict_spans(data["responses"], data["mask"], data["group_index"], seq_adv)
+    return (forward | backward) & (mask > 0)
+
+
+def post_update_metrics(forward, data: dict, old: dict, advantages: Tensor, *, chunk: int, precision: str) -> dict:
+    """The module's metrics from one no-grad forward of the updated model (``forward(data, rows)``)."""
+    mask = data["mask"]
+    kls, logps = [], []
+    with torch.no_grad():
+        for s in range(0, mask.shape[0], chunk):
+            rows = slice(s, s + chunk)
+            logits = forward(data, rows)
+            logps.append(token_logprobs(logits, data["responses"][rows], precision=precision))
+            if "pi_old_topk_index" in old:
+                flat = logits.reshape(-1, logits.shape[-1])
+                index = old["pi_old_topk_index"][rows].reshape(flat.shape[0], -1)
+                kls.append(coarse_reverse_kl(flat, index, old["pi_old_topk_logp"][rows].reshape(index.shape)))
+    real = mask.reshape(-1) > 0
+    out: dict[str, float] = {}
+    if kls and bool(real.any()):
+        kl = torch.cat(kls)[real]
+        out[names.POST_UPDATE_KL] = float(kl.mean())
+        out[names.POST_UPDATE_KL_MAX] = float(kl.max())
+    if data["group_index"] is not None and data["group_index"].unique().numel() < mask.shape[0]:
+        conflicts = conflict_tokens(data, advantages, mask)
+        if bool(conflicts.any()):
+            delta = torch.cat(logps) - old["logp"]
+            out[names.GTPO_CONFLICT_PROB_DELTA] = float(delta[conflicts].double().mean())
+    return out
+
+
+__all__ = ["coarse_reverse_kl", "conflict_tokens", "post_update_metrics"]
