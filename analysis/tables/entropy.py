@@ -41,6 +41,47 @@ def _test_sets(names: list[str]) -> tuple[str, list[tuple[str, str]], str | None
     return "AIME", list(zip(("AIME 2024", "AIME 2025"), picked)), None, [note]
 
 
+def _run_row(lab, tests, series, sel_series, ent) -> dict | None:
+    """One run's scores at its best checkpoint and its entropy change there (None if it lacks evaluations)."""
+    rid = lab["run_id"]
+    if not all(rid in series[t] for t, _ in tests):
+        return None
+    chosen = [sel_series[rid]] if sel_series is not None and rid in sel_series else [series[t][rid] for t, _ in tests]
+    step = best_checkpoint(chosen)
+    if step is None:
+        return None
+    row = {"label": lab[metric_names.TAG_METHOD], "algorithm": lab[metric_names.TAG_ALGORITHM], "step": step}
+    for t, _ in tests:
+        row[f"{t}/at_best"] = value_at(series[t][rid], step)
+        row[f"{t}/max"] = float(series[t][rid].max())
+    dh, rel = entropy_change(ent[rid], step) if rid in ent else (np.nan, np.nan)
+    row["dH"], row["dH_rel"] = dh, rel
+    return row
+
+
+def _fill_scores(label, g, prow, tests, values, std, display) -> None:
+    """Test-set cells of one algorithm's row: ours (mean ± std, best) beside the paper's."""
+    for t, _ in tests:
+        mean, sd, _ = mean_std(g[f"{t}/at_best"])
+        values.loc[label, (t, "mean ± std", "ours")], std.loc[label, (t, "mean ± std", "ours")] = mean, sd
+        display.loc[label, (t, "mean ± std", "ours")] = fmt_mean_std(mean, sd)
+        best = float(g[f"{t}/max"].max())
+        values.loc[label, (t, "best", "ours")] = best
+        display.loc[label, (t, "best", "ours")] = fmt_num(best, 2)
+        pm = prow[(prow["test_set"] == t) & (prow["stat"] == "mean")]["value"]
+        ps = prow[(prow["test_set"] == t) & (prow["stat"] == "std")]["value"]
+        pb = prow[(prow["test_set"] == t) & (prow["stat"] == "best")]["value"]
+        if len(pm):
+            values.loc[label, (t, "mean ± std", "paper")], std.loc[label, (t, "mean ± std", "paper")] = (
+                float(pm.iloc[0]),
+                float(ps.iloc[0]),
+            )
+            display.loc[label, (t, "mean ± std", "paper")] = fmt_mean_std(float(pm.iloc[0]), float(ps.iloc[0]))
+        if len(pb):
+            values.loc[label, (t, "best", "paper")] = float(pb.iloc[0])
+            display.loc[label, (t, "best", "paper")] = fmt_num(float(pb.iloc[0]), 2)
+
+
 def entropy_table(data: ExperimentData) -> Table:
     names = data.metric_names()
     if metric_names.ENTROPY not in names:
@@ -61,24 +102,7 @@ def entropy_table(data: ExperimentData) -> Table:
     paper = paper_table("entropy_tables")
     paper = paper[paper["table"] == table_no]
 
-    per_run = []
-    for _, lab in labels.iterrows():
-        rid = lab["run_id"]
-        if not all(rid in series[t] for t, _ in tests):
-            continue
-        chosen = (
-            [sel_series[rid]] if sel_series is not None and rid in sel_series else [series[t][rid] for t, _ in tests]
-        )
-        step = best_checkpoint(chosen)
-        if step is None:
-            continue
-        row = {"label": lab[metric_names.TAG_METHOD], "algorithm": lab[metric_names.TAG_ALGORITHM], "step": step}
-        for t, _ in tests:
-            row[f"{t}/at_best"] = value_at(series[t][rid], step)
-            row[f"{t}/max"] = float(series[t][rid].max())
-        dh, rel = entropy_change(ent[rid], step) if rid in ent else (np.nan, np.nan)
-        row["dH"], row["dH_rel"] = dh, rel
-        per_run.append(row)
+    per_run = [row for _, lab in labels.iterrows() if (row := _run_row(lab, tests, series, sel_series, ent))]
     if not per_run:
         raise SkipItem("no run has both test-set evaluations")
     runs = pd.DataFrame(per_run)
@@ -94,25 +118,7 @@ def entropy_table(data: ExperimentData) -> Table:
     for label in groups:
         g = runs[runs["label"] == label]
         prow = paper[paper["algorithm"] == algorithm_name(g["algorithm"].iloc[0])]
-        for t, _ in tests:
-            mean, sd, _ = mean_std(g[f"{t}/at_best"])
-            values.loc[label, (t, "mean ± std", "ours")], std.loc[label, (t, "mean ± std", "ours")] = mean, sd
-            display.loc[label, (t, "mean ± std", "ours")] = fmt_mean_std(mean, sd)
-            best = float(g[f"{t}/max"].max())
-            values.loc[label, (t, "best", "ours")] = best
-            display.loc[label, (t, "best", "ours")] = fmt_num(best, 2)
-            pm = prow[(prow["test_set"] == t) & (prow["stat"] == "mean")]["value"]
-            ps = prow[(prow["test_set"] == t) & (prow["stat"] == "std")]["value"]
-            pb = prow[(prow["test_set"] == t) & (prow["stat"] == "best")]["value"]
-            if len(pm):
-                values.loc[label, (t, "mean ± std", "paper")], std.loc[label, (t, "mean ± std", "paper")] = (
-                    float(pm.iloc[0]),
-                    float(ps.iloc[0]),
-                )
-                display.loc[label, (t, "mean ± std", "paper")] = fmt_mean_std(float(pm.iloc[0]), float(ps.iloc[0]))
-            if len(pb):
-                values.loc[label, (t, "best", "paper")] = float(pb.iloc[0])
-                display.loc[label, (t, "best", "paper")] = fmt_num(float(pb.iloc[0]), 2)
+        _fill_scores(label, g, prow, tests, values, std, display)
         dh, dh_rel = float(np.nanmean(g["dH"])), float(np.nanmean(g["dH_rel"]))
         values.loc[label, ("ΔH", "", "ours")], rel.loc[label, ("ΔH", "", "ours")] = dh, dh_rel
         display.loc[label, ("ΔH", "", "ours")] = fmt_change(dh, dh_rel)

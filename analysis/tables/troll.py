@@ -50,6 +50,34 @@ def _with_keys(frame: pd.DataFrame) -> pd.DataFrame:
     return frame[frame["value"].notna()]
 
 
+def _table1_ours(frame, cell, values, std, display) -> None:
+    """Our mean ± std over seeds for one (model, method) x (split, objective) cell of Table 1."""
+    if frame is None:
+        return
+    (model, method), (split, obj) = cell
+    sel = frame[(frame["Model"] == model) & (frame["Method"] == method) & (frame["Objective"] == obj)]["value"]
+    if len(sel):
+        mean, sd, text = seed_cell(sel)
+        values.loc[(model, method), (split, obj, "ours")] = mean
+        std.loc[(model, method), (split, obj, "ours")] = sd
+        display.loc[(model, method), (split, obj, "ours")] = text
+
+
+def _table1_paper(paper, pmodel, cell, values, display) -> None:
+    """The paper's number for the same cell (its closest model)."""
+    (model, method), (split, obj) = cell
+    p = paper[
+        (paper["model"] == pmodel)
+        & (paper["split"] == split)
+        & (paper["objective"] == obj)
+        & (paper["method"] == method)
+    ]
+    if len(p):
+        x, text = paper_cell(p["value"].iloc[0])
+        values.loc[(model, method), (split, obj, "paper")] = x
+        display.loc[(model, method), (split, obj, "paper")] = text
+
+
 def troll_table1(data: ExperimentData, last_n_train: int = 7, last_n_eval: int = 3) -> Table:
     """TROLL (arXiv 2510.03817) Table 1, transposed: rows (model, method); columns split x objective x {ours, paper}."""
     names = data.metric_names()
@@ -92,24 +120,9 @@ def troll_table1(data: ExperimentData, last_n_train: int = 7, last_n_eval: int =
             notes.append(note)
         for split in splits:
             for obj in ("Clip", "TROLL"):
-                if split in finals:
-                    f = finals[split]
-                    sel = f[(f["Model"] == model) & (f["Method"] == method) & (f["Objective"] == obj)]["value"]
-                    if len(sel):
-                        mean, sd, text = seed_cell(sel)
-                        values.loc[(model, method), (split, obj, "ours")] = mean
-                        std.loc[(model, method), (split, obj, "ours")] = sd
-                        display.loc[(model, method), (split, obj, "ours")] = text
-                p = paper[
-                    (paper["model"] == pmodel)
-                    & (paper["split"] == split)
-                    & (paper["objective"] == obj)
-                    & (paper["method"] == method)
-                ]
-                if len(p):
-                    x, text = paper_cell(p["value"].iloc[0])
-                    values.loc[(model, method), (split, obj, "paper")] = x
-                    display.loc[(model, method), (split, obj, "paper")] = text
+                cell = (model, method), (split, obj)
+                _table1_ours(finals.get(split), cell, values, std, display)
+                _table1_paper(paper, pmodel, cell, values, display)
     return Table(
         key="troll_table1",
         title="Final train and evaluation success rates, Clip vs TROLL",

@@ -96,18 +96,8 @@ _THOUSANDS = re.compile(r"[-+]?\d{1,3}(?:,\d{3})+(?:\.\d+)?")
 _SPACED_THOUSANDS = re.compile(r"[-+]?\d{1,3}(?: \d{3})+(?:\.\d+)?")
 
 
-def to_number(text: str) -> Fraction | None:
-    """The exact rational value of a number literal, else None.
-
-    Accepts ``72``, ``-3.50``, ``1,000``, ``\\frac{3}{4}``, ``\\dfrac12``, ``-7/2``, ``\\$18``, ``25\\%``,
-    ``30^\\circ``, ``5\\text{ cm}``, ``12 apples``, ``x = 5``. Rejects anything with an operator
-    between numbers (``66 + 24``, ``2^{10}``, ``\\sqrt{4}``) and mixed numbers (``2\\frac{1}{2}``).
-    """
-    if text is None:
-        return None
-    s = text.strip()
-    if not s or len(s) > MAX_ANSWER_CHARS:
-        return None
+def _normalise_number_text(s: str) -> str:
+    """Strip the decorations ``to_number`` accepts: $..$, \\(..\\), spacing commands, units, "x =", braces."""
     s = s.strip("$").strip()
     if s.startswith("\\(") and s.endswith("\\)"):
         s = s[2:-2].strip()
@@ -126,8 +116,11 @@ def to_number(text: str) -> Fraction | None:
         s = s.replace(",", "")
     elif _SPACED_THOUSANDS.fullmatch(s):
         s = s.replace(" ", "")
-    if _INT_OR_DEC.fullmatch(s):
-        return Fraction(s)
+    return s
+
+
+def _fraction_value(s: str) -> Fraction | None:
+    """``\\frac{a}{b}``, ``\\frac ab`` or ``a/b`` as a Fraction (None for anything else or a zero denominator)."""
     for pattern in (_LATEX_FRAC, _SHORT_FRAC):
         m = pattern.fullmatch(s)
         if m:
@@ -140,6 +133,24 @@ def to_number(text: str) -> Fraction | None:
     if m and int(m.group(2)) != 0:
         return Fraction(int(m.group(1)), int(m.group(2)))
     return None
+
+
+def to_number(text: str) -> Fraction | None:
+    """The exact rational value of a number literal, else None.
+
+    Accepts ``72``, ``-3.50``, ``1,000``, ``\\frac{3}{4}``, ``\\dfrac12``, ``-7/2``, ``\\$18``, ``25\\%``,
+    ``30^\\circ``, ``5\\text{ cm}``, ``12 apples``, ``x = 5``. Rejects anything with an operator
+    between numbers (``66 + 24``, ``2^{10}``, ``\\sqrt{4}``) and mixed numbers (``2\\frac{1}{2}``).
+    """
+    if text is None:
+        return None
+    s = text.strip()
+    if not s or len(s) > MAX_ANSWER_CHARS:
+        return None
+    s = _normalise_number_text(s)
+    if _INT_OR_DEC.fullmatch(s):
+        return Fraction(s)
+    return _fraction_value(s)
 
 
 def is_echo(answer: str, prompt: str, gold: str) -> bool:
