@@ -15,6 +15,7 @@ catches the rest (accounts, QOS, reservations in ``launcher.additional_parameter
 from __future__ import annotations
 
 import math
+import os
 import re
 import shutil
 import subprocess
@@ -238,3 +239,16 @@ def check_request(res: Mapping[str, int], launcher: Mapping[str, Any], cluster: 
             "launcher",
             f"sbatch --test-only refuses cells requesting {request}: {message[-1] if message else proc.returncode}",
         )
+
+
+def available_cpus() -> int:
+    """CPUs this process may run on (a Slurm job's cgroup or CPU affinity), not the node's count."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+def default_threads() -> int:
+    """Torch threads when ``backend.num_threads=0``: the CPUs available to this process."""
+    return available_cpus()

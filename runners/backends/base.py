@@ -12,12 +12,29 @@ Torch-free: ``runners.run`` imports it before any backend.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 
 
 class StopRequested(Exception):
     """Raised by a backend after a checkpoint when a stop signal (preemption, time limit) was received."""
+
+
+class NonFiniteMetric(RuntimeError):
+    """A metric came out NaN or infinite: the run stops as FAILED, its last good checkpoint kept."""
+
+
+def check_finite(metrics: dict, step: int) -> None:
+    """Raise ``NonFiniteMetric`` naming the first non-finite metric and the step (before it is logged
+    or checkpointed, so the run's last checkpoint is the last good one)."""
+    bad = sorted(k for k, v in metrics.items() if isinstance(v, int | float) and not math.isfinite(v))
+    if bad:
+        others = f" (and {len(bad) - 1} more: {', '.join(bad[1:4])})" if len(bad) > 1 else ""
+        raise NonFiniteMetric(
+            f"metric {bad[0]!r} is {metrics[bad[0]]} at step {step}{others}; stopped before logging or "
+            "checkpointing it, the last checkpoint is the last good step"
+        )
 
 
 def pause(
@@ -35,4 +52,4 @@ def pause(
         sleep(min(left, tick))
 
 
-__all__ = ["StopRequested", "pause"]
+__all__ = ["NonFiniteMetric", "StopRequested", "check_finite", "pause"]

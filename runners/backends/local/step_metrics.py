@@ -17,6 +17,7 @@ import torch
 
 from runners import metric_names as names
 from runners.backends.local.rollout import RolloutBatch
+from runners.resources import available_cpus
 
 
 class PhaseTimer:
@@ -45,14 +46,6 @@ class PhaseTimer:
         out[names.TIMING_STEP] = time.perf_counter() - self.start
         out[names.TIMING_CPU_STEP] = time.process_time() - self.cpu_start
         return out
-
-
-def available_cpus() -> int:
-    """CPUs this process may run on (a Slurm job's cgroup / affinity), not the node's count."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):  # pragma: no cover - not Linux
-        return os.cpu_count() or 1
 
 
 def load_metrics() -> dict[str, float]:
@@ -160,7 +153,6 @@ def postfix(metrics: dict[str, float]) -> dict[str, str]:
 
 __all__ = [
     "PhaseTimer",
-    "available_cpus",
     "load_metrics",
     "acceptance_metrics",
     "batch_metrics",

@@ -22,7 +22,6 @@ the MLflow run and hands this class a ``RunTracker``.
 from __future__ import annotations
 
 import copy
-import os
 import random
 import time
 from pathlib import Path
@@ -38,7 +37,7 @@ from runners.algorithms.numerics import token_logprobs
 from runners.algorithms.policy_loss import PolicyLoss
 from runners.algorithms.rollout_correction import offpolicy_metrics, prefixed
 from runners.algorithms.types import AdvantageInputs
-from runners.backends.base import StopRequested, pause
+from runners.backends.base import StopRequested, check_finite, pause
 from runners.backends.local import checkpoint as ckpt
 from runners.backends.local.actor import UpdateSettings, old_pass, update_actor
 from runners.backends.local.batching import micro_rows, policy_mask, to_device
@@ -61,6 +60,7 @@ from runners.backends.local.step_metrics import (
 from runners.data.prompts import encode_prompt
 from runners.data.rewards import compute_reward
 from runners.models.sampler import generate, make_generator
+from runners.resources import default_threads
 
 
 class LocalTrainer:
@@ -73,7 +73,7 @@ class LocalTrainer:
         self.label = label
         self.stop_requested = False
         t = cfg.trainer
-        torch.set_num_threads(cfg.backend.num_threads or os.cpu_count() or 1)
+        torch.set_num_threads(cfg.backend.num_threads or default_threads())
         self.device = torch.device(
             "cuda"
             if cfg.backend.device == "cuda" or (cfg.backend.device == "auto" and torch.cuda.is_available())
@@ -224,6 +224,7 @@ class LocalTrainer:
             done = step + 1
             if t.eval_every and (done % t.eval_every == 0 or done == t.total_steps):
                 metrics.update(self._evaluate())
+            check_finite(metrics, done)
             self.tracker.log_metrics(metrics, step=done)
             final = metrics
             if hasattr(bar, "set_postfix"):
