@@ -177,6 +177,8 @@ class TrackingConfig:
 class LauncherConfig:
     # local | submitit_local | slurm
     name: str = "local"
+    # local launcher: cells trained at once, each in its own process (1 = one after another in this process)
+    parallel: int = 1
     # Slurm resources (launcher=slurm); None = derived from the model and backend
     partition: Optional[str] = None
     account: Optional[str] = None
