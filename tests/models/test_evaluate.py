@@ -15,6 +15,10 @@ from runners.models.sampler import GenerationOutput
 from runners.models.tokenizer import build_char_tokenizer
 
 
+# the scripted sampler never calls the model; evaluation only asks it for its device
+CPU_MODEL = torch.nn.Linear(1, 1)
+
+
 def scripted_sampler(tokenizer, respond):
     """A stand-in for ``generate`` answering each prompt with ``respond(prompt_text)`` then EOS."""
 
@@ -38,7 +42,7 @@ def test_reference_solutions_score_one_and_echoes_zero(monkeypatch):
     tokenizer = build_char_tokenizer(EMBEDDED_ALPHABET)
     solutions = {e.prompt: e.solution for e in generate_embedded(40, split="test", seed=0)}
     monkeypatch.setattr(sampler, "generate", scripted_sampler(tokenizer, lambda p: solutions[p]))
-    result = evaluate_embedded(None, tokenizer, n=40, batch_size=16)
+    result = evaluate_embedded(CPU_MODEL, tokenizer, n=40, batch_size=16)
     assert result["accuracy"] == 1.0 and result["finished"] == 1.0
     expected_length = sum(len(s) + 1 for s in solutions.values()) / 40
     assert abs(result["response_length"] - expected_length) < 1e-9
@@ -48,4 +52,4 @@ def test_reference_solutions_score_one_and_echoes_zero(monkeypatch):
         return f"\\boxed{{{a}{op}{b}}}"
 
     monkeypatch.setattr(sampler, "generate", scripted_sampler(tokenizer, echo))
-    assert evaluate_embedded(None, tokenizer, n=40, batch_size=16)["accuracy"] == 0.0
+    assert evaluate_embedded(CPU_MODEL, tokenizer, n=40, batch_size=16)["accuracy"] == 0.0
