@@ -1,9 +1,9 @@
 """MLflow run lifecycle: one MLflow run per grid cell, found again by its run key.
 
 Design:
-- The tracking URI defaults to a sqlite file under the trustbench home (``runners.paths``). The store
-  is created once by the parent process (``ensure_store``) before any parallel writer starts: the
-  sqlite schema migration is not safe to race.
+- The tracking URI defaults to a sqlite file under the trustbench home (``runners.paths``).
+  ``ensure_store`` creates a missing sqlite store whole, once, however many processes start at once
+  (``runners.sqlite_store``: MLflow's own schema migration is not safe to race).
 - One experiment per sweep (its name), one run per cell, named readably
   (``grpo+troll | embedded | arith | s0``) and tagged with ``trustbench.run_key``, a hash of the
   resolved config. Re-running the same cell finds its run by that key: a FINISHED run is skipped, any
@@ -45,6 +45,8 @@ from runners.metric_history import (  # noqa: F401  (HISTORY_ARTIFACT, TAG_HISTO
     HistoryArtifact,
     MetricHistory,
 )
+from runners.redact import redact
+from runners.sqlite_store import ensure_sqlite_store
 
 _MAX_PARAM_LEN = 6000
 _BATCH_METRICS = 900  # MLflow accepts <= 1000 entities per log_batch
@@ -55,14 +57,18 @@ _log = logging.getLogger(__name__)
 def _client(uri: str):
     from mlflow import MlflowClient
 
+    if redact(uri) != uri:  # MLflow prints run links with the URI's credentials: not for such a URI
+        os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
     return MlflowClient(tracking_uri=uri)
 
 
 def ensure_store(uri: str | None = None) -> str:
-    """Create the tracking store (sqlite schema) if needed; return the URI. Call before forking."""
+    """Create the tracking store if needed (a sqlite file: whole, once, safe against parallel
+    starts, ``runners.sqlite_store``); return the URI."""
     uri = uri or paths.default_tracking_uri()
-    if uri.startswith("sqlite:///"):
-        Path(uri[len("sqlite:///") :]).parent.mkdir(parents=True, exist_ok=True)
+    db = paths.sqlite_path(uri)
+    if db is not None:
+        ensure_sqlite_store(db)
     _client(uri).search_experiments(max_results=1)
     return uri
 
@@ -201,6 +207,8 @@ class RunTracker:
             client.update_run(run.info.run_id, status="RUNNING")
             for key, value in tags.items():
                 client.set_tag(run.info.run_id, key, str(value))
+            if metric_names.TAG_FAILURE in run.data.tags:  # the reason of an earlier attempt, not of this one
+                client.delete_tag(run.info.run_id, metric_names.TAG_FAILURE)
         tracker = cls(uri=uri, experiment_id=experiment_id, run_id=run.info.run_id, resumed=resumed)
         if resumed:
             tracker.last_logged_step = last_logged_step(client, run.info.run_id)
@@ -276,15 +284,21 @@ class RunTracker:
 
     def finish(self, status: str = "FINISHED", reason: str | None = None) -> None:
         """Flush, write the history artifact and mark the run ``FINISHED`` / ``FAILED`` / ``KILLED``
-        (with the failure reason)."""
-        try:
-            self._send(wait=True)
-            self.save_history(final=True)
-        finally:
-            client = _client(self.uri)
-            if reason:
-                client.set_tag(self.run_id, metric_names.TAG_FAILURE, reason[:_MAX_PARAM_LEN])
-            client.set_terminated(self.run_id, status=status)
+        (with the failure reason). Each step is tried even if an earlier one failed (a full disk,
+        a server gone): the status is what matters most; the first error is raised at the end."""
+        client = _client(self.uri)
+        steps = [lambda: self._send(wait=True), lambda: self.save_history(final=True)]
+        if reason:
+            steps.append(lambda: client.set_tag(self.run_id, metric_names.TAG_FAILURE, reason[:_MAX_PARAM_LEN]))
+        steps.append(lambda: client.set_terminated(self.run_id, status=status))
+        errors = []
+        for step in steps:
+            try:
+                step()
+            except Exception as err:  # noqa: BLE001 - go on; raised below
+                errors.append(err)
+        if errors:
+            raise errors[0]
 
 
 def last_logged_step(client, run_id: str) -> int:

@@ -113,27 +113,71 @@ def row_to_example(preset: DatasetPreset, row: dict, *, split: str, index: int) 
     )
 
 
+class DatasetError(ValueError):
+    """A dataset that cannot be used as configured (a bad file, option, split or size); the message
+    names the file or the preset, and the problem."""
+
+
+class DatasetFileNotFound(DatasetError, FileNotFoundError):
+    """A ``path`` that is not a file."""
+
+
 def read_rows(path: str | Path) -> list[dict]:
-    """Rows of a local parquet, jsonl or json file (a list, or ``{"data": [...]}``)."""
+    """Rows of a local parquet, jsonl or json file (a list, or ``{"data": [...]}``).
+
+    ``DatasetError`` naming the file (and the line) for an unreadable parquet file, malformed JSON,
+    text that is not UTF-8, or rows that are not objects."""
     path = Path(path).expanduser()
     if not path.is_file():
-        raise FileNotFoundError(f"dataset file not found: {path}")
+        raise DatasetFileNotFound(f"dataset file not found: {path}")
     suffix = path.suffix.lower()
-    if suffix == ".parquet":
-        import pandas as pd
+    if suffix not in (".parquet", ".jsonl", ".json"):
+        raise DatasetError(f"{path}: unsupported dataset file type {suffix!r} (use .parquet, .jsonl or .json)")
+    try:
+        rows = _read_parquet(path) if suffix == ".parquet" else _read_json(path, lines=suffix == ".jsonl")
+    except UnicodeDecodeError as err:
+        raise DatasetError(f"dataset file {path} is not UTF-8 text ({err.reason} at byte {err.start})") from None
+    bad = next((i for i, row in enumerate(rows) if not isinstance(row, dict)), None)
+    if bad is not None:
+        raise DatasetError(f"dataset file {path}: row {bad} is a {type(rows[bad]).__name__}, not an object of fields")
+    return rows
 
+
+def _read_parquet(path: Path) -> list[dict]:
+    import pandas as pd
+
+    try:
         return pd.read_parquet(path).to_dict(orient="records")
-    if suffix == ".jsonl":
-        with open(path, encoding="utf-8") as f:
-            return [json.loads(line) for line in f if line.strip()]
-    if suffix == ".json":
-        data = json.loads(path.read_text(encoding="utf-8"))
-        if isinstance(data, dict) and isinstance(data.get("data"), list):
-            data = data["data"]
-        if not isinstance(data, list):
-            raise ValueError(f"{path}: expected a JSON list of rows or {{'data': [...]}}")
-        return data
-    raise ValueError(f"{path}: unsupported dataset file type {suffix!r} (use .parquet, .jsonl or .json)")
+    except Exception as err:  # noqa: BLE001 - pyarrow raises several kinds for a damaged file
+        raise DatasetError(
+            f"dataset file {path} is not a readable parquet file ({type(err).__name__}: {err})"
+        ) from None
+
+
+def _read_json(path: Path, lines: bool) -> list:
+    text = path.read_text(encoding="utf-8")
+    if lines:
+        rows = []
+        for number, line in enumerate(text.splitlines(), 1):
+            if line.strip():
+                rows.append(_parse_json(line, path, number))
+        return rows
+    data = _parse_json(text, path, None)
+    if isinstance(data, dict) and isinstance(data.get("data"), list):
+        data = data["data"]
+    if not isinstance(data, list):
+        raise DatasetError(f"dataset file {path}: expected a JSON list of rows or {{'data': [...]}}")
+    return data
+
+
+def _parse_json(text: str, path: Path, line: int | None):
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as err:
+        number = line if line is not None else err.lineno
+        raise DatasetError(
+            f"dataset file {path}, line {number}, column {err.colno}: not valid JSON ({err.msg})"
+        ) from None
 
 
 def _hub_rows(preset: DatasetPreset, hub_split: str) -> list[dict]:
@@ -160,7 +204,7 @@ def _hub_rows(preset: DatasetPreset, hub_split: str) -> list[dict]:
 def _holdout_partition(n: int, holdout: int, split: str) -> list[int]:
     """Indices of ``split`` in a single-split source of ``n`` rows; fixed seed (not the run seed)."""
     if holdout >= n:
-        raise ValueError(f"cannot hold out {holdout} evaluation rows from a source of {n} rows")
+        raise DatasetError(f"cannot hold out {holdout} evaluation rows from a source of {n} rows")
     held = set(random.Random(0).sample(range(n), holdout))
     return [i for i in range(n) if (i in held) == (split == "test")]
 
@@ -169,7 +213,7 @@ def _canonical_split(preset: DatasetPreset, split: str) -> str:
     canonical = "train" if split == "train" else EVAL_SPLIT_ALIASES.get(split)
     if canonical is None or canonical not in preset.hub_splits:
         valid = ["train"] * ("train" in preset.hub_splits) + ["test", "validation"] * ("test" in preset.hub_splits)
-        raise ValueError(f"dataset preset {preset.name!r} has no split {split!r}; valid splits: {valid}")
+        raise DatasetError(f"dataset preset {preset.name!r} has no split {split!r}; valid splits: {valid}")
     return canonical
 
 
@@ -192,23 +236,47 @@ def load_examples(
     p = get_preset(preset)
     canonical = _canonical_split(p, split)
     if limit is not None and limit < 1:
-        raise ValueError(f"load_examples limit must be >= 1 or None, got {limit!r}")
+        raise DatasetError(f"load_examples limit must be >= 1 or None, got {limit!r}")
     unknown = set(options) - set(p.options)
     if unknown:
-        raise ValueError(f"dataset preset {preset!r} has no option(s) {sorted(unknown)}; valid: {sorted(p.options)}")
+        raise DatasetError(f"dataset preset {preset!r} has no option(s) {sorted(unknown)}; valid: {sorted(p.options)}")
     if p.hub_id is None and path is None:
         return _generate(p, canonical, limit, seed, {**p.options, **options})
 
+    source = f"dataset file {Path(path).expanduser()}" if path is not None else f"hub dataset {p.hub_id}"
     rows = read_rows(path) if path is not None else _hub_rows(p, p.hub_splits[canonical])
-    if p.row_filter is not None:
-        rows = [r for r in rows if p.row_filter(r)]
-    indices = list(range(len(rows)))
+    if not rows and path is not None:
+        raise DatasetError(f"{source} is empty: it holds no rows")
+    kept = [r for r in rows if p.row_filter(r)] if p.row_filter is not None else rows
+    if not kept and path is not None:
+        raise DatasetError(f"{source}: none of its {len(rows)} rows is a {p.name!r} row (the preset's row filter)")
+    indices = list(range(len(kept)))
     holdout = int({**p.options, **options}.get("holdout", p.holdout))
     if holdout:
-        indices = _holdout_partition(len(rows), holdout, canonical)
+        indices = _holdout_partition(len(kept), holdout, canonical)
     if limit is not None and limit < len(indices):
         indices = sorted(random.Random(seed).sample(indices, limit)) if canonical == "train" else indices[:limit]
-    return [row_to_example(p, rows[i], split=canonical, index=i) for i in indices]
+    try:
+        return [row_to_example(p, kept[i], split=canonical, index=i) for i in indices]
+    except ValueError as err:  # a row without the preset's fields, or with a gold answer it cannot read
+        raise DatasetError(f"{source}: {err}") from None
+
+
+_CHECKED: dict[tuple, int] = {}  # check_source results per file version
+
+
+def check_source(preset: str, *, split: str, path: str | Path, **options: Any) -> int:
+    """Read ``path`` as ``load_examples`` will (every row converted) and return the number of
+    examples; ``DatasetError`` naming the file otherwise. Cached per file version (path, size,
+    modification time), so a sweep's cells read each file once."""
+    file = Path(path).expanduser()
+    if not file.is_file():
+        raise DatasetFileNotFound(f"dataset file not found: {file}")
+    stat = file.stat()
+    key = (preset, split, str(file.resolve()), stat.st_size, stat.st_mtime_ns, json.dumps(options, sort_keys=True))
+    if key not in _CHECKED:
+        _CHECKED[key] = len(load_examples(preset, split=split, path=file, **options))
+    return _CHECKED[key]
 
 
 def _generate(p: DatasetPreset, split: str, limit: int | None, seed: int, opts: dict[str, Any]) -> list[Example]:

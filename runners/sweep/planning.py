@@ -27,6 +27,7 @@ from runners.config import (
     validate,
 )
 from runners.config.grid import Composer, expand_grid, master_hydra
+from runners.redact import redact
 
 JOB_FILE = "job.json"  # in a cell's run directory: the Slurm job that runs it
 
@@ -189,7 +190,7 @@ def _compose_cells(name: str, user: list[str]) -> SweepPlan:
             try:
                 validate(cfg)
             except ConfigError as err:
-                raise ConfigError(err.key, f"{err} (in cell: {' '.join(ov) or '<base>'})") from None
+                raise ConfigError(err.key, f"{err.reason} (in cell: {' '.join(ov) or '<base>'})") from None
             validated.add(composed.check)
         if first is None:
             first = (tracking_uri(cfg), str(cfg.experiment), str(cfg.launcher.name), str(cfg.tracking.kind))
@@ -271,7 +272,7 @@ def check_cluster_limits(p: SweepPlan) -> str:
             check_request(cells[0].resources, launcher, cluster)
         except ConfigError as err:
             names = ", ".join(c.name for c in cells[:3]) + (f" and {len(cells) - 3} more" if len(cells) > 3 else "")
-            raise ConfigError(err.key, f"{str(err).split(': ', 1)[1]} (cells: {names})") from None
+            raise ConfigError(err.key, f"{err.reason} (cells: {names})") from None
     return f"cluster checked: {len(groups)} distinct request(s) fit (scontrol, sbatch --test-only)"
 
 
@@ -286,7 +287,7 @@ def format_plan(p: SweepPlan) -> str:
     from runners.resources import gpu_hours
 
     lines = [
-        f"sweep {p.name!r}: {len(p.cells)} cells -> experiment {p.experiment!r} at {p.tracking_uri} "
+        f"sweep {p.name!r}: {len(p.cells)} cells -> experiment {p.experiment!r} at {redact(p.tracking_uri)} "
         f"(launcher {p.launcher}, tracking {p.tracking_kind})"
     ]
     hours = 0.0

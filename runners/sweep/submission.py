@@ -20,8 +20,9 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from runners import paths, tracking
+from runners import paths, tracking, tracking_server
 from runners.config import ConfigError
+from runners.redact import redact
 from runners.sweep.planning import JOB_FILE, Cell, SweepPlan
 from runners.sweep.results import write_outcomes
 
@@ -57,25 +58,19 @@ def launch(
         master.hydra.sweep.dir = str(sweep_dir)
     p.sweep_dir = sweep_dir
     sweep_dir.mkdir(parents=True, exist_ok=True)
-    server = None
-    if p.tracking_kind == "server" and not os.environ.get("MLFLOW_TRACKING_URI"):
-        from runners import tracking_server
-
-        t = p.cells[0].config["tracking"]
-        server = tracking_server.ensure_server(t["host"], t["port"], start=bool(t["start_server"]))
-        p.tracking_uri = server.url
-        os.environ["MLFLOW_TRACKING_URI"] = server.url
-        print(f"MLflow server at {server.url} ({'started here' if server.started else 'already running'})", file=stream)
-    tracking.ensure_store(p.tracking_uri)  # once, before any parallel writer
+    server = _connect(p, stream)
+    tracking_server.open_store(p.tracking_uri)  # once, before any parallel writer
     tracking.get_or_create_experiment(p.tracking_uri, p.experiment)
     if force:
         for cell in cells:
             shutil.rmtree(paths.run_dir(cell.key), ignore_errors=True)
-    OmegaConf.save(master, sweep_dir / "multirun.yaml")
+    (sweep_dir / "multirun.yaml").write_text(redact(OmegaConf.to_yaml(master)))
     (sweep_dir / "cells.json").write_text(
-        json.dumps(
-            [{"overrides": c.overrides, "key": c.key, "name": c.name, "resources": c.resources} for c in cells],
-            indent=2,
+        redact(
+            json.dumps(
+                [{"overrides": c.overrides, "key": c.key, "name": c.name, "resources": c.resources} for c in cells],
+                indent=2,
+            )
         )
     )
     extra = ["force=true"] if force else []
@@ -94,6 +89,18 @@ def launch(
     finally:
         if server is not None and server.started and not p.interrupted:
             server.stop()
+
+
+def _connect(p: SweepPlan, stream):
+    """Reach the tracking store as ``trustbench run`` does (``runners.tracking_server.connect``); a
+    server started (or found) for ``tracking=server`` is handed to the jobs through
+    ``MLFLOW_TRACKING_URI``. Returns the server started here, if any (stopped after the jobs)."""
+    uri, server = tracking_server.connect(p.cells[0].config["tracking"])
+    p.tracking_uri = uri
+    if server is not None:
+        os.environ["MLFLOW_TRACKING_URI"] = server.url
+        print(f"MLflow server at {server.url} ({'started here' if server.started else 'already running'})", file=stream)
+    return server
 
 
 def _instantiate(hydra, master: DictConfig):
