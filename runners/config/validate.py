@@ -230,7 +230,8 @@ def _check_model(c: _Checker, cfg: DictConfig) -> None:
     if "arch" in needs:
         c.one_of("model.arch", TINY_ARCHS)
     c.non_negative("model.params_b")
-    _check_options("model.options", m.options, option_keys(m.kind, m.get("arch")), f"model kind {m.kind!r}")
+    if m.options:
+        _check_options("model.options", m.options, option_keys(m.kind, m.get("arch")), f"model kind {m.kind!r}")
 
 
 def _check_options(key: str, options, valid, owner: str) -> None:
