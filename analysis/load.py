@@ -47,8 +47,17 @@ class ExperimentNotFoundError(LookupError):
 
 
 def _client(tracking_uri: str):
+    """A client of the store; a sqlite store that does not exist is an error, never created here."""
     from mlflow import MlflowClient
 
+    from runners.paths import sqlite_path
+
+    db = sqlite_path(tracking_uri)
+    if db is not None and not db.exists():
+        raise ExperimentNotFoundError(
+            f"no MLflow store at {db}: nothing was tracked with this trustbench home (run from the directory of "
+            "your runs, or set $TRUSTBENCH_HOME, $MLFLOW_TRACKING_URI or --tracking-uri)"
+        )
     return MlflowClient(tracking_uri)
 
 

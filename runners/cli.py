@@ -10,7 +10,11 @@
     trustbench ui                                 MLflow UI on 127.0.0.1
     trustbench list [GROUP]                       config groups and their options, and the sweeps
 
-Exit codes: 0 success, 1 a run or cell failed, 2 a configuration error (nothing was started).
+Every argument of ``run`` goes to Hydra, overrides and Hydra's own flags in any order
+(``trustbench run --cfg job algorithm=tppo``); ``sweep`` takes its flags anywhere among the overrides.
+
+Exit codes: 0 success, 1 a run or cell failed (or the cell is already running elsewhere), 2 a
+configuration error (nothing was started; one message naming the key or file, never a traceback).
 """
 
 from __future__ import annotations
@@ -23,46 +27,68 @@ from collections.abc import Sequence
 from pathlib import Path
 
 CONFIG_ERROR = 2
+# Hydra flags that change where the config comes from, or compose a sweep: composing is left to Hydra
+_HYDRA_COMPOSES = ("--config-path", "--config-name", "--config-dir", "--experimental-rerun", "--multirun")
 
 
 def _config_error(err: BaseException) -> int:
-    print(f"trustbench: configuration error: {err}", file=sys.stderr)
+    from runners.config.messages import describe
+
+    print(f"trustbench: configuration error: {describe(err)}", file=sys.stderr)
     return CONFIG_ERROR
 
 
 def _compose_errors():
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
+    from yaml import YAMLError
 
     from runners.config import ConfigError
 
-    return (ConfigError, HydraException, OmegaConfBaseException)
+    return (ConfigError, HydraException, OmegaConfBaseException, YAMLError)
+
+
+def split_hydra_args(tokens: Sequence[str]) -> tuple[list[str], list[str]]:
+    """(overrides, Hydra flags with their values) from ``tokens`` in any order, read by Hydra's own
+    argument parser (whose positional overrides cannot be split by flags: they go last)."""
+    from hydra._internal.utils import get_args_parser
+
+    parser = get_args_parser()
+    parser.prog = "trustbench run"
+    ns = parser.parse_intermixed_args(list(tokens))
+    flags: list[str] = []
+    for action in parser._actions:
+        if not action.option_strings or not hasattr(ns, action.dest):
+            continue
+        value = getattr(ns, action.dest)
+        if value == action.default:
+            continue
+        flag = action.option_strings[0]
+        flags += [flag] if action.nargs == 0 or (action.nargs == "?" and value == action.const) else [flag, str(value)]
+    return list(ns.overrides), flags
 
 
 def cmd_run(args: argparse.Namespace) -> int:
     from runners.config import SEARCHPATH_OVERRIDE, compose
 
-    overrides = list(args.overrides)
-    hydra_flags = [o for o in overrides if o.startswith("-")]
-    if not hydra_flags:  # validate first for a clean message; Hydra flags (--cfg, --help) go straight through
-        try:
-            compose([o for o in overrides if not o.startswith("hydra.")])
+    try:
+        overrides, flags = split_hydra_args(args.overrides)
+    except SystemExit as exit_:  # a flag Hydra does not know: argparse printed why
+        return int(exit_.code or 0)
+    if not any(f in _HYDRA_COMPOSES for f in flags):
+        try:  # compose first for a clean message; with flags (--cfg job) an invalid config still prints
+            compose([o for o in overrides if not o.startswith("hydra.")], check=not flags)
         except _compose_errors() as err:
             return _config_error(err)
     from hydra.core.global_hydra import GlobalHydra
 
     from runners.main import main
-    from runners.run import RunFailed
 
     GlobalHydra.instance().clear()
-
-    sys.argv = ["trustbench run", *overrides, SEARCHPATH_OVERRIDE]
+    sys.argv = ["trustbench run", *flags, SEARCHPATH_OVERRIDE, *overrides]
     os.environ.setdefault("HYDRA_FULL_ERROR", "0")
     try:
-        main()
-    except RunFailed as err:
-        print(f"trustbench: {err}", file=sys.stderr)
-        return 1
+        main()  # runners.main._run_one turns a failed or refused run into a message and an exit code
     except SystemExit as exit_:
         return int(exit_.code or 0)
     return 0
@@ -101,24 +127,15 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 def cmd_ui(args: argparse.Namespace) -> int:
     from runners import paths, tracking
+    from runners.redact import redact
+    from runners.tracking_server import SERVER_ENV, server_command
 
     uri = tracking.ensure_store(args.tracking_uri or paths.default_tracking_uri())
-    cmd = [
-        sys.executable,
-        "-m",
-        "mlflow",
-        "ui",
-        "--backend-store-uri",
-        uri,
-        "--host",
-        args.host,
-        "--port",
-        str(args.port),
-    ]
+    cmd = server_command("ui", uri, args.host, args.port)  # one worker, no job runner (as tracking=server)
     if uri.startswith("sqlite:"):
         cmd += ["--default-artifact-root", paths.artifact_root().as_uri()]
-    print(f"MLflow UI for {uri} at http://{args.host}:{args.port} (Ctrl-C to stop)")
-    return subprocess.call(cmd)
+    print(f"MLflow UI for {redact(uri)} at http://{args.host}:{args.port} (Ctrl-C to stop)")
+    return subprocess.call(cmd, env={**os.environ, **SERVER_ENV})
 
 
 def _summary_line(path: Path) -> str:
@@ -189,8 +206,22 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    """``run``: every argument is Hydra's (``cmd_run`` sorts flags from overrides); ``sweep``: its
+    flags may come after overrides (``sweep demo --dry-run trainer.lr=1e-4``)."""
+    if list(argv[:1]) == ["run"]:
+        return argparse.Namespace(command="run", overrides=list(argv[1:]), func=cmd_run)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra and args.command == "sweep" and not any(e.startswith("-") for e in extra):
+        args.overrides = [*args.overrides, *extra]
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    return args
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse_args(list(sys.argv[1:] if argv is None else argv))
     try:
         return int(args.func(args) or 0)
     except BrokenPipeError:  # output piped into `head` and the like: stop quietly, as Unix tools do

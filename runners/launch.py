@@ -244,11 +244,9 @@ def wait_jobs(
 
     A job that leaves the queue without a result (seen gone twice, ``poll_s`` apart) is reported
     with its ``sacct`` state. Local submitit jobs are polled through submitit."""
-    from submitit.slurm.slurm import SlurmJob
-
     outcomes: list[JobOutcome | None] = [None] * len(jobs)
     pending = set(range(len(jobs)))
-    gone: dict[int, int] = {}
+    gone: dict[int, int] = {}  # Slurm jobs seen gone from the queue: how many probes in a row
     next_probe = time.monotonic() + poll_s
 
     def finish(i: int, out: JobOutcome) -> None:
@@ -260,26 +258,45 @@ def wait_jobs(
 
     while pending:
         for i in sorted(pending):
-            job = jobs[i]
-            if job.paths.result_pickle.exists():
-                finish(i, _collect(job))
-            elif not isinstance(job, SlurmJob) and job.done():
-                finish(
-                    i, _collect(job) if job.paths.result_pickle.exists() else JobOutcome(job.job_id, state=job.state)
-                )
+            out = _outcome_if_done(jobs[i])
+            if out is not None:
+                finish(i, out)
         if pending and time.monotonic() >= next_probe:
-            slurm = [i for i in pending if isinstance(jobs[i], SlurmJob)]
-            if slurm:
-                states = queue_states()
-                for i in slurm:
-                    state = states.get(jobs[i].job_id)
-                    if state is None or state in FINAL_STATES:
-                        gone[i] = gone.get(i, 0) + 1
-                        if gone[i] >= 2 and not jobs[i].paths.result_pickle.exists():
-                            finish(i, JobOutcome(jobs[i].job_id, state=final_state(jobs[i].job_id)))
-                    else:
-                        gone.pop(i, None)
+            for i, out in _left_the_queue(jobs, pending, gone):
+                finish(i, out)
             next_probe = time.monotonic() + poll_s
         if pending:
             time.sleep(1.0)
     return [o for o in outcomes if o is not None]
+
+
+def _outcome_if_done(job) -> JobOutcome | None:
+    """The job's outcome if it wrote its result (or, a local job, ended), else None."""
+    from submitit.slurm.slurm import SlurmJob
+
+    if job.paths.result_pickle.exists():
+        return _collect(job)
+    if not isinstance(job, SlurmJob) and job.done():
+        return _collect(job) if job.paths.result_pickle.exists() else JobOutcome(job.job_id, state=job.state)
+    return None
+
+
+def _left_the_queue(jobs: Sequence, pending: set[int], gone: dict[int, int]) -> list[tuple[int, JobOutcome]]:
+    """Slurm jobs of ``pending`` seen gone from the queue on two probes in a row without a result,
+    with their ``sacct`` state; ``gone`` counts the probes."""
+    from submitit.slurm.slurm import SlurmJob
+
+    slurm = [i for i in pending if isinstance(jobs[i], SlurmJob)]
+    if not slurm:
+        return []
+    states = queue_states()
+    ended = []
+    for i in slurm:
+        state = states.get(jobs[i].job_id)
+        if state is not None and state not in FINAL_STATES:
+            gone.pop(i, None)
+            continue
+        gone[i] = gone.get(i, 0) + 1
+        if gone[i] >= 2 and not jobs[i].paths.result_pickle.exists():
+            ended.append((i, JobOutcome(jobs[i].job_id, state=final_state(jobs[i].job_id))))
+    return ended

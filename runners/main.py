@@ -15,7 +15,8 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from runners.config import CONF_DIR, register_configs
+from runners.cell_lock import CellBusy
+from runners.config import CONF_DIR, ConfigError, register_configs
 from runners.run import Preempted, RunFailed, run
 
 log = logging.getLogger("trustbench")
@@ -33,7 +34,7 @@ def task(cfg: DictConfig) -> dict:
     hc = HydraConfig.get()
     choices = dict(hc.runtime.choices)
     if hc.mode != RunMode.MULTIRUN:
-        return run(cfg, choices)
+        return _run_one(cfg, choices)
     from runners import launch
     from runners.run import catch_stop_signals
 
@@ -44,6 +45,12 @@ def task(cfg: DictConfig) -> dict:
         return refused
     try:
         return run(cfg, choices)
+    except ConfigError as err:  # found while building the cell: no MLflow run, the marker says CONFIG_ERROR
+        log.error("configuration error: %s", err)
+        return {"status": "CONFIG_ERROR", "error": str(err)}
+    except CellBusy as err:
+        log.error("%s", err)
+        return {"status": "BUSY", "error": str(err)}
     except RunFailed as err:
         log.error("%s", err)
         return {"status": "FAILED", "error": str(err)}
@@ -54,6 +61,19 @@ def task(cfg: DictConfig) -> dict:
             log.warning("stopped by %s: %s; exiting without a result", err.signal, outcome["status"])
             raise SystemExit(0) from None
         return outcome
+
+
+def _run_one(cfg: DictConfig, choices: dict) -> dict:
+    """``trustbench run``: one message and an exit code (2: configuration, 1: the run did not finish),
+    never Hydra's traceback (it catches every ``Exception``; ``SystemExit`` passes through)."""
+    try:
+        return run(cfg, choices)
+    except ConfigError as err:
+        print(f"trustbench: configuration error: {err}", file=sys.stderr)
+        raise SystemExit(2) from None
+    except (RunFailed, Preempted, CellBusy) as err:
+        print(f"trustbench: {err}", file=sys.stderr)
+        raise SystemExit(1) from None
 
 
 register_configs()

@@ -36,6 +36,11 @@ def default_tracking_uri() -> str:
     return f"sqlite:///{trustbench_home() / 'mlflow.db'}"
 
 
+def sqlite_path(uri: str) -> Path | None:
+    """The database file of a ``sqlite:///`` tracking URI, else None."""
+    return Path(uri[len("sqlite:///") :]) if uri.startswith("sqlite:///") else None
+
+
 def artifact_root() -> Path:
     return trustbench_home() / "artifacts"
 

@@ -1,15 +1,22 @@
 """``run(cfg) -> dict``: train one grid cell, the function every launcher calls.
 
-Steps: validate the config; derive the run key; if the cell's MLflow run is FINISHED return it
-(skip); otherwise open or resume the MLflow run of that key, write the reproducibility artefacts
-(resolved config, command line, git revision) next to the run and into MLflow, train with the
-backend named by ``backend.name``, and record the outcome:
+Steps: validate the config; derive the run key; hold the cell (``runners.cell_lock``: a second
+start of the same cell is refused with ``CellBusy``); reach the tracking store (``tracking=server``
+starts the server as ``trustbench sweep`` does, ``runners.tracking_server.connect``); if the cell's
+MLflow run is FINISHED return it (skip); build the backend (it loads the model and the data: a
+configuration mistake found there, ``ConfigError``, ends the command before any MLflow run exists,
+with the status marker ``CONFIG_ERROR``); open or resume the MLflow run of that key, write the
+reproducibility artefacts (resolved config and command line, credentials masked by
+``runners.redact``; git revision) next to the run and into MLflow, train, and record the outcome:
 
 - success: MLflow status FINISHED and ``status.json`` ``{"status": "FINISHED"}``;
 - an exception: MLflow status FAILED with the reason as tag ``trustbench.failure``, a
   ``status.json`` with the reason and traceback, and ``RunFailed`` raised (non-zero exit);
 - a stop signal (Slurm preemption or time limit): checkpoint, MLflow status KILLED, status
   ``PREEMPTED``, and ``Preempted`` raised (naming the signal) so the launcher can requeue the job.
+
+Recording an end tries every part (MLflow, the marker) even when one fails (a full disk, an
+unwritable run directory) and says in the raised message what could not be recorded.
 
 Signals: SIGUSR1 / SIGUSR2 (Slurm's ``--signal`` before the time limit or preemption; USR2 is
 submitit's) and SIGTERM (Slurm's preemption, ``scancel``, the time limit itself) ask the trainer to
@@ -18,31 +25,33 @@ SIGTERM Slurm decides (preemption requeues, a cancel stays cancelled). A signal 
 the trainer exists (a Slurm job installs the handlers at once: ``catch_stop_signals``) stops the
 trainer after its first step.
 
-The status file is what ``trustbench sweep`` reads after Hydra returns: Hydra and submitit report
-a failed job as completed.
+The status file (``runners.status``) is what ``trustbench sweep`` reads after Hydra returns: Hydra
+and submitit report a failed job as completed.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import shlex
 import signal
 import sys
-import time
 import traceback
 from collections.abc import Mapping
+from contextlib import ExitStack
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from runners import metric_names, paths, tracking
+from runners import metric_names, paths, tracking, tracking_server
 from runners.backends import BACKENDS
 from runners.backends.base import StopRequested
-from runners.config import method_label, resolved, run_key, run_name, validate
+from runners.cell_lock import hold_cell
+from runners.config import ConfigError, method_label, resolved, run_key, run_name, validate
+from runners.redact import redact, redact_values
+from runners.status import STATUS_FILE, read_status, write_status  # noqa: F401  (re-exported)
 
-STATUS_FILE = "status.json"
 STOP_SIGNALS = ("SIGUSR1", "SIGUSR2", "SIGTERM")
 # after these the job requeues itself; after SIGTERM Slurm decides (runners.launch.requeue_or_fail)
 REQUEUE_SIGNALS = ("SIGUSR1", "SIGUSR2")
@@ -58,21 +67,6 @@ class Preempted(RuntimeError):
     def __init__(self, message: str, signal: str | None = None) -> None:
         super().__init__(message)
         self.signal = signal
-
-
-def write_status(run_dir: Path, status: str, **extra: Any) -> None:
-    run_dir.mkdir(parents=True, exist_ok=True)
-    data = {"status": status, "time": time.time(), **extra}
-    tmp = run_dir / (STATUS_FILE + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, default=str))
-    os.replace(tmp, run_dir / STATUS_FILE)
-
-
-def read_status(run_dir: Path) -> dict[str, Any] | None:
-    try:
-        return json.loads((run_dir / STATUS_FILE).read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
-        return None
 
 
 def tracking_uri(cfg: DictConfig) -> str:
@@ -157,78 +151,141 @@ def catch_stop_signals() -> None:
     _StopFlag().install()
 
 
+@dataclass
+class _Cell:
+    key: str
+    label: str
+    name: str
+    run_dir: Path
+
+
 def run(cfg: DictConfig, choices: Mapping[str, str] | None = None) -> dict[str, Any]:
     """Train the cell ``cfg`` (validated first); returns status, run ids and final metrics."""
     validate(cfg)
-    key = run_key(cfg)
-    label = method_label(cfg, choices)
-    name = run_name(cfg, label)
-    run_dir = paths.run_dir(key)
-    uri = tracking.ensure_store(tracking_uri(cfg))
-    existing = None if cfg.force else tracking.find_run(uri, cfg.experiment, key)
+    key, label = run_key(cfg), method_label(cfg, choices)
+    cell = _Cell(key, label, run_name(cfg, label), paths.run_dir(key))
     backend_cls = BACKENDS.get(cfg.backend.name)
-    if cfg.force:
-        backend_cls.discard_checkpoints(run_dir)
-    if existing is not None and existing.info.status == "FINISHED":
-        write_status(run_dir, "FINISHED", run_id=existing.info.run_id, name=name, skipped=True)
-        return {"status": "SKIPPED", "run_key": key, "run_id": existing.info.run_id, "name": name, "metrics": {}}
-
-    params = tracking.flatten(resolved(cfg))
-    tracker = tracking.RunTracker.open(
-        uri=uri,
-        experiment=cfg.experiment,
-        run_key=key,
-        run_name=name,
-        tags=run_tags(cfg, label, choices),
-        params=params,
-        run_id=existing.info.run_id if existing is not None else None,
-        new=bool(cfg.force),
-    )
-    tracker.flush_every_s = float(cfg.tracking.flush_every_s)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    config_yaml = OmegaConf.to_yaml(cfg, resolve=True)
-    command = shlex.join(sys.argv)
-    (run_dir / "config.yaml").write_text(config_yaml)
-    (run_dir / "command.txt").write_text(command + "\n")
-    tracker.log_text(config_yaml, "config.yaml")
-    tracker.log_text(command + "\n", "command.txt")
-    attempts = (read_status(run_dir) or {}).get("attempts", 0) + 1
-    write_status(run_dir, "RUNNING", run_id=tracker.run_id, name=name, attempts=attempts)
-
-    try:
-        trainer = backend_cls(cfg, tracker, run_dir, label)
-        with _StopFlag(trainer):
-            metrics = trainer.train()
-    except BaseException as err:  # noqa: BLE001 - record every way a run can end
-        if isinstance(err, StopRequested):
-            tracker.finish("KILLED", reason=None)
-            stop_signal = _StopFlag.received
-            write_status(
-                run_dir,
-                "PREEMPTED",
-                run_id=tracker.run_id,
-                name=name,
-                attempts=attempts,
-                reason=str(err),
-                signal=stop_signal,
-            )
-            raise Preempted(f"{name}: {err}", signal=stop_signal) from err
-        reason = f"{type(err).__name__}: {err}"
+    with ExitStack() as stack:
         try:
-            tracker.finish("FAILED", reason=reason)
-        finally:
-            write_status(
-                run_dir,
-                "FAILED",
-                run_id=tracker.run_id,
-                name=name,
-                attempts=attempts,
-                reason=reason,
-                traceback=traceback.format_exc(),
-            )
-        if isinstance(err, KeyboardInterrupt):
-            raise
-        raise RunFailed(f"run {name!r} (key {key}) failed: {reason}") from err
-    tracker.finish("FINISHED")
-    write_status(run_dir, "FINISHED", run_id=tracker.run_id, name=name, attempts=attempts)
-    return {"status": "FINISHED", "run_key": key, "run_id": tracker.run_id, "name": name, "metrics": metrics}
+            stack.enter_context(hold_cell(cell.run_dir, cell.name))
+        except OSError as err:
+            raise RunFailed(f"run {cell.name!r}: cannot use its run directory {cell.run_dir}: {err}") from None
+        uri = tracking_server.open_store(stack.enter_context(tracking_server.serving(cfg.tracking)))
+        existing = None if cfg.force else tracking.find_run(uri, cfg.experiment, key)
+        if cfg.force:
+            backend_cls.discard_checkpoints(cell.run_dir)
+        if existing is not None and existing.info.status == "FINISHED":
+            write_status(cell.run_dir, "FINISHED", run_id=existing.info.run_id, name=cell.name, skipped=True)
+            return {
+                "status": "SKIPPED",
+                "run_key": key,
+                "run_id": existing.info.run_id,
+                "name": cell.name,
+                "metrics": {},
+            }
+        backend, early = _build_backend(backend_cls, cfg, cell)
+        tracker = tracking.RunTracker.open(
+            uri=uri,
+            experiment=cfg.experiment,
+            run_key=key,
+            run_name=cell.name,
+            tags=run_tags(cfg, label, choices),
+            params=redact_values(tracking.flatten(resolved(cfg))),
+            run_id=existing.info.run_id if existing is not None else None,
+            new=bool(cfg.force),
+        )
+        tracker.flush_every_s = float(cfg.tracking.flush_every_s)
+        return _train(cfg, cell, backend, early, tracker)
+
+
+def _build_backend(backend_cls, cfg: DictConfig, cell: _Cell) -> tuple[Any, BaseException | None]:
+    """The backend, built before the MLflow run is opened (its tracker is attached afterwards).
+
+    Building loads the model and the data: a configuration mistake found there (``ConfigError``)
+    ends the command before any MLflow run exists. Any other error is returned, to be recorded in
+    the run as a failure in training is."""
+    try:
+        return backend_cls(cfg, None, cell.run_dir, cell.label), None
+    except ConfigError as err:
+        kept = {k: v for k, v in (read_status(cell.run_dir) or {}).items() if k in ("attempts", "run_id")}
+        marker = {**kept, "name": cell.name, "reason": str(err)}
+        _try(lambda: write_status(cell.run_dir, "CONFIG_ERROR", **marker))
+        raise
+    except Exception as err:  # noqa: BLE001 - recorded in the MLflow run by _train
+        return None, err
+
+
+def _train(cfg: DictConfig, cell: _Cell, backend, early: BaseException | None, tracker) -> dict[str, Any]:
+    attempts = (read_status(cell.run_dir) or {}).get("attempts", 0) + 1
+    record = {"run_id": tracker.run_id, "name": cell.name, "attempts": attempts}
+    try:
+        _write_artefacts(cfg, cell.run_dir, tracker)
+        write_status(cell.run_dir, "RUNNING", **record)
+        if early is not None:
+            raise early
+        backend.tracker = tracker
+        with _StopFlag(backend):
+            metrics = backend.train()
+    except BaseException as err:  # noqa: BLE001 - record every way a run can end
+        _end_abnormally(err, tracker, cell, record)
+    try:
+        tracker.finish("FINISHED")
+    except Exception as err:  # noqa: BLE001 - e.g. a full disk at the last flush
+        reason = f"trained to the end, but its MLflow run could not be finished: {type(err).__name__}: {err}"
+        notes = _record(tracker, cell, "FAILED", reason, {**record, "status": "FAILED", "reason": reason})
+        raise RunFailed(f"run {cell.name!r} (key {cell.key}) failed: {reason}{notes}") from err
+    notes = _record(tracker, cell, None, None, {**record, "status": "FINISHED"})
+    if notes:
+        raise RunFailed(f"run {cell.name!r} (key {cell.key}) finished in MLflow{notes}")
+    return {"status": "FINISHED", "run_key": cell.key, "run_id": tracker.run_id, "name": cell.name, "metrics": metrics}
+
+
+def _write_artefacts(cfg: DictConfig, run_dir: Path, tracker) -> None:
+    """The resolved config and the command line, beside the run and in MLflow (credentials masked)."""
+    config_yaml = redact(OmegaConf.to_yaml(cfg, resolve=True))
+    command = redact(shlex.join(sys.argv)) + "\n"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.yaml").write_text(config_yaml)
+    (run_dir / "command.txt").write_text(command)
+    tracker.log_text(config_yaml, "config.yaml")
+    tracker.log_text(command, "command.txt")
+
+
+def _end_abnormally(err: BaseException, tracker, cell: _Cell, record: dict[str, Any]) -> None:
+    """Record a stop (KILLED / PREEMPTED) or a failure (FAILED) and raise what the launcher expects."""
+    if isinstance(err, StopRequested):
+        stop_signal = _StopFlag.received
+        marker = {**record, "status": "PREEMPTED", "reason": str(err), "signal": stop_signal}
+        notes = _record(tracker, cell, "KILLED", None, marker)
+        raise Preempted(f"{cell.name}: {err}{notes}", signal=stop_signal) from err
+    reason = f"{type(err).__name__}: {err}"
+    marker = {**record, "status": "FAILED", "reason": reason, "traceback": traceback.format_exc()}
+    notes = _record(tracker, cell, "FAILED", reason, marker)
+    if isinstance(err, KeyboardInterrupt):
+        if notes:
+            print(f"[trustbench] {cell.name}: interrupted{notes}", file=sys.stderr)
+        raise err
+    raise RunFailed(f"run {cell.name!r} (key {cell.key}) failed: {reason}{notes}") from err
+
+
+def _record(tracker, cell: _Cell, mlflow_status: str | None, reason: str | None, marker: dict[str, Any]) -> str:
+    """End the MLflow run (unless ``mlflow_status`` is None) and write the marker, each tried even if
+    the other fails; returns '' or '; ...' naming what could not be recorded (for the raised message)."""
+    problems = []
+    if mlflow_status is not None:
+        problem = _try(lambda: tracker.finish(mlflow_status, reason=reason))
+        if problem:
+            problems.append(f"its MLflow run {tracker.run_id} could not be marked {mlflow_status} ({problem})")
+    problem = _try(lambda: write_status(cell.run_dir, **marker))
+    if problem:
+        problems.append(f"{cell.run_dir / STATUS_FILE} could not be written ({problem})")
+    return "".join(f"; {text}" for text in problems)
+
+
+def _try(action) -> str | None:
+    """Run ``action``; None if it worked, else what went wrong."""
+    try:
+        action()
+    except Exception as err:  # noqa: BLE001 - reported by the caller
+        return " ".join(f"{type(err).__name__}: {err}".split())[:500]
+    return None

@@ -15,27 +15,51 @@ The server binds 127.0.0.1 by default: reachable from jobs on this machine only 
 cluster). On a real cluster set ``tracking.host`` to an address of the login node that compute
 nodes reach (the server has no authentication: keep it on a private network).
 
+``trustbench run`` and ``trustbench sweep`` reach the store the same way (``connect``): an explicit
+``tracking.uri`` or ``$MLFLOW_TRACKING_URI`` must answer (checked in seconds, not after MLflow's
+minutes of retries); ``tracking=server`` uses or starts the server; otherwise the sqlite file. A
+server that cannot be reached or started is a ``ConfigError`` naming the key to change. The server
+(and ``trustbench ui``) runs one worker and no job runner: MLflow's GenAI job runner would fork
+seven more Python processes.
+
     from runners.tracking_server import ensure_server
     server = ensure_server("127.0.0.1", 5000)      # -> TrackingServer(url=..., started=True|False)
     ...
     server.stop()                                  # only stops a server it started
+    with serving(cfg.tracking) as uri: ...         # a run: the URI, a server started here stopped after
 """
 
 from __future__ import annotations
 
+import base64
 import os
 import signal
 import socket
 import subprocess
 import sys
 import time
+import urllib.parse
 import urllib.request
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from runners import paths, tracking
+from runners.config.validate import ConfigError
+from runners.redact import redact
+from runners.sqlite_store import BrokenStore
 
 LOG_FILE = "mlflow-server.log"
+# no background job runner (GenAI scorers): it forks seven more Python processes
+SERVER_ENV = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+
+
+def server_command(kind: str, store: str, host: str, port: int) -> list[str]:
+    """``mlflow server`` (``kind="server"``) or ``mlflow ui`` on ``store`` with one worker."""
+    return [sys.executable, "-m", "mlflow", kind, "--backend-store-uri", store,
+            "--host", host, "--port", str(int(port)), "--workers", "1"]  # fmt: skip
 
 
 def store_uri() -> str:
@@ -51,11 +75,18 @@ def url_for(host: str, port: int) -> str:
 
 
 def is_up(url: str, timeout_s: float = 2.0) -> bool:
-    """Whether an MLflow server answers ``/health`` at ``url``."""
+    """Whether an MLflow server answers ``/health`` at ``url`` (credentials in it sent as basic auth)."""
+    parts = urllib.parse.urlsplit(url)
+    host = parts.hostname or ""
+    netloc = (f"[{host}]" if ":" in host else host) + (f":{parts.port}" if parts.port else "")
+    request = urllib.request.Request(urllib.parse.urlunsplit(parts._replace(netloc=netloc)).rstrip("/") + "/health")
+    if parts.username is not None:
+        token = f"{urllib.parse.unquote(parts.username)}:{urllib.parse.unquote(parts.password or '')}"
+        request.add_header("Authorization", "Basic " + base64.b64encode(token.encode()).decode())
     try:
-        with urllib.request.urlopen(f"{url}/health", timeout=timeout_s) as resp:
+        with urllib.request.urlopen(request, timeout=timeout_s) as resp:
             return resp.status == 200
-    except OSError:
+    except (OSError, ValueError):
         return False
 
 
@@ -79,35 +110,93 @@ class TrackingServer:
 
 
 def ensure_server(host: str, port: int, *, start: bool = True, wait_s: float = 180.0) -> TrackingServer:
-    """The server at ``host:port``: the one answering there, else one started here (``start``)."""
+    """The server at ``host:port``: the one answering there, else one started here (``start``).
+
+    ``ConfigError`` (naming ``tracking.start_server``, ``tracking.host`` or ``tracking.port``) when
+    none answers and none may be started, or the one started here exits or never answers."""
     url = url_for(host, port)
     if is_up(url):
         return TrackingServer(url=url, started=False)
     if not start:
-        raise RuntimeError(f"no MLflow server answers at {url} and tracking.start_server=false")
-    store = tracking.ensure_store(store_uri())  # schema first: the server and the jobs never race it
+        raise ConfigError(
+            "tracking.start_server",
+            f"no MLflow server answers at {url} and tracking.start_server=false: start one there, "
+            "or set tracking.start_server=true, or another tracking.host / tracking.port",
+        )
+    store = open_store(store_uri())  # schema first: the server and the jobs never race it
     artifacts = paths.artifact_root()
     artifacts.mkdir(parents=True, exist_ok=True)
     log = paths.trustbench_home() / LOG_FILE
-    cmd = [
-        sys.executable, "-m", "mlflow", "server",
-        "--host", host, "--port", str(int(port)),
-        "--backend-store-uri", store,
-        # artifacts served over HTTP (mlflow-artifacts:/), so jobs and `trustbench report` on other
-        # machines read and write them through the server (analysis reads run histories this way)
-        "--artifacts-destination", artifacts.as_uri(),
-        "--workers", "1",
-    ]  # fmt: skip
-    # no background job runner (GenAI scorers): it forks seven more Python processes
-    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+    # artifacts served over HTTP (mlflow-artifacts:/), so jobs and `trustbench report` on other
+    # machines read and write them through the server (analysis reads run histories this way)
+    cmd = [*server_command("server", store, host, port), "--artifacts-destination", artifacts.as_uri()]
     with open(log, "ab") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=env)
+        start_at = out.tell()
+        proc = subprocess.Popen(
+            cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env={**os.environ, **SERVER_ENV}
+        )
     server = TrackingServer(url=url, started=True, process=proc, log=log)
     deadline = time.monotonic() + wait_s
     while not is_up(url):
         if proc.poll() is not None or time.monotonic() > deadline:
             server.stop()
-            tail = log.read_text(errors="replace")[-2000:] if log.exists() else ""
-            raise RuntimeError(f"mlflow server did not come up at {url} (log {log}):\n{tail}")
+            why = "exited" if proc.poll() is not None else f"did not answer within {wait_s:.0f} s"
+            raise ConfigError(
+                "tracking.port" if "in use" in _last_error(log, start_at) else "tracking.host",
+                f"could not start an MLflow server at {url}: it {why} ({_last_error(log, start_at)}; log {log})",
+            )
         time.sleep(0.5)
     return server
+
+
+def _last_error(log: Path, start_at: int) -> str:
+    """The last line of the server's log (this start's part) that says what went wrong."""
+    try:
+        with open(log, "rb") as fh:
+            fh.seek(start_at)
+            lines = [ln.strip() for ln in fh.read().decode(errors="replace").splitlines() if ln.strip()]
+    except OSError:
+        return "no log"
+    errors = [ln for ln in lines if "rror" in ln or "in use" in ln]
+    return (errors or lines or ["no output"])[-1][:300]
+
+
+def open_store(uri: str) -> str:
+    """``tracking.ensure_store``, a store left half-built by an older run being a ``ConfigError``."""
+    try:
+        return tracking.ensure_store(uri)
+    except BrokenStore as err:
+        raise ConfigError("tracking.uri", str(err)) from None
+
+
+def connect(t: Mapping[str, Any]) -> tuple[str, TrackingServer | None]:
+    """The tracking URI a run or sweep logs to, reachable, and the server started for it (or None).
+
+    ``t`` is the ``tracking`` config node. In order: ``tracking.uri``; ``$MLFLOW_TRACKING_URI``;
+    ``tracking=server``: the server at ``tracking.host:tracking.port`` (started when none answers
+    and ``tracking.start_server``); else this home's sqlite file. An HTTP URI that does not answer
+    is a ``ConfigError`` naming where it came from."""
+    if t.get("uri"):
+        uri, source = str(t["uri"]), "tracking.uri"
+    elif os.environ.get("MLFLOW_TRACKING_URI"):
+        uri, source = os.environ["MLFLOW_TRACKING_URI"], "MLFLOW_TRACKING_URI"
+    elif t.get("kind") == "server":
+        server = ensure_server(str(t["host"]), int(t["port"]), start=bool(t["start_server"]))
+        return server.url, server
+    else:
+        return paths.default_tracking_uri(), None
+    if uri.startswith(("http://", "https://")) and not is_up(uri):
+        where = "the environment variable $MLFLOW_TRACKING_URI" if source == "MLFLOW_TRACKING_URI" else source
+        raise ConfigError(source, f"no MLflow server answers at {redact(uri)} (set by {where})")
+    return uri, None
+
+
+@contextmanager
+def serving(t: Mapping[str, Any]) -> Iterator[str]:
+    """``connect`` for one run: yields the URI; a server started here is stopped afterwards."""
+    uri, server = connect(t)
+    try:
+        yield uri
+    finally:
+        if server is not None and server.started:
+            server.stop()

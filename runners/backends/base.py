@@ -7,6 +7,10 @@ A backend is a class registered in ``runners.backends.BACKENDS``:
     metrics = backend.train()            # raises StopRequested after checkpointing on a stop request
     BACKENDS.get(name).discard_checkpoints(run_dir)   # ``force=true``: start the cell afresh
 
+``runners.run`` builds a backend with ``tracker=None`` and sets ``backend.tracker`` before ``train()``:
+building loads the model and the data, and a ``ConfigError`` raised there ends the command before
+any MLflow run exists. A backend's constructor therefore only keeps the tracker.
+
 Torch-free: ``runners.run`` imports it before any backend.
 """
 

@@ -26,10 +26,10 @@ LAUNCHERS = ("local", "submitit_local", "slurm")
 
 
 class ConfigError(ValueError):
-    """A configuration value that cannot run; ``key`` is the dotted config key."""
+    """A configuration value that cannot run; ``key`` is the dotted config key, ``reason`` the why."""
 
     def __init__(self, key: str, message: str) -> None:
-        self.key = key
+        self.key, self.reason = key, message
         super().__init__(f"config key '{key}': {message}")
 
 
@@ -67,6 +67,27 @@ class _Checker:
     def in_open_unit(self, *keys: str) -> None:
         for key in keys:
             self.require(key, lambda v: 0 < v < 1, "must be in (0, 1)")
+
+
+def _check_plain_keys(cfg: DictConfig) -> None:
+    """No key outside the root schema, and in each plain group (trainer, dataset, ...) none outside
+    its dataclass: ``+trainer.typo=1`` is added by Hydra even in struct mode."""
+    from runners.config.schema import TrustbenchConfig
+
+    top = {f.name for f in dataclasses.fields(TrustbenchConfig)}
+    unknown = sorted(set(cfg.keys()) - top - {"hydra"})
+    if unknown:
+        raise ConfigError(unknown[0], f"not a config key; top-level keys: {', '.join(sorted(top))}")
+    for f in dataclasses.fields(TrustbenchConfig):
+        schema, node = f.default_factory, cfg.get(f.name)
+        if not (dataclasses.is_dataclass(schema) and isinstance(node, DictConfig)):
+            continue  # the component groups are checked against their own schemas
+        allowed = {g.name for g in dataclasses.fields(schema)}
+        unknown = sorted(set(node.keys()) - allowed)
+        if unknown:
+            raise ConfigError(
+                f"{f.name}.{unknown[0]}", f"not a key of {f.name}; valid keys: {', '.join(sorted(allowed))}"
+            )
 
 
 def _check_component_schemas(cfg: DictConfig) -> None:
@@ -196,6 +217,7 @@ def _check_trainer(c: _Checker, cfg: DictConfig, method) -> None:
 
 def _check_model(c: _Checker, cfg: DictConfig) -> None:
     from runners.models.loader import MODEL_KINDS, TINY_ARCHS
+    from runners.models.options import option_keys
 
     m = cfg.model
     c.one_of("model.kind", MODEL_KINDS.names())
@@ -208,6 +230,17 @@ def _check_model(c: _Checker, cfg: DictConfig) -> None:
     if "arch" in needs:
         c.one_of("model.arch", TINY_ARCHS)
     c.non_negative("model.params_b")
+    if m.options:
+        _check_options("model.options", m.options, option_keys(m.kind, m.get("arch")), f"model kind {m.kind!r}")
+
+
+def _check_options(key: str, options, valid, owner: str) -> None:
+    """Every key of the ``options`` node is one of ``valid`` (None: not checked)."""
+    unknown = sorted(set(options or {}) - set(valid)) if valid is not None else []
+    if unknown:
+        raise ConfigError(
+            f"{key}.{unknown[0]}", f"not an option of {owner}; valid options: {', '.join(sorted(valid)) or '(none)'}"
+        )
 
 
 def _check_dataset(c: _Checker, cfg: DictConfig) -> None:
@@ -222,9 +255,9 @@ def _check_dataset(c: _Checker, cfg: DictConfig) -> None:
         lambda v: all(x in PRESETS for x in v),
         f"every entry must be one of {', '.join(sorted(PRESETS))}",
     )
-    for key in ("path", "eval_path"):
-        if d.get(key):
-            c.require(f"dataset.{key}", lambda v: Path(v).expanduser().is_file(), "dataset file not found")
+    for name in {d.name, d.eval_name or d.name}:
+        _check_options("dataset.options", d.options, PRESETS[name].options, f"dataset preset {name!r}")
+    _check_dataset_files(c, cfg)
     for key in ("train_limit", "eval_limit"):
         if d.get(key) is not None:
             c.at_least(f"dataset.{key}", 1)
@@ -232,6 +265,23 @@ def _check_dataset(c: _Checker, cfg: DictConfig) -> None:
         from runners.data.rewards import REWARDS
 
         c.one_of("dataset.reward", REWARDS.names())
+
+
+def _check_dataset_files(c: _Checker, cfg: DictConfig) -> None:
+    """Each local dataset file is read as the run will read it (cached per file version): an empty,
+    malformed or unreadable file, or rows without the preset's fields, fail here naming the file."""
+    from runners.data.datasets import DatasetError, check_source
+
+    d = cfg.dataset
+    options = OmegaConf.to_container(d.options, resolve=True) if d.options else {}
+    for key, preset, split in (("path", d.name, d.train_split), ("eval_path", d.eval_name or d.name, d.eval_split)):
+        if not d.get(key):
+            continue
+        c.require(f"dataset.{key}", lambda v: Path(v).expanduser().is_file(), "dataset file not found")
+        try:
+            check_source(preset, split=split, path=d.get(key), **options)
+        except DatasetError as err:
+            raise ConfigError(f"dataset.{key}", str(err)) from None
 
 
 def _check_infrastructure(c: _Checker, cfg: DictConfig) -> None:
@@ -259,9 +309,13 @@ def validate(cfg: DictConfig) -> None:
     except OmegaConfBaseException as err:
         key = getattr(err, "full_key", None) or "?"
         raise ConfigError(str(key), "is missing or cannot be resolved") from None
+    _check_plain_keys(cfg)
     _check_component_schemas(cfg)
     method = _check_method(cfg)
     checker = _Checker(cfg)
+    checker.require(
+        "experiment", lambda v: isinstance(v, str) and v.strip() == v and bool(v), "must be a non-empty name"
+    )
     _check_rollout(checker, cfg, method)
     _check_trainer(checker, cfg, method)
     _check_model(checker, cfg)

@@ -1,16 +1,16 @@
 """Dataset presets and ``load_examples``: every source normalised to ``Example``.
 
-Design: a preset (``PRESETS[name]``) says where a dataset lives on the hub (id, config, split
-names), how to read a row of its schema (question / gold answer / reference solution fields, tried
-in order so hub mirrors with renamed columns load too) and which reward verifies it. The same
-preset reads a local parquet/jsonl/json file in that schema when ``path`` is given (clusters with
-pre-staged data, tests), or the hub through ``datasets.load_dataset`` (imported lazily; needs
-network). ``embedded`` is generated (``embedded.py``), never read.
+Design: a preset (``PRESETS[name]``, ``runners.data.presets``) says where a dataset lives on the
+hub (id, config, split names), how to read a row of its schema (question / gold answer / reference
+solution fields, tried in order so hub mirrors with renamed columns load too) and which reward
+verifies it. The same preset reads a local parquet/jsonl/json file in that schema when ``path`` is
+given (clusters with pre-staged data, tests), or the hub through ``datasets.load_dataset``
+(imported lazily; needs network). ``embedded`` is generated (``embedded.py``), never read.
 
 Splits: ``train`` plus an evaluation split (``test``; ``validation``/``val`` are aliases where the
 source has one name only). Sources with a single split (DAPO-Math-17k) hold out a fixed subset for
-evaluation (TROLL, arXiv 2510.03817, C.2: 1024 DAPO-Math problems), chosen with a fixed seed so that every run
-sees the same held-out problems. ``limit`` keeps a ``seed``-dependent random subset of the
+evaluation (TROLL, arXiv 2510.03817, appendix C.2: 1024 DAPO-Math problems), chosen with a fixed
+seed so that every run sees the same held-out problems. ``limit`` keeps a ``seed``-dependent random subset of the
 training split, but the FIRST ``limit`` examples of an evaluation split: runs that differ only in
 their seed are evaluated on the same problems.
 
@@ -23,220 +23,21 @@ from __future__ import annotations
 
 import json
 import random
-import re
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from runners.data.embedded import generate_embedded
+from runners.data.presets import (  # noqa: F401  (PRESETS, register_preset, answer_to_str: re-exported)
+    PRESETS,
+    DatasetPreset,
+    answer_to_str,
+    get_preset,
+    gsm8k_solution,
+    register_preset,
+)
 from runners.data.types import Example
 
 EVAL_SPLIT_ALIASES = {"test": "test", "validation": "test", "val": "test", "eval": "test"}
-
-
-@dataclass(frozen=True)
-class DatasetPreset:
-    """Where a dataset lives and how to read one row of its schema."""
-
-    name: str
-    # hub dataset id (None: generated)
-    hub_id: str | None
-    # our split name ("train" / "test") -> hub split name
-    hub_splits: dict[str, str]
-    # reward function name in runners.data.rewards.REWARDS
-    reward_fn: str
-    # prompt style of runners.data.prompts (instruction appended to the question)
-    prompt_style: str | None
-    # task family recorded as verl's "ability"
-    ability: str = "math"
-    hub_config: str | None = None
-    # candidate field names, first present wins; dotted paths reach nested dicts
-    question_fields: tuple[str, ...] = ("problem", "question")
-    answer_fields: tuple[str, ...] = ("answer",)
-    solution_fields: tuple[str, ...] = ("solution",)
-    # fields copied into Example.meta when present
-    meta_fields: tuple[str, ...] = ()
-    # evaluation examples held out of a single-split source (0: the source has its own test split);
-    # overridable by the "holdout" option where the preset lists it
-    holdout: int = 0
-    # keep only rows for which this returns True (e.g. Eurus-2 math vs code)
-    row_filter: Callable[[dict], bool] | None = None
-    # turns the raw question text into the bare question (strips a source's own instructions)
-    clean_question: Callable[[str], str] | None = None
-    # turns the raw gold into the answer string the reward expects
-    clean_answer: Callable[[Any], str] | None = None
-    # default options (embedded: generator knobs and sizes)
-    options: dict[str, Any] = field(default_factory=dict)
-
-
-PRESETS: dict[str, DatasetPreset] = {}
-
-
-def register_preset(preset: DatasetPreset) -> DatasetPreset:
-    if preset.name in PRESETS:
-        raise ValueError(f"dataset preset {preset.name!r} is already registered")
-    PRESETS[preset.name] = preset
-    return preset
-
-
-def get_preset(name: str) -> DatasetPreset:
-    if name not in PRESETS:
-        raise KeyError(f"unknown dataset preset {name!r}; valid presets: {', '.join(sorted(PRESETS))}")
-    return PRESETS[name]
-
-
-# -- field cleaning ------------------------------------------------------------------------------
-def answer_to_str(value: Any) -> str:
-    """Gold answers as strings: ``27.0 -> "27"``, ``["$3$", "$4$"] -> "3, 4"``, ``"$\\frac12$" -> "\\frac12"``."""
-    if value is None:
-        return ""
-    if isinstance(value, float) and value.is_integer():
-        return str(int(value))
-    if isinstance(value, (list, tuple)) or (hasattr(value, "tolist") and not isinstance(value, str)):
-        items = value.tolist() if hasattr(value, "tolist") else value
-        return ", ".join(answer_to_str(v) for v in items)
-    text = str(value).strip()
-    if len(text) >= 2 and text.startswith("$") and text.endswith("$"):
-        text = text.strip("$").strip()
-    return text
-
-
-def gsm8k_gold(answer: Any) -> str:
-    """GSM8K's answer field ``"... #### 72"`` -> ``"72"`` (commas removed)."""
-    text = str(answer)
-    if "####" not in text:
-        raise ValueError(f"GSM8K answer has no '####' line: {text[-80:]!r}")
-    return text.rsplit("####", 1)[1].strip().replace(",", "")
-
-
-def gsm8k_solution(answer: Any) -> str:
-    """GSM8K's worked solution without its calculator annotations ``<<48/2=24>>``."""
-    return re.sub(r"<<[^>]*>>", "", str(answer)).strip()
-
-
-_DAPO_PREFIX = re.compile(r"^.*?where \$Answer is the answer to the problem\.\s*", re.S)
-_DAPO_SUFFIX = re.compile(r"\s*Remember to put your answer on its own line after \"Answer:\"\.?\s*$")
-_EURUS_SUFFIX = re.compile(r"\s*Present the answer in LaTeX format: \\boxed\{Your answer\}\.?\s*$")
-
-
-def clean_dapo_question(text: str) -> str:
-    """DAPO-Math-17k wraps each problem in its 'Answer: $Answer' instructions; keep the problem."""
-    return _DAPO_SUFFIX.sub("", _DAPO_PREFIX.sub("", text)).strip()
-
-
-def clean_eurus_math_question(text: str) -> str:
-    """Eurus-2 math user turns end with the boxed-answer instruction; the prompt style re-adds ours."""
-    return _EURUS_SUFFIX.sub("", text).strip()
-
-
-def _ability_is(value: str) -> Callable[[dict], bool]:
-    return lambda row: str(row.get("ability", "")).lower() == value
-
-
-# -- presets -------------------------------------------------------------------------------------
-register_preset(
-    DatasetPreset(
-        name="embedded",
-        hub_id=None,
-        hub_splits={"train": "train", "test": "test"},
-        reward_fn="embedded_int",
-        prompt_style=None,
-        ability="arithmetic",
-        question_fields=("prompt",),
-        solution_fields=("solution",),
-        options={
-            "digits": 3,
-            "ops": "+-*",
-            "test_fraction": 0.1,
-            "train_size": 20000,
-            "test_size": 512,
-            "eval_seed": 0,
-        },
-    )
-)
-register_preset(
-    DatasetPreset(
-        name="gsm8k",
-        hub_id="openai/gsm8k",
-        hub_config="main",
-        hub_splits={"train": "train", "test": "test"},
-        reward_fn="gsm8k",
-        prompt_style="gsm8k",
-        question_fields=("question",),
-        answer_fields=("answer",),
-        solution_fields=("answer",),
-        clean_answer=gsm8k_gold,
-    )
-)
-register_preset(
-    DatasetPreset(
-        name="dapo_math",
-        hub_id="BytedTsinghua-SIA/DAPO-Math-17k",
-        hub_splits={"train": "train", "test": "train"},
-        reward_fn="math",
-        prompt_style="boxed",
-        question_fields=("prompt", "problem", "question"),
-        answer_fields=("reward_model.ground_truth", "answer"),
-        meta_fields=("data_source", "extra_info"),
-        clean_question=clean_dapo_question,
-        holdout=1024,
-        options={"holdout": 1024},
-    )
-)
-for _name, _hub_id, _split, _config, _meta in [
-    ("math500", "HuggingFaceH4/MATH-500", "test", None, ("subject", "level", "unique_id")),
-    ("amc23", "math-ai/amc23", "test", None, ("id", "url")),
-    ("aime24", "HuggingFaceH4/aime_2024", "train", None, ("id", "url", "year")),
-    ("aime25", "math-ai/aime25", "test", None, ("id",)),
-    ("minerva", "math-ai/minervamath", "test", None, ("type", "idx")),
-    ("olympiadbench", "Hothan/OlympiadBench", "train", "OE_TO_maths_en_COMP", ("id", "subfield", "unit")),
-    ("omni_math", "KbsdJames/Omni-MATH", "test", None, ("domain", "difficulty", "source")),
-]:
-    register_preset(
-        DatasetPreset(
-            name=_name,
-            hub_id=_hub_id,
-            hub_config=_config,
-            hub_splits={"test": _split},
-            reward_fn="math",
-            prompt_style="boxed",
-            question_fields=("problem", "question"),
-            answer_fields=("answer", "final_answer"),
-            solution_fields=("solution",),
-            meta_fields=_meta,
-        )
-    )
-register_preset(
-    DatasetPreset(
-        name="eurus2_math",
-        hub_id="PRIME-RL/Eurus-2-RL-Data",
-        hub_splits={"train": "train", "test": "validation"},
-        reward_fn="math",
-        prompt_style="boxed",
-        question_fields=("prompt",),
-        answer_fields=("reward_model.ground_truth",),
-        solution_fields=(),
-        meta_fields=("data_source", "extra_info"),
-        row_filter=_ability_is("math"),
-        clean_question=clean_eurus_math_question,
-    )
-)
-register_preset(
-    DatasetPreset(
-        name="eurus2_code",
-        hub_id="PRIME-RL/Eurus-2-RL-Data",
-        hub_splits={"train": "train", "test": "validation"},
-        reward_fn="code",
-        prompt_style="code",
-        ability="code",
-        question_fields=("prompt",),
-        answer_fields=("reward_model.ground_truth",),
-        solution_fields=(),
-        meta_fields=("data_source", "extra_info"),
-        row_filter=_ability_is("code"),
-    )
-)
 
 
 # -- reading -------------------------------------------------------------------------------------
@@ -312,27 +113,71 @@ def row_to_example(preset: DatasetPreset, row: dict, *, split: str, index: int) 
     )
 
 
+class DatasetError(ValueError):
+    """A dataset that cannot be used as configured (a bad file, option, split or size); the message
+    names the file or the preset, and the problem."""
+
+
+class DatasetFileNotFound(DatasetError, FileNotFoundError):
+    """A ``path`` that is not a file."""
+
+
 def read_rows(path: str | Path) -> list[dict]:
-    """Rows of a local parquet, jsonl or json file (a list, or ``{"data": [...]}``)."""
+    """Rows of a local parquet, jsonl or json file (a list, or ``{"data": [...]}``).
+
+    ``DatasetError`` naming the file (and the line) for an unreadable parquet file, malformed JSON,
+    text that is not UTF-8, or rows that are not objects."""
     path = Path(path).expanduser()
     if not path.is_file():
-        raise FileNotFoundError(f"dataset file not found: {path}")
+        raise DatasetFileNotFound(f"dataset file not found: {path}")
     suffix = path.suffix.lower()
-    if suffix == ".parquet":
-        import pandas as pd
+    if suffix not in (".parquet", ".jsonl", ".json"):
+        raise DatasetError(f"{path}: unsupported dataset file type {suffix!r} (use .parquet, .jsonl or .json)")
+    try:
+        rows = _read_parquet(path) if suffix == ".parquet" else _read_json(path, lines=suffix == ".jsonl")
+    except UnicodeDecodeError as err:
+        raise DatasetError(f"dataset file {path} is not UTF-8 text ({err.reason} at byte {err.start})") from None
+    bad = next((i for i, row in enumerate(rows) if not isinstance(row, dict)), None)
+    if bad is not None:
+        raise DatasetError(f"dataset file {path}: row {bad} is a {type(rows[bad]).__name__}, not an object of fields")
+    return rows
 
+
+def _read_parquet(path: Path) -> list[dict]:
+    import pandas as pd
+
+    try:
         return pd.read_parquet(path).to_dict(orient="records")
-    if suffix == ".jsonl":
-        with open(path, encoding="utf-8") as f:
-            return [json.loads(line) for line in f if line.strip()]
-    if suffix == ".json":
-        data = json.loads(path.read_text(encoding="utf-8"))
-        if isinstance(data, dict) and isinstance(data.get("data"), list):
-            data = data["data"]
-        if not isinstance(data, list):
-            raise ValueError(f"{path}: expected a JSON list of rows or {{'data': [...]}}")
-        return data
-    raise ValueError(f"{path}: unsupported dataset file type {suffix!r} (use .parquet, .jsonl or .json)")
+    except Exception as err:  # noqa: BLE001 - pyarrow raises several kinds for a damaged file
+        raise DatasetError(
+            f"dataset file {path} is not a readable parquet file ({type(err).__name__}: {err})"
+        ) from None
+
+
+def _read_json(path: Path, lines: bool) -> list:
+    text = path.read_text(encoding="utf-8")
+    if lines:
+        rows = []
+        for number, line in enumerate(text.splitlines(), 1):
+            if line.strip():
+                rows.append(_parse_json(line, path, number))
+        return rows
+    data = _parse_json(text, path, None)
+    if isinstance(data, dict) and isinstance(data.get("data"), list):
+        data = data["data"]
+    if not isinstance(data, list):
+        raise DatasetError(f"dataset file {path}: expected a JSON list of rows or {{'data': [...]}}")
+    return data
+
+
+def _parse_json(text: str, path: Path, line: int | None):
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as err:
+        number = line if line is not None else err.lineno
+        raise DatasetError(
+            f"dataset file {path}, line {number}, column {err.colno}: not valid JSON ({err.msg})"
+        ) from None
 
 
 def _hub_rows(preset: DatasetPreset, hub_split: str) -> list[dict]:
@@ -359,7 +204,7 @@ def _hub_rows(preset: DatasetPreset, hub_split: str) -> list[dict]:
 def _holdout_partition(n: int, holdout: int, split: str) -> list[int]:
     """Indices of ``split`` in a single-split source of ``n`` rows; fixed seed (not the run seed)."""
     if holdout >= n:
-        raise ValueError(f"cannot hold out {holdout} evaluation rows from a source of {n} rows")
+        raise DatasetError(f"cannot hold out {holdout} evaluation rows from a source of {n} rows")
     held = set(random.Random(0).sample(range(n), holdout))
     return [i for i in range(n) if (i in held) == (split == "test")]
 
@@ -368,7 +213,7 @@ def _canonical_split(preset: DatasetPreset, split: str) -> str:
     canonical = "train" if split == "train" else EVAL_SPLIT_ALIASES.get(split)
     if canonical is None or canonical not in preset.hub_splits:
         valid = ["train"] * ("train" in preset.hub_splits) + ["test", "validation"] * ("test" in preset.hub_splits)
-        raise ValueError(f"dataset preset {preset.name!r} has no split {split!r}; valid splits: {valid}")
+        raise DatasetError(f"dataset preset {preset.name!r} has no split {split!r}; valid splits: {valid}")
     return canonical
 
 
@@ -391,23 +236,47 @@ def load_examples(
     p = get_preset(preset)
     canonical = _canonical_split(p, split)
     if limit is not None and limit < 1:
-        raise ValueError(f"load_examples limit must be >= 1 or None, got {limit!r}")
+        raise DatasetError(f"load_examples limit must be >= 1 or None, got {limit!r}")
     unknown = set(options) - set(p.options)
     if unknown:
-        raise ValueError(f"dataset preset {preset!r} has no option(s) {sorted(unknown)}; valid: {sorted(p.options)}")
+        raise DatasetError(f"dataset preset {preset!r} has no option(s) {sorted(unknown)}; valid: {sorted(p.options)}")
     if p.hub_id is None and path is None:
         return _generate(p, canonical, limit, seed, {**p.options, **options})
 
+    source = f"dataset file {Path(path).expanduser()}" if path is not None else f"hub dataset {p.hub_id}"
     rows = read_rows(path) if path is not None else _hub_rows(p, p.hub_splits[canonical])
-    if p.row_filter is not None:
-        rows = [r for r in rows if p.row_filter(r)]
-    indices = list(range(len(rows)))
+    if not rows and path is not None:
+        raise DatasetError(f"{source} is empty: it holds no rows")
+    kept = [r for r in rows if p.row_filter(r)] if p.row_filter is not None else rows
+    if not kept and path is not None:
+        raise DatasetError(f"{source}: none of its {len(rows)} rows is a {p.name!r} row (the preset's row filter)")
+    indices = list(range(len(kept)))
     holdout = int({**p.options, **options}.get("holdout", p.holdout))
     if holdout:
-        indices = _holdout_partition(len(rows), holdout, canonical)
+        indices = _holdout_partition(len(kept), holdout, canonical)
     if limit is not None and limit < len(indices):
         indices = sorted(random.Random(seed).sample(indices, limit)) if canonical == "train" else indices[:limit]
-    return [row_to_example(p, rows[i], split=canonical, index=i) for i in indices]
+    try:
+        return [row_to_example(p, kept[i], split=canonical, index=i) for i in indices]
+    except ValueError as err:  # a row without the preset's fields, or with a gold answer it cannot read
+        raise DatasetError(f"{source}: {err}") from None
+
+
+_CHECKED: dict[tuple, int] = {}  # check_source results per file version
+
+
+def check_source(preset: str, *, split: str, path: str | Path, **options: Any) -> int:
+    """Read ``path`` as ``load_examples`` will (every row converted) and return the number of
+    examples; ``DatasetError`` naming the file otherwise. Cached per file version (path, size,
+    modification time), so a sweep's cells read each file once."""
+    file = Path(path).expanduser()
+    if not file.is_file():
+        raise DatasetFileNotFound(f"dataset file not found: {file}")
+    stat = file.stat()
+    key = (preset, split, str(file.resolve()), stat.st_size, stat.st_mtime_ns, json.dumps(options, sort_keys=True))
+    if key not in _CHECKED:
+        _CHECKED[key] = len(load_examples(preset, split=split, path=file, **options))
+    return _CHECKED[key]
 
 
 def _generate(p: DatasetPreset, split: str, limit: int | None, seed: int, opts: dict[str, Any]) -> list[Example]:

@@ -1,15 +1,24 @@
-"""Checkpoints of the built-in trainer: one file per run, written atomically.
+"""Checkpoints of the built-in trainer: the latest and the previous one, written atomically.
 
-``save`` writes ``<run_dir>/checkpoint.pt.tmp`` then renames it over ``checkpoint.pt``, so a kill
-during the write leaves the previous checkpoint intact (nothing lost on failure). The state holds
-model, optimiser and scheduler, critic, entropy controller, rollout (unfinished T-PPO slots and the
-prompt stream position) and every RNG, so a resumed run recomputes exactly the steps it lost.
+``save`` writes ``<run_dir>/checkpoint.pt.tmp``, fsyncs it, renames the current ``checkpoint.pt``
+to ``checkpoint.prev.pt`` and the new file to ``checkpoint.pt``: a kill at any point leaves a
+complete checkpoint, and a write that fails (a full disk) removes its partial file, giving the space
+back. The previous checkpoint is dropped just before a new one is written, so at most two full
+checkpoints are ever on disk. ``load`` falls back to the previous checkpoint when the latest cannot
+be read (a truncated or damaged file, moved aside to ``checkpoint.pt.corrupt`` with a warning
+naming it); the steps in between are recomputed and, already in MLflow, not logged twice. With no
+readable checkpoint left it raises ``CheckpointError`` naming the files to remove.
+
+The state holds model, optimiser and scheduler, critic, entropy controller, rollout (unfinished
+T-PPO slots and the prompt stream position) and every RNG, so a resumed run recomputes exactly the
+steps it lost.
 """
 
 from __future__ import annotations
 
 import os
 import random
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -17,28 +26,97 @@ import numpy as np
 import torch
 
 FILENAME = "checkpoint.pt"
+PREVIOUS = "checkpoint.prev.pt"
+CORRUPT_SUFFIX = ".corrupt"
+
+
+class CheckpointError(RuntimeError):
+    """No readable checkpoint of a run that has some; the message names the files to remove."""
 
 
 def path(run_dir: str | Path) -> Path:
     return Path(run_dir) / FILENAME
 
 
+def previous_path(run_dir: str | Path) -> Path:
+    return Path(run_dir) / PREVIOUS
+
+
 def save(run_dir: str | Path, state: dict[str, Any]) -> Path:
-    target = path(run_dir)
+    target, previous = path(run_dir), previous_path(run_dir)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_suffix(".pt.tmp")
-    torch.save(state, tmp)
-    with open(tmp, "rb") as fh:
-        os.fsync(fh.fileno())
+    if target.exists():
+        previous.unlink(missing_ok=True)  # the current one stays the good one while the new one is written
+    try:
+        # our own file object: closed on any error, so that removing the partial file gives its space
+        # back at once (torch's own writer would keep it open as long as the traceback lives)
+        with open(tmp, "wb") as fh:
+            torch.save(state, fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+    except BaseException as err:
+        tmp.unlink(missing_ok=True)
+        cause = _os_error(err)  # torch reports a failed write as "unexpected pos", a flush names no file
+        if cause is not None and cause.errno is not None:
+            raise OSError(cause.errno, f"checkpoint {target} not written: {cause.strerror}") from err
+        raise
+    if target.exists():
+        os.replace(target, previous)
     os.replace(tmp, target)
     return target
 
 
+def _os_error(err: BaseException | None) -> OSError | None:
+    """The ``OSError`` (e.g. ENOSPC) behind ``err``, following ``__cause__`` / ``__context__``."""
+    seen = set()
+    while err is not None and id(err) not in seen:
+        if isinstance(err, OSError):
+            return err
+        seen.add(id(err))
+        err = err.__cause__ or err.__context__
+    return None
+
+
+def discard(run_dir: str | Path) -> None:
+    """Remove every checkpoint of the run (``force=true``: start afresh)."""
+    for file in (path(run_dir), previous_path(run_dir), path(run_dir).with_suffix(".pt.tmp")):
+        file.unlink(missing_ok=True)
+
+
 def load(run_dir: str | Path) -> dict[str, Any] | None:
-    target = path(run_dir)
-    if not target.exists():
-        return None
-    return torch.load(target, map_location="cpu", weights_only=False)
+    """The latest readable checkpoint's state (module docstring), or None if the run has none."""
+    target, previous = path(run_dir), previous_path(run_dir)
+    problems = []
+    for file in (target, previous):
+        if not file.exists():
+            continue
+        try:
+            state = torch.load(file, map_location="cpu", weights_only=False)
+            if not isinstance(state, dict) or "step" not in state:
+                raise ValueError("not a trustbench checkpoint (no step)")
+        except Exception as err:  # noqa: BLE001 - any unreadable file: try the previous one
+            problems.append((file, f"{type(err).__name__}: {(str(err).strip().splitlines() or [''])[0]}"))
+            continue
+        if problems:
+            _set_aside(problems, fallback=file)
+        return state
+    if problems:
+        (first, why), files = problems[0], " and ".join(str(f) for f, _ in problems)
+        also = "; the previous one cannot be read either" if len(problems) > 1 else " and there is no previous one"
+        raise CheckpointError(
+            f"checkpoint {first} cannot be read ({why}){also}: remove {files} to restart the cell from step 0 "
+            "(its MLflow run is kept and resumed)"
+        )
+    return None
+
+
+def _set_aside(problems: list[tuple[Path, str]], fallback: Path) -> None:
+    for file, why in problems:
+        aside = file.with_name(file.name + CORRUPT_SUFFIX)
+        os.replace(file, aside)
+        print(f"[trustbench] checkpoint {file} cannot be read ({why}); moved to {aside}, resuming from {fallback}",
+              file=sys.stderr)  # fmt: skip
 
 
 def state_of(trainer, step: int) -> dict[str, Any]:

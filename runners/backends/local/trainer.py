@@ -57,6 +57,7 @@ from runners.backends.local.step_metrics import (
     progress,
     throughput_metrics,
 )
+from runners.config.validate import ConfigError
 from runners.data.prompts import encode_prompt
 from runners.data.rewards import compute_reward
 from runners.models.sampler import generate, make_generator
@@ -74,6 +75,8 @@ class LocalTrainer:
         self.stop_requested = False
         t = cfg.trainer
         torch.set_num_threads(cfg.backend.num_threads or default_threads())
+        if cfg.backend.device == "cuda" and not torch.cuda.is_available():
+            raise ConfigError("backend.device", "cuda, but this machine has no CUDA device: use auto or cpu")
         self.device = torch.device(
             "cuda"
             if cfg.backend.device == "cuda" or (cfg.backend.device == "auto" and torch.cuda.is_available())
@@ -102,7 +105,7 @@ class LocalTrainer:
 
     @classmethod
     def discard_checkpoints(cls, run_dir: str | Path) -> None:
-        ckpt.path(run_dir).unlink(missing_ok=True)
+        ckpt.discard(run_dir)
 
     # -- construction -----------------------------------------------------------------------------
     def _build_models(self, cfg: DictConfig) -> None:
@@ -176,10 +179,15 @@ class LocalTrainer:
 
     def _fit_prompts(self, examples: list, split: str) -> list:
         limit = self.cfg.rollout.max_prompt_length
-        kept = [e for e in examples if len(self._encode(e)) <= limit]
+        if not examples:
+            raise ConfigError("dataset.name", f"the {split} split of dataset {self.cfg.dataset.name!r} is empty")
+        lengths = [len(self._encode(e)) for e in examples]
+        kept = [e for e, n in zip(examples, lengths) if n <= limit]
         if not kept:
-            raise ValueError(
-                f"no {split} prompt fits rollout.max_prompt_length={limit} tokens (dataset {self.cfg.dataset.name!r})"
+            raise ConfigError(
+                "rollout.max_prompt_length",
+                f"no {split} prompt of dataset {self.cfg.dataset.name!r} fits in {limit} tokens "
+                f"(the shortest of its {len(examples)} has {min(lengths)} tokens)",
             )
         return kept
 

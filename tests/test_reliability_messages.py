@@ -1,0 +1,185 @@
+"""User mistakes end as one message naming the key or the file, exit code 2, and no FAILED run.
+
+Each case is a mistake a user makes for real (a bad dataset file, a misspelt option, a device the
+machine lacks, an empty experiment name, a prompt budget nothing fits, a YAML typo in a sweep file
+or a site's ``conf/launcher/cluster.yaml``), run through the real command (``runners.cli.main``, in
+this process for speed; the dataset and device mistakes surface only while the cell is being built).
+The reference is the command's stderr and exit code, and MLflow's own client on the store: no run
+FAILED for a configuration mistake. Also here: Hydra's flags in any position, sweep flags after
+overrides, ``report`` of a missing experiment creating nothing, and ``trustbench ui``'s processes.
+
+Run:  pytest tests/test_reliability_messages.py
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+
+import pandas as pd
+import pytest
+
+from runners import cli
+from runners.config import CONF_DIR, SWEEPS_DIR
+from tests.reliability import FAST, command_env, free_port, one_message, runs
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch):
+    home = tmp_path / "home"
+    monkeypatch.setenv("TRUSTBENCH_HOME", str(home))
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.chdir(tmp_path)
+    return home
+
+
+def _main(capsys, *args: str) -> tuple[int, str, str]:
+    code = cli.main(list(args))
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def _dataset_files(root):
+    """(file, words its message must hold) for each kind of bad dataset file."""
+    root.mkdir(parents=True, exist_ok=True)
+    empty = root / "empty.jsonl"
+    empty.write_text("")
+    malformed = root / "malformed.jsonl"
+    malformed.write_text('{"question": "1+1?", "answer": "#### 2"}\n{"question": "2+2?" "answer": "#### 4"}\n')
+    columns = root / "columns.json"
+    columns.write_text(json.dumps([{"q": "1+1?", "a": "2"}]))
+    parquet = root / "damaged.parquet"
+    pd.DataFrame({"question": ["1+1?"], "answer": ["#### 2"]}).to_parquet(parquet)
+    parquet.write_bytes(parquet.read_bytes()[:-20])
+    return [
+        (empty, ["is empty"]),
+        (malformed, ["line 2", "not valid JSON"]),
+        (columns, ["['question']", "row 0"]),
+        (parquet, ["parquet"]),
+    ]
+
+
+MISTAKES = [
+    ("empty_file", None, "dataset.path"),
+    ("malformed_json", None, "dataset.path"),
+    ("wrong_columns", None, "dataset.path"),
+    ("damaged_parquet", None, "dataset.path"),
+    ("model_option", ["+model.options.stepz=3"], "model.options.stepz"),
+    ("dataset_option", ["+dataset.options.digitz=3"], "dataset.options.digitz"),
+    ("trainer_typo", ["+trainer.total_step=3"], "trainer.total_step"),
+    ("float_steps", ["trainer.total_steps=1e9"], "trainer.total_steps"),
+    ("empty_experiment", ["experiment="], "experiment"),
+    ("no_cuda", ["backend.device=cuda"], "backend.device"),
+    ("prompt_budget", ["rollout.max_prompt_length=2"], "rollout.max_prompt_length"),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("case", "overrides", "key"), MISTAKES, ids=[m[0] for m in MISTAKES])
+def test_a_user_mistake_is_one_message_exit_2_and_no_failed_run(home, capsys, case, overrides, key):
+    """Exit 2, one ``configuration error`` line naming the key (and the file, for dataset files: an
+    empty one says it is empty), no traceback, and no FAILED (indeed no) MLflow run."""
+    words = []
+    if overrides is None:
+        index = ["empty_file", "malformed_json", "wrong_columns", "damaged_parquet"].index(case)
+        path, words = _dataset_files(home.parent / "data")[index]
+        overrides, words = ["dataset=gsm8k", f"dataset.path={path}"], [str(path), *words]
+    if case == "no_cuda":
+        import torch
+
+        if torch.cuda.is_available():
+            pytest.skip("this machine has CUDA")
+    code, _, err = _main(capsys, "run", *overrides, *FAST)
+    assert code == 2, err
+    message = one_message(err, "configuration error", f"config key '{key}'", *words)
+    assert message.count("config key") == 1
+    assert [r.info.status for r in runs(home)] == []
+
+
+@pytest.mark.parametrize("where", ["sweep", "cluster"])
+def test_a_yaml_syntax_error_names_the_file_and_line(home, capsys, where):
+    """A YAML typo in a sweep file, or in a site's git-ignored conf/launcher/cluster.yaml: exit 2,
+    one line with the file, the line and the parser's problem."""
+    text = "# @package _global_\nlauncher:\n  name: slurm\n  partition: [gpu\n"
+    if where == "sweep":
+        name = f"zz_broken_{uuid.uuid4().hex[:8]}"
+        path, args = SWEEPS_DIR / f"{name}.yaml", ["sweep", name, "--dry-run"]
+    else:
+        path, args = CONF_DIR / "launcher" / "cluster.yaml", ["run", "launcher=cluster"]
+        if path.exists():
+            pytest.skip("a real conf/launcher/cluster.yaml is in place")
+    path.write_text(text)
+    try:
+        code, _, err = _main(capsys, *args)
+    finally:
+        path.unlink()
+    assert code == 2
+    one_message(err, "YAML syntax error", str(path), "line 5", "expected ',' or ']'")
+
+
+def test_sweep_flags_may_follow_overrides_and_errors_name_the_key_once(home, capsys):
+    """`sweep demo --dry-run trainer.lr=...`: flags anywhere; a bad value names the key once."""
+    code, out, err = _main(capsys, "sweep", "demo", "--dry-run", "trainer.lr=3e-4", "+method=choice(grpo,dapo)")
+    assert code == 0, err
+    assert "2 cells" in out and "2 to run" in out
+    code, _, err = _main(capsys, "sweep", "demo", "--dry-run", "trainer.lr=-1")
+    assert code == 2
+    assert one_message(err, "config key 'trainer.lr'", "must be > 0").count("config key") == 1
+
+
+@pytest.mark.parametrize("order", ["flags_first", "flags_last"])
+def test_hydra_flags_work_in_any_position_and_train_nothing(home, capsys, order):
+    """`run --cfg job algorithm=tppo` and `run algorithm=tppo --cfg job` print the composed config
+    (README: "print the composed config, train nothing"); nothing is written to the home."""
+    args = ["--cfg", "job", "algorithm=tppo"] if order == "flags_first" else ["algorithm=tppo", "--cfg", "job"]
+    code, out, err = _main(capsys, "run", *args)
+    assert code == 0, err
+    assert "name: tppo" in out and "mode: truncated" in out
+    assert not (home / "mlflow.db").exists() and not (home / "runs").exists()
+
+
+def test_report_of_a_missing_store_creates_nothing(home, capsys):
+    """`report nosuch` in a directory that tracked nothing: exit 2 naming the store, and no store created."""
+    code, _, err = _main(capsys, "report", "nosuch", "--no-pdf", "--no-mlflow")
+    assert code == 2
+    assert "no MLflow store at" in err and str(home / "mlflow.db") in err
+    assert not (home / "mlflow.db").exists()
+
+
+@pytest.mark.slow
+def test_ui_runs_one_server_process_and_no_job_runner(tmp_path):
+    """`trustbench ui` (MLflow UI on loopback): the server answers, and below the command there are
+    only `mlflow ui` and its one uvicorn worker (MLflow's job runner and its workers stay off, as
+    for tracking=server)."""
+    import psutil
+
+    home, port = tmp_path / "home", free_port()
+    home.mkdir()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "runners.cli", "ui", "--port", str(port)],
+        cwd=tmp_path,
+        env=command_env(home),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        from runners.tracking_server import is_up
+
+        deadline = time.time() + 180
+        while time.time() < deadline and not is_up(f"http://127.0.0.1:{port}", timeout_s=1.0):
+            assert proc.poll() is None, "trustbench ui exited"
+            time.sleep(1.0)
+        time.sleep(3.0)  # a job runner starts after the server answers
+        below = psutil.Process(proc.pid).children(recursive=True)
+        commands = [" ".join(p.cmdline()) for p in below]
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=60)
+    assert len(below) <= 2, commands
+    assert not [c for c in commands if "huey" in c or "job" in c], commands
