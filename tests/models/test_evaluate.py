@@ -14,7 +14,6 @@ from runners.models.evaluate import evaluate_embedded
 from runners.models.sampler import GenerationOutput
 from runners.models.tokenizer import build_char_tokenizer
 
-
 # the scripted sampler never calls the model; evaluation only asks it for its device
 CPU_MODEL = torch.nn.Linear(1, 1)
 
