@@ -61,7 +61,9 @@ def test_fast_plan_equals_full_composition_on_mixed_axes():
     assert len(p.cells) == 7 * 2 * 2 * 2 * 2
     _assert_same(p, p.cells[::16])
     q = sweep.plan(
-        "demo", ["+method=choice(dapo)", "label=${algorithm.name}_s${seed},x", "hydra.job.name=a,b"], check_mlflow=False
+        "demo",
+        ["+method=choice(dapo)", "seed=0", "label=${algorithm.name}_s${seed},x", "hydra.job.name=a,b"],
+        check_mlflow=False,
     )
     assert [c.label for c in q.cells] == ["dapo_s0", "dapo_s0", "x", "x"]
     _assert_same(q, q.cells)
@@ -90,7 +92,13 @@ def test_resources_group_cells_and_estimate_gpu_hours():
     group by request (one job array each) and the dry run sums GPUs x time limit."""
     p = sweep.plan(
         "demo",
-        ["+method=grpo,dapo", "model=tiny_qwen2,qwen2.5_0.5b_instruct", "launcher=slurm", "launcher.time_min=90"],
+        [
+            "+method=grpo,dapo",
+            "seed=0",
+            "model=tiny_qwen2,qwen2.5_0.5b_instruct",
+            "launcher=slurm",
+            "launcher.time_min=90",
+        ],
         check_mlflow=False,
         check_cluster=False,
     )
@@ -120,7 +128,7 @@ def done_store(tmp_path_factory):
     home = tmp_path_factory.mktemp("home")
     os.environ["TRUSTBENCH_HOME"] = str(home)
     try:
-        p = sweep.plan("demo", ["+method=grpo,dapo,adapo,gtpo"], check_mlflow=False)
+        p = sweep.plan("demo", ["+method=grpo,dapo,adapo,gtpo", "seed=0"], check_mlflow=False)
     finally:
         del os.environ["TRUSTBENCH_HOME"]
     uri = f"sqlite:///{home / 'mlflow.db'}"
@@ -138,7 +146,7 @@ def test_plan_skips_finished_and_failed_cells(done_store, monkeypatch):
     home, _, _ = done_store
     monkeypatch.setenv("TRUSTBENCH_HOME", str(home))
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    args = ("demo", ["+method=grpo,dapo,adapo,gtpo"])
+    args = ("demo", ["+method=grpo,dapo,adapo,gtpo", "seed=0"])
     assert [c.action for c in sweep.plan(*args).cells] == ["skip-finished", "skip-failed", "run", "run"]
     assert [c.action for c in sweep.plan(*args, rerun_failed=True).cells] == ["skip-finished", "run", "run", "run"]
     assert [c.action for c in sweep.plan(*args, force=True).cells] == ["run"] * 4
@@ -326,7 +334,15 @@ def test_local_sweep_reports_the_failed_cell(tmp_path, monkeypatch):
     tiny = [o for o in TINY if not o.startswith("trainer.total_steps")]
     # the 1-step cell ends before step 2, the 3-step cell raises there
     p = sweep.plan(
-        "demo", [*tiny, "+method=choice(grpo)", "trainer.total_steps=3,1", "debug.fail_at_step=2", "experiment=local"]
+        "demo",
+        [
+            *tiny,
+            "+method=choice(grpo)",
+            "seed=0",
+            "trainer.total_steps=3,1",
+            "debug.fail_at_step=2",
+            "experiment=local",
+        ],
     )
     sweep.launch(p)
     out = io.StringIO()

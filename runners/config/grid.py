@@ -45,13 +45,26 @@ def master_hydra(overrides: Sequence[str]):
     return hydra, master
 
 
-def expand_grid(master: DictConfig, user_overrides: Sequence[str], config_loader) -> list[list[str]]:
-    """Cells as override lists: sweep params x command-line sweeps (Hydra BasicSweeper semantics)."""
+def _bare_key(key: str) -> str:
+    return key.strip().lstrip("+~")
+
+
+def expand_grid(
+    master: DictConfig, user_overrides: Sequence[str], config_loader, fixed_overrides: Sequence[str] = ()
+) -> list[list[str]]:
+    """Cells as override lists: sweep params x command-line sweeps (Hydra BasicSweeper semantics).
+
+    ``fixed_overrides`` are the command line's single-value overrides: one that sets a key the sweep
+    sweeps pins that axis to its value (as in Hydra, where the last override of a key wins).
+    """
     from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     params = master.hydra.sweeper.get("params") or {}
     arguments = [f"{k}={v}" for k, v in params.items()] + list(user_overrides)
+    # a later override of the same key replaces the sweep's axis (`trustbench sweep demo seed=0`: one seed)
+    swept = {_bare_key(k) for k in params}
+    arguments += [o for o in fixed_overrides if _bare_key(o.split("=", 1)[0]) in swept]
     parsed = OverridesParser.create(config_loader=config_loader).parse_overrides(arguments)
     batches = BasicSweeper.split_arguments(parsed, None)
     return [list(cell) for batch in batches for cell in batch]

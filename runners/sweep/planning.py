@@ -178,7 +178,9 @@ def _compose_cells(name: str, user: list[str]) -> SweepPlan:
     # hydra.mode=MULTIRUN reaches every job (as with `-m`): runners.main.task then reports instead of raising
     hydra, master = master_hydra([f"+sweeps={name}", SEARCHPATH_OVERRIDE, "hydra.mode=MULTIRUN", *sweep_free])
     base = [f"+sweeps={name}", *sweep_free]
-    cells_overrides = expand_grid(master, [o for o in user if _is_sweep_syntax(o)], hydra.config_loader)
+    cells_overrides = expand_grid(
+        master, [o for o in user if _is_sweep_syntax(o)], hydra.config_loader, fixed_overrides=sweep_free
+    )
     composer = Composer(hydra, master, base)
     cells: list[Cell] = []
     validated: set[str] = set()

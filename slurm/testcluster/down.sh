@@ -65,7 +65,7 @@ leftover_job_pids() {
 }
 
 if [[ -f $SLURM_CONF ]] && live_pid "$D/run/slurmctld.pid" >/dev/null; then
-    mapfile -t jobs < <(squeue -h -o %i 2>/dev/null)
+    mapfile -t jobs < <(squeue -h -o %F 2>/dev/null | sort -u)
     ((${#jobs[@]} == 0)) || scancel --quiet "${jobs[@]}" 2>/dev/null || true
     for ((i = 0; i < 50; i++)); do
         [[ -z $(squeue -h -o %i 2>/dev/null) ]] && break

@@ -148,11 +148,21 @@ done
 # the cluster unhealthy) have no processes any more: cancel them so the node comes back idle.
 if [[ -n $(squeue -h -o %i) ]]; then
     log "cancelling jobs left from a previous run: $(squeue -h -o %i | tr '\n' ' ')"
-    mapfile -t jobs < <(squeue -h -o %i)
+    # by job id (%F: an array's pending tasks show as 63_[10-17%18], which scancel does not parse)
+    mapfile -t jobs < <(squeue -h -o %F | sort -u)
     scancel --quiet "${jobs[@]}" || true
 fi
 all_idle() { (($(sinfo -h -N -t idle -o %N | sort -u | wc -l) == TB_SLURM_NODES)); }
-wait_for 30 "$TB_SLURM_NODES node(s) idle" all_idle || { sinfo -N -l >&2; exit 1; }
+if ! wait_for 30 "$TB_SLURM_NODES node(s) idle" all_idle; then
+    # a node still allocated to a job no process runs any more: take it down and back (its jobs end)
+    log "forcing the nodes back to idle"
+    mapfile -t busy < <(sinfo -h -N -o %N | sort -u)
+    for node in "${busy[@]}"; do
+        scontrol update nodename="$node" state=down reason="up.sh: stale jobs" || true
+        scontrol update nodename="$node" state=resume || true
+    done
+    wait_for 30 "$TB_SLURM_NODES node(s) idle" all_idle || { sinfo -N -l >&2; exit 1; }
+fi
 stage "$TB_SLURM_NODES node(s) idle"
 
 if bash "$TESTCLUSTER_SRC/health.sh"; then
