@@ -45,8 +45,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     overrides = list(args.overrides)
     hydra_flags = [o for o in overrides if o.startswith("-")]
     if not hydra_flags:  # validate first for a clean message; Hydra flags (--cfg, --help) go straight through
+        from runners.backends import check_placement
+
         try:
-            compose([o for o in overrides if not o.startswith("hydra.")])
+            cfg, _ = compose([o for o in overrides if not o.startswith("hydra.")])
+            check_placement(cfg)  # the cell runs here: can this machine run it?
         except _compose_errors() as err:
             return _config_error(err)
     from hydra.core.global_hydra import GlobalHydra

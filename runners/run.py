@@ -38,7 +38,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from runners import metric_names, paths, tracking
-from runners.backends import BACKENDS
+from runners.backends import BACKENDS, check_placement
 from runners.backends.base import StopRequested
 from runners.config import method_label, resolved, run_key, run_name, validate
 
@@ -160,6 +160,7 @@ def catch_stop_signals() -> None:
 def run(cfg: DictConfig, choices: Mapping[str, str] | None = None) -> dict[str, Any]:
     """Train the cell ``cfg`` (validated first); returns status, run ids and final metrics."""
     validate(cfg)
+    check_placement(cfg)  # before any MLflow run exists: a cell this machine cannot run is a config error
     key = run_key(cfg)
     label = method_label(cfg, choices)
     name = run_name(cfg, label)

@@ -41,6 +41,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from runners import metric_names, paths, tracking
+from runners.backends import check_placement
 from runners.config import (
     SEARCHPATH_OVERRIDE,
     SWEEPS_DIR,
@@ -214,6 +215,7 @@ def plan(
         if data is None or composed.check not in validated:
             try:
                 validate(cfg)
+                check_placement(cfg)  # a cell launched on this machine must be runnable here
             except ConfigError as err:
                 raise ConfigError(err.key, f"{err} (in cell: {' '.join(ov) or '<base>'})") from None
             validated.add(composed.check)
