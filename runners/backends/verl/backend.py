@@ -58,6 +58,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from runners import paths as tb_paths
+from runners.backends.verl.batch_dump import DUMP_ENV
 from runners.backends.verl.cpu_mode import CPUPlacement, exported_tokenizer_path, launch_env_updates, runs_on_cpu
 from runners.backends.verl.metrics import MetricsFile, map_metrics
 from runners.backends.verl.translate import ENTRYPOINT, PLUGIN_MODULE, VerlPaths, backend_options, build_overrides
@@ -246,7 +247,7 @@ def worker_env(env: Mapping[str, str], metrics_via: str = "tracker") -> dict[str
     With ``metrics_via: mlflow`` the per-attempt metrics file is left out: verl logs its config as
     MLflow parameters, and a value that changes between attempts makes MLflow refuse them all.
     """
-    keys = (STOP_FILE_ENV, "MLFLOW_TRACKING_URI", "MLFLOW_RUN_ID")
+    keys = (STOP_FILE_ENV, "MLFLOW_TRACKING_URI", "MLFLOW_RUN_ID", DUMP_ENV)
     keys += ("VERL_FILE_LOGGER_PATH",) if metrics_via == "tracker" else ()
     return {k: env[k] for k in keys if k in env}
 

@@ -43,6 +43,9 @@ ROLLOUT_NAME = "trustbench_hf"
 PLATFORM_ENV = "VERL_PLATFORM"
 # the largest model trained in CPU mode (SmolLM2-135M fits; a step of a 0.5B model takes minutes)
 CPU_MAX_PARAMS_B = 0.2
+# the replay buffer's poll for finished rollouts (plugins_trainer; verl's 2 s would dominate a CPU step)
+POLL_INTERVAL_KEY = "trustbench_poll_interval_s"
+POLL_INTERVAL_S = 0.1
 # logical CPUs Ray is started with (verl's bundles and helper actors; not a limit on threads)
 RAY_LOGICAL_CPUS = 8
 # rollout engines that need CUDA; "auto" picks vllm on GPUs and trustbench_hf on CPU
@@ -169,6 +172,7 @@ def cpu_overrides(cfg: Any, placement: CPUPlacement, *, processes: int = 1) -> d
         "reward.num_workers": 1,
         "data.dataloader_num_workers": 0,
         "transfer_queue.backend.SimpleStorage.num_data_storage_units": 1,
+        f"+trainer.v1.{POLL_INTERVAL_KEY}": POLL_INTERVAL_S,
     }
     if _needs_critic(cfg):
         out.update(

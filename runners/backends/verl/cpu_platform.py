@@ -17,7 +17,9 @@ that imports verl, and only where ``torch.cuda.is_available()`` is False:
   (``transformer_impl`` registers them for cuda and npu only). FSDP2 runs on CPU; FSDP1 does not
   (``sync_module_states`` needs GPU parameters), so the translation selects ``fsdp2``;
 - wraps ``verl.utils.distributed.initialize_global_process_group_ray`` so that the backend string
-  verl builds (``"cpu:gloo,cpu:gloo"``, which torch rejects) becomes ``"cpu:gloo"``.
+  verl builds (``"cpu:gloo,cpu:gloo"``, which torch rejects) becomes ``"cpu:gloo"``;
+- loads the critic (``verl.utils.model.load_valuehead_model``, which hard-codes FlashAttention 2)
+  with SDPA attention (``load_value_model``).
 
 On a CUDA machine the import does nothing but log that it stayed inactive, so a stray module list
 never turns a GPU node into a CPU one. The translation only lists this module in CPU mode
@@ -240,6 +242,30 @@ def _register_engines() -> None:
                 EngineRegistry.register(model_type=model_type, backend=backend, device=PLATFORM_NAME)(engine)
 
 
+def load_value_model(local_path, torch_dtype, model_config, trust_remote_code=False):
+    """The critic: ``AutoModelForTokenClassification`` with one label and SDPA attention.
+
+    verl's ``load_valuehead_model`` asks transformers for FlashAttention 2, which has no CPU kernels.
+    """
+    from transformers import AutoModelForTokenClassification
+
+    return AutoModelForTokenClassification.from_pretrained(
+        local_path,
+        torch_dtype=torch_dtype,
+        config=model_config,
+        attn_implementation="sdpa",
+        trust_remote_code=trust_remote_code,
+    )
+
+
+def _patch_value_model_loader() -> None:
+    """verl's value-head engine imports ``load_valuehead_model`` from ``verl.utils.model`` when it
+    builds the critic, so replacing the module attribute reaches it."""
+    import verl.utils.model as model_utils
+
+    model_utils.load_valuehead_model = load_value_model
+
+
 ACTIVE = False
 
 
@@ -264,6 +290,7 @@ def activate() -> bool:
         set_platform(cls())
     assert get_platform().device_name == PLATFORM_NAME
     _patch_process_group()
+    _patch_value_model_loader()
     _register_engines()
     ACTIVE = True
     return True

@@ -9,6 +9,8 @@ everywhere verl tests the mode) plus a few overrides, each a thin wrapper around
   (``sparse_old.SPARSIFY_KEY``) when the loss needs it (TROLL, exact-KL TRM), then feeds the
   pass's entropy to the per-iteration controllers (``controllers.IterationControl``);
 - ``_compute_advantage``: critic values (and ``finished``) for ``trustbench_gae`` / ``trustbench_egae``;
+  then the built-in trainer's per-iteration diagnostics (``monitor``: ``entropy/cov``, the TRM monitor
+  for verl's own losses);
 - ``_update_actor``: attaches the controller state (``plugins_losses.RUNTIME_KEY``) and, when
   needed, asks the engine for the logits (``sparse_old.KEEP_LOGITS_KEY``); moves the method
   metrics verl prefixed with ``actor/`` back to their schema names (``troll/...``, ``trm/...``);
@@ -42,8 +44,11 @@ from verl.trainer.ppo.v1.trainer_base import register_trainer
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 from verl.workers.utils.padding import response_to_nested
 
+from runners.algorithms.trm import DEFAULT_EDGES
 from runners.backends.verl import METHOD_METRIC_PREFIXES, TRAINER_MODE
 from runners.backends.verl.controllers import IterationControl
+from runners.backends.verl.cpu_mode import POLL_INTERVAL_KEY
+from runners.backends.verl.monitor import MONITOR_KEY, iteration_metrics
 from runners.backends.verl.plugins_advantages import VALUE_ESTIMATORS
 from runners.backends.verl.plugins_config import is_trustbench_loss, loss_settings
 from runners.backends.verl.plugins_losses import RUNTIME_KEY
@@ -110,6 +115,15 @@ class TrustbenchPPOTrainer(PPOTrainerSync):
                     f"algorithm.adv_estimator={cfg.algorithm.adv_estimator} does not support use_kl_in_reward"
                 )
 
+    def _build_replay_buffer(self):
+        """verl's replay buffer, polling every ``trainer.v1.trustbench_poll_interval_s`` when set (CPU mode:
+        verl's 2 s poll would be most of a tiny model's step)."""
+        buffer = super()._build_replay_buffer()
+        interval = self.config.trainer.v1.get(POLL_INTERVAL_KEY, None)
+        if interval is not None and hasattr(buffer, "poll_interval"):
+            buffer.poll_interval = float(interval)
+        return buffer
+
     # -- workers ------------------------------------------------------------------------------------
     def _init_resource_pool_mgr(self):
         super()._init_resource_pool_mgr()
@@ -142,9 +156,37 @@ class TrustbenchPPOTrainer(PPOTrainerSync):
         return out
 
     def _compute_advantage(self, batch, metrics: dict):
+        if self.config.algorithm.adv_estimator in VALUE_ESTIMATORS:
+            out = self._compute_value_advantage(batch)
+        else:
+            out = super()._compute_advantage(batch, metrics)
+        metrics.update(self._iteration_metrics(batch))
+        return out
+
+    def _iteration_metrics(self, batch) -> dict:
+        """``entropy/cov`` and (verl's built-in losses) the TRM monitor, as the built-in trainer logs them."""
+        names = set(getattr(batch, "fields", None) or [])
+        fields = ["old_log_probs", "advantages", "response_mask"]
+        if "old_log_probs" not in names and names:
+            return {}
+        if "rollout_log_probs" in names:
+            fields.append("rollout_log_probs")
+        data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=fields)
+        real = [i for i, tag in enumerate(batch.tags) if not tag.get("is_padding", False)]
+        width = int(data["response_mask"].offsets().diff().max())
+        padded = {key: padded_from_nested(data[key], width, 0.0)[real].float() for key in fields}
+        monitor = self.config.trainer.v1.get(MONITOR_KEY, None) or {}
+        return iteration_metrics(
+            padded["old_log_probs"],
+            padded["advantages"],
+            padded["response_mask"],
+            padded.get("rollout_log_probs"),
+            builtin_loss=self.trustbench is None,
+            length_edges=list(monitor.get("length_edges", DEFAULT_EDGES)),
+        )
+
+    def _compute_value_advantage(self, batch):
         name = self.config.algorithm.adv_estimator
-        if name not in VALUE_ESTIMATORS:
-            return super()._compute_advantage(batch, metrics)
         fields = ["uid", "response_mask", "rm_scores", "values"]
         has_finished = "finished" in (getattr(batch, "fields", None) or [])
         if has_finished:
