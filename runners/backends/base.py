@@ -1,4 +1,4 @@
-"""What every backend shares outside the policy update: stop requests and checkpoint housekeeping.
+"""What every backend shares outside the policy update: stop requests, checkpoint housekeeping, machine load.
 
 A backend is a class registered in ``runners.backends.BACKENDS``:
 
@@ -12,6 +12,7 @@ Torch-free: ``runners.run`` imports it before any backend.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 
@@ -35,4 +36,23 @@ def pause(
         sleep(min(left, tick))
 
 
-__all__ = ["StopRequested", "pause"]
+def available_cpus() -> int:
+    """CPUs this process may run on (a Slurm job's cgroup / affinity), not the node's count."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+def load_metrics() -> dict[str, float]:
+    """The machine's 1-minute load average beside the CPUs available to this process."""
+    from runners import metric_names
+
+    try:
+        load = os.getloadavg()[0]
+    except OSError:  # pragma: no cover
+        load = float("nan")
+    return {metric_names.LOAD_AVG_1M: load, metric_names.CPU_COUNT_AVAILABLE: float(available_cpus())}
+
+
+__all__ = ["StopRequested", "available_cpus", "load_metrics", "pause"]

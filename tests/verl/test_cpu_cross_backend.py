@@ -13,6 +13,11 @@ backward must equal verl's ``actor/pg_loss`` and ``actor/grad_norm`` of step 1 w
 A batch whose advantages are all zero would make the check vacuous: the test requires a non-zero
 gradient.
 
+The post-update diagnostics too: iteration 2's last update left the weights of verl's final
+checkpoint, so the built-in backend's ``post_update_metrics`` with that model on iteration 2's
+dumped batch (its pi_old top-K and old log-probs) must give verl's ``actor/post_update_kl``,
+``actor/post_update_kl_max`` and ``gtpo/conflict_prob_delta`` of step 2.
+
 Run: ``pytest -m verl_cpu tests/verl/test_cpu_cross_backend.py`` (uses the stage's runs).
 """
 
@@ -132,3 +137,65 @@ def test_verl_update_equals_builtin_loss_path(cpu_stage, name):
     assert dumped == pytest.approx(verl_loss, rel=REL, abs=1e-7)  # the dump is the batch verl logged
     assert loss == pytest.approx(verl_loss, rel=REL), (name, micro, loss, verl_loss)
     assert norm == pytest.approx(verl_norm, rel=REL), (name, micro, norm, verl_norm)
+
+
+def _records(cell, step: int) -> list[dict]:
+    import torch
+
+    records = [torch.load(path, weights_only=False) for path in sorted(cell.dump_dir.glob("update_*.pt"))]
+    return [r for r in records if r["meta"].get("global_steps") == step]
+
+
+def _final_weights(cell):
+    """The actor after the last update: verl's final checkpoint (FSDP2 state dict) in the exported model."""
+    import torch
+
+    from runners.backends.verl.model_export import export_model
+    from runners.models.loader import load_pretrained_dir
+
+    step = int((cell.run_dir / "verl" / "checkpoints" / "latest_checkpointed_iteration.txt").read_text())
+    path = cell.run_dir / "verl" / "checkpoints" / f"global_step_{step}" / "actor" / "model_world_size_1_rank_0.pt"
+    state = torch.load(path, weights_only=False)
+    state = {k: (v.to_local() if hasattr(v, "to_local") else v) for k, v in state.items()}
+    model, tokenizer = load_pretrained_dir(export_model(cell.cfg.model), dtype="float32")
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    assert not unexpected and all("lm_head" in k for k in missing), (missing, unexpected)
+    return step, model.eval(), tokenizer
+
+
+@pytest.mark.parametrize("name", ["grpo", "troll"])
+def test_post_update_diagnostics_equal_builtin(cpu_stage, name):
+    """verl's step-2 post-update KL and conflict-token change = the built-in diagnostics on verl's batch."""
+    import torch
+
+    from runners import metric_names
+    from runners.backends.local.diagnostics import post_update_metrics
+    from runners.backends.local.policy import segment_logits
+
+    cell = cpu_stage.verl(name)
+    step, model, tokenizer = _final_weights(cell)
+    records = _records(cell, step)
+    assert len(records) == 1, "one micro-batch per update expected (the test joins no micro-batches)"
+    fields, meta = records[0]["fields"], records[0]["meta"]
+    batch = local_layout(fields, tokenizer.pad_token_id)
+    uids = meta["uid"]
+    groups = torch.tensor([list(dict.fromkeys(uids)).index(u) for u in uids])
+    data = {**batch, "group_index": groups}
+    old = {
+        "logp": batch["old_log_probs"],
+        "pi_old_topk_index": batch["old_topk_index"],
+        "pi_old_topk_logp": batch["old_topk_logp"],
+    }
+    temperature = float(meta.get("temperature", 1.0))
+
+    def forward(d, rows):
+        return segment_logits(model, d["input_ids"][rows], d["attention_mask"][rows], d["context"], temperature)
+
+    expected = post_update_metrics(forward, data, old, batch["advantages"], chunk=1024, precision="fp32")
+    assert metric_names.POST_UPDATE_KL in expected
+    for key, value in expected.items():
+        got = dict(cpu_stage.history(cell.result["run_id"], key))[step]
+        assert got == pytest.approx(value, rel=REL, abs=1e-7), (key, got, value)
+    diagnostics = (metric_names.POST_UPDATE_KL, metric_names.POST_UPDATE_KL_MAX, metric_names.GTPO_CONFLICT_PROB_DELTA)
+    at_step = {key for key in diagnostics if step in dict(cpu_stage.history(cell.result["run_id"], key))}
+    assert at_step == set(expected)  # verl logged exactly what the built-in path computes for this batch

@@ -8,7 +8,6 @@ progress bar's summary.
 from __future__ import annotations
 
 import contextlib
-import os
 import time
 from collections import defaultdict
 from collections.abc import Iterator
@@ -16,6 +15,7 @@ from collections.abc import Iterator
 import torch
 
 from runners import metric_names as names
+from runners.backends.base import available_cpus, load_metrics  # noqa: F401  (shared with verl; re-exported)
 from runners.backends.local.rollout import RolloutBatch
 
 
@@ -45,23 +45,6 @@ class PhaseTimer:
         out[names.TIMING_STEP] = time.perf_counter() - self.start
         out[names.TIMING_CPU_STEP] = time.process_time() - self.cpu_start
         return out
-
-
-def available_cpus() -> int:
-    """CPUs this process may run on (a Slurm job's cgroup / affinity), not the node's count."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):  # pragma: no cover - not Linux
-        return os.cpu_count() or 1
-
-
-def load_metrics() -> dict[str, float]:
-    """The machine's 1-minute load average beside the CPUs available to this process."""
-    try:
-        load = os.getloadavg()[0]
-    except OSError:  # pragma: no cover
-        load = float("nan")
-    return {names.LOAD_AVG_1M: load, names.CPU_COUNT_AVAILABLE: float(available_cpus())}
 
 
 def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

@@ -183,10 +183,14 @@ def model_path(cfg: DictConfig) -> str:
 
 def cpu_placement(cfg: DictConfig, model_dir: str) -> CPUPlacement | None:
     """How the cell runs in verl's CPU mode (``cpu_mode``), or None when it runs on GPUs."""
+    from runners.backends.verl.model_export import prompt_template
+
     if not runs_on_cpu(cfg):
         return None
     return CPUPlacement(
-        ray_address=os.environ.get("RAY_ADDRESS") or None, tokenizer_path=exported_tokenizer_path(model_dir)
+        ray_address=os.environ.get("RAY_ADDRESS") or None,
+        tokenizer_path=exported_tokenizer_path(model_dir),
+        chat_template=prompt_template(cfg, model_dir) if os.path.isdir(model_dir) else None,
     )
 
 

@@ -12,7 +12,7 @@ the worker (the backend forwards it to Ray's workers). One file per micro-batch,
   ``prompts``, ``responses``, ``response_mask``, ``old_log_probs``, ``advantages``, ``uid``,
   ``rollout_log_probs``, ``old_topk_index`` / ``old_topk_logp`` when the loss needs them, ...;
 - ``meta``: the micro-batch's non-tensor entries verl's loss reads (``temperature``, ``dp_size``,
-  ``batch_num_tokens``, ``global_batch_size``, ``global_steps`` when present);
+  ``batch_num_tokens``, ``global_batch_size``, ``global_steps`` when present) and ``uid`` (prompt groups);
 - ``log_probs``: verl's current log-probs of the response tokens (per sequence) and ``loss``: the
   loss value the function returned, ``metrics``: its metrics (lists of floats).
 
@@ -66,6 +66,9 @@ def dump_micro_batch(data, model_output: dict, loss: Any, metrics: Any) -> str |
         value = tu.get_non_tensor_data(data=data, key=key, default=None)
         if value is not None:
             meta[key] = _plain(value)
+    if "uid" in data.keys():  # the prompt group of each response (a non-tensor column)
+        uid = tu.get(data, "uid")
+        meta["uid"] = uid.tolist() if hasattr(uid, "tolist") else list(uid)
     log_probs = model_output.get("log_probs")
     record = {
         "fields": fields,

@@ -137,6 +137,8 @@ class CPUPlacement:
     ray_address: str | None = None
     # the exported model's tokenizer folder (project models), or None to use the model's own
     tokenizer_path: str | None = None
+    # the prompt template for this cell (model_export.prompt_template); None: the translation's choice
+    chat_template: str | None = None
 
 
 def _fsdp_engine(prefix: str, dtype: str) -> dict[str, Any]:
@@ -167,7 +169,7 @@ def cpu_overrides(cfg: Any, placement: CPUPlacement, *, processes: int = 1) -> d
         **_fsdp_engine(f"{ar}.ref.fsdp_config", dtype),
         f"{ar}.ref.fsdp_config.param_offload": False,
         f"{ar}.rollout.name": rollout_engine(cfg, cpu=True),
-        f"{ar}.rollout.dtype": dtype,
+        f"{ar}.rollout.dtype": dtype if str(cfg.rollout.get("dtype", "auto")) == "auto" else str(cfg.rollout.dtype),
         f"{ar}.rollout.agent.num_workers": 1,
         "reward.num_workers": 1,
         "data.dataloader_num_workers": 0,
@@ -206,12 +208,13 @@ def apply_cpu_mode(
 ) -> dict[str, Any]:
     """``values`` (the GPU translation, key -> value) turned into the CPU-mode translation.
 
-    The exported project models carry their own chat template, so verl's template override goes;
+    The prompt template is the one ``model_export.prompt_template`` made from the model's tokenizer
+    (when the placement carries one);
     the workers' ``VERL_USE_EXTERNAL_MODULES`` lists the CPU plugins and ``VERL_PLATFORM`` is set.
     """
     out = dict(values)
-    if placement.tokenizer_path:
-        out.pop("actor_rollout_ref.model.custom_chat_template", None)
+    if placement.chat_template is not None:  # the template that reproduces the built-in backend's prompts
+        out["actor_rollout_ref.model.custom_chat_template"] = placement.chat_template
     out.update(cpu_overrides(cfg, placement))
     out[f"{env_prefix}VERL_USE_EXTERNAL_MODULES"] = external_modules(plugin_module)
     out[f"{env_prefix}{PLATFORM_ENV}"] = "cpu"

@@ -8,9 +8,12 @@ the weights (kind, arch, dtype, the model's options, ``EXPORT_VERSION``), built 
 lock and renamed into place. The folder holds:
 
 - the weights and config (``save_pretrained``) and the tokenizer files;
-- ``PLAIN_TEMPLATE`` as the chat template: ``<bos>`` followed by the user content verbatim, so the
-  prompt verl builds from a chat message has exactly the tokens the built-in backend feeds the
-  model (``runners.data.prompts.encode_prompt``: the plain prompt with the tokenizer's ``<bos>``);
+- a chat template (``plain_template``) whose tokens are the built-in backend's plain prompt: the
+  special tokens the tokenizer adds (``<bos>`` for the character tokenizer, none for SmolLM2's) and
+  the user content verbatim, so the prompt verl builds from a chat message is the one the built-in
+  backend feeds the model (``runners.data.prompts.encode_prompt``); the tokenizer's own template
+  when the model config asks for chat templates. ``prompt_template`` gives the template a cell
+  needs (verbatim for the embedded task, contents plus a newline for the other datasets);
 - ``tokenizer/``: the tokenizer alone, without ``config.json``. verl opens tokenizers with
   ``AutoTokenizer``, which for a ``qwen2`` config swaps the saved character tokenizer for
   ``Qwen2Tokenizer`` and loses newlines (``runners.models.loader.load_tokenizer``); without the
@@ -36,11 +39,32 @@ from typing import Any
 
 from runners.paths import model_cache_dir
 
-EXPORT_VERSION = 1
+EXPORT_VERSION = 2
 EXPORT_CAPABILITY = "hf_export"
 TOKENIZER_SUBDIR = "tokenizer"
-# the user content after <bos>, verbatim: the built-in backend's plain prompt (no instruction, no newline added)
-PLAIN_TEMPLATE = "{{ bos_token }}{% for message in messages %}{{ message['content'] }}{% endfor %}"
+# the messages' contents joined as runners.data.prompts.format_prompt joins them without a chat template
+_CONTENTS = "{% for message in messages %}{% if not loop.first %}\n\n{% endif %}{{ message['content'] }}{% endfor %}"
+
+
+def special_affixes(tokenizer) -> tuple[str, str]:
+    """The special tokens ``tokenizer(text)`` puts before and after a text, as text (e.g. ``("<bos>", "")``)."""
+    probe = "0"
+    plain = tokenizer(probe, add_special_tokens=False)["input_ids"]
+    full = tokenizer(probe, add_special_tokens=True)["input_ids"]
+    for start in range(len(full) - len(plain) + 1):
+        if full[start : start + len(plain)] == plain:
+            before, after = full[:start], full[start + len(plain) :]
+            return "".join(tokenizer.convert_ids_to_tokens(before)), "".join(tokenizer.convert_ids_to_tokens(after))
+    raise ValueError(f"tokenizer {tokenizer.name_or_path!r}: the encoding of {probe!r} does not contain the plain one")
+
+
+def plain_template(tokenizer, *, newline: bool) -> str:
+    """A chat template whose tokens are the built-in backend's prompt without a chat template
+    (``runners.data.prompts.encode_prompt``): the tokenizer's own special tokens around the messages'
+    contents, verbatim (plain prompts: the embedded task) or joined and ended with a newline (others)."""
+    before, after = special_affixes(tokenizer)
+    literal = lambda text: "{{ " + repr(text) + " }}" if text else ""  # noqa: E731
+    return literal(before) + _CONTENTS + ("{{ '\\n' }}" if newline else "") + literal(after)
 
 
 def exportable(kind: str) -> bool:
@@ -70,6 +94,7 @@ def export_spec(model_cfg: Mapping[str, Any]) -> dict[str, Any]:
         "arch": model.get("arch"),
         "dtype": model.get("dtype", "float32"),
         "options": _plain(model.get("options")),
+        "chat_template": bool(model.get("chat_template", False)),
     }
     if model["kind"] == "embedded":  # the recipe's own hash covers its defaults, which may change
         from runners.models.embedded import make_recipe
@@ -99,7 +124,8 @@ def _write(folder: Path, model_cfg: Mapping[str, Any]) -> None:
     for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
         if getattr(net.config, key, None) is None and getattr(tokenizer, key, None) is not None:
             setattr(net.config, key, getattr(tokenizer, key))
-    tokenizer.chat_template = PLAIN_TEMPLATE
+    if not model.get("chat_template") or not getattr(tokenizer, "chat_template", None):
+        tokenizer.chat_template = plain_template(tokenizer, newline=False)
     net.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     tokenizer.save_pretrained(folder / TOKENIZER_SUBDIR)
@@ -131,6 +157,21 @@ def export_model(model_cfg: Mapping[str, Any], *, cache_dir: str | Path | None =
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     return target
+
+
+def prompt_template(cfg: Any, model_dir: str | Path) -> str | None:
+    """The chat template verl must use for the cell's prompts to be the built-in backend's (None: the
+    tokenizer's own), made from the tokenizer of the local model directory (an export's ``tokenizer/``)."""
+    from runners.data.datasets import PRESETS
+    from runners.models.loader import load_tokenizer
+
+    preset = PRESETS.get(str(cfg.dataset.name))
+    plain = preset is not None and preset.prompt_style is None  # format_prompt uses the prompt verbatim
+    if not plain and cfg.model.chat_template:
+        return None
+    folder = Path(model_dir) / TOKENIZER_SUBDIR
+    tokenizer = load_tokenizer(folder if folder.is_dir() else Path(model_dir))
+    return plain_template(tokenizer, newline=not plain)
 
 
 def main(argv: list[str] | None = None) -> int:

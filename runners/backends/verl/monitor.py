@@ -21,7 +21,7 @@ mini-batch and one epoch (the default) and differ by the update in between other
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from runners import metric_names
 
@@ -30,6 +30,18 @@ if TYPE_CHECKING:  # the translation imports MONITOR_KEY without torch
 
 # key under trainer.v1 with the monitor's settings (the cell's trainer.length_buckets)
 MONITOR_KEY = "trustbench_monitor"
+
+
+def monitor_settings(cfg: Any) -> dict[str, Any]:
+    """The trainer's diagnostics settings of a cell (``trainer.v1.trustbench_monitor``): the TRM monitor's
+    length buckets; whether to run the post-update pass, and the sparse settings of pi_old's top-K."""
+    from runners.algorithms.method import Method
+
+    return {
+        "length_edges": [int(e) for e in cfg.trainer.length_buckets],
+        "post_update": bool(cfg.trainer.get("post_update_diagnostics", False)),
+        "sparse": dict(Method.from_config(cfg).sparse),
+    }
 
 
 def iteration_metrics(
@@ -64,4 +76,4 @@ def iteration_metrics(
     return out
 
 
-__all__ = ["MONITOR_KEY", "iteration_metrics"]
+__all__ = ["MONITOR_KEY", "iteration_metrics", "monitor_settings"]

@@ -11,6 +11,10 @@ everywhere verl tests the mode) plus a few overrides, each a thin wrapper around
 - ``_compute_advantage``: critic values (and ``finished``) for ``trustbench_gae`` / ``trustbench_egae``;
   then the built-in trainer's per-iteration diagnostics (``monitor``: ``entropy/cov``, the TRM monitor
   for verl's own losses);
+- ``_step_once``: after verl's iteration the post-update pass (``trainer_diagnostics``:
+  ``actor/post_update_kl``, ``gtpo/conflict_prob_delta``; pi_old's top-K stored by the old pass for
+  every method while on);
+- ``_compute_metrics``: ``timing_cpu_s/*`` and the machine load beside verl's step metrics;
 - ``_update_actor``: attaches the controller state (``plugins_losses.RUNTIME_KEY``) and, when
   needed, asks the engine for the logits (``sparse_old.KEEP_LOGITS_KEY``); moves the method
   metrics verl prefixed with ``actor/`` back to their schema names (``troll/...``, ``trm/...``);
@@ -37,6 +41,7 @@ from typing import Any
 import numpy as np
 import ray
 import transfer_queue as tq
+import verl.trainer.ppo.v1.trainer_base as trainer_base
 from tensordict import TensorDict
 from verl.trainer.ppo.core_algos import get_adv_estimator_fn
 from verl.trainer.ppo.utils import Role
@@ -45,6 +50,7 @@ from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 from verl.workers.utils.padding import response_to_nested
 
 from runners.algorithms.trm import DEFAULT_EDGES
+from runners.backends.base import load_metrics
 from runners.backends.verl import METHOD_METRIC_PREFIXES, TRAINER_MODE
 from runners.backends.verl.controllers import IterationControl
 from runners.backends.verl.cpu_mode import POLL_INTERVAL_KEY
@@ -54,6 +60,12 @@ from runners.backends.verl.plugins_config import is_trustbench_loss, loss_settin
 from runners.backends.verl.plugins_losses import RUNTIME_KEY
 from runners.backends.verl.plugins_workers import TrustbenchActorRolloutRefWorker
 from runners.backends.verl.sparse_old import KEEP_LOGITS_KEY, SPARSIFY_KEY, padded_from_nested
+from runners.backends.verl.trainer_diagnostics import (
+    POST_UPDATE_PHASE,
+    install_cpu_timing,
+    post_update_pass,
+    step_cpu_metrics,
+)
 
 logger = logging.getLogger(__name__)
 ACTOR_ROLES = (Role.ActorRollout, Role.ActorRolloutRef, Role.Actor)
@@ -70,6 +82,9 @@ def strip_actor_prefix(metrics: dict[str, Any]) -> dict[str, Any]:
 def _uids(data: TensorDict) -> list:
     value = data["uid"]
     return value.tolist() if hasattr(value, "tolist") else list(value)
+
+
+install_cpu_timing()  # timing_cpu_s/<phase> beside verl's timing_s/<phase>
 
 
 @register_trainer(TRAINER_MODE)
@@ -133,9 +148,9 @@ class TrustbenchPPOTrainer(PPOTrainerSync):
 
     # -- phases -------------------------------------------------------------------------------------
     def _compute_old_log_prob(self, batch, metrics: dict):
-        sparse = self.trustbench is not None and self.trustbench.needs_sparse_old
+        sparse = self._sparse_settings()
         if sparse:
-            batch.extra_info[SPARSIFY_KEY] = dict(self.trustbench.sparse)
+            batch.extra_info[SPARSIFY_KEY] = sparse
         try:
             out = super()._compute_old_log_prob(batch, metrics)
         finally:
@@ -210,6 +225,31 @@ class TrustbenchPPOTrainer(PPOTrainerSync):
             batch_size=len(batch),
         )
         return tq.kv_batch_put(keys=batch.keys, partition_id=batch.partition_id, fields=output)
+
+    def _monitor(self) -> dict:
+        return dict(self.config.trainer.v1.get(MONITOR_KEY, None) or {})
+
+    def _sparse_settings(self) -> dict | None:
+        """Sparse old distribution to store in the old pass: the loss's (TROLL, exact-KL TRM), or the
+        cell's settings when the post-update diagnostics need pi_old's top-K."""
+        if self.trustbench is not None and self.trustbench.needs_sparse_old:
+            return dict(self.trustbench.sparse)
+        monitor = self._monitor()
+        return dict(monitor["sparse"]) if monitor.get("post_update") and monitor.get("sparse") else None
+
+    def _compute_metrics(self, batch, metrics, timing_raw, global_steps, epoch):
+        metrics.update(step_cpu_metrics(timing_raw))
+        metrics.update(load_metrics())
+        return super()._compute_metrics(batch, metrics, timing_raw, global_steps, epoch)
+
+    def _step_once(self, metrics: dict, timing_raw: dict, sample_batch_size: int):
+        """verl's iteration, then the post-update pass as its own phase (as the built-in trainer's)."""
+        batch = super()._step_once(metrics, timing_raw, sample_batch_size)
+        sparse = self._sparse_settings()
+        if self._monitor().get("post_update") and sparse and self.config.trainer.critic_warmup <= self.global_steps:
+            with trainer_base.marked_timer(POST_UPDATE_PHASE, timing_raw):  # the CPU-timed wrapper
+                metrics.update(post_update_pass(self, batch, int(sparse["chunk_size"])))
+        return batch
 
     def _update_actor(self, batch, metrics: dict):
         extra: dict[str, Any] = {}

@@ -48,7 +48,7 @@ from runners.algorithms.method import Method
 from runners.backends.verl.cpu_mode import CPUPlacement, apply_cpu_mode, rollout_engine
 from runners.backends.verl.hydra_overrides import format_override, merge_overrides
 from runners.backends.verl.method_overrides import algorithm_overrides
-from runners.backends.verl.monitor import MONITOR_KEY
+from runners.backends.verl.monitor import MONITOR_KEY, monitor_settings
 from runners.config import run_key
 from runners.config.validate import ConfigError
 from runners.resources import cell_resources
@@ -416,7 +416,7 @@ def build_overrides(
     values.update(trainer_overrides(cfg, paths, options, nnodes, gpus_per_node, resuming=resuming))
     # the trustbench trainer (plugins' hooks, stop requests) for every method, and its diagnostics' settings
     values["trainer.v1.trainer_mode"] = TRAINER_MODE
-    values[f"+trainer.v1.{MONITOR_KEY}"] = {"length_edges": [int(e) for e in cfg.trainer.length_buckets]}
+    values[f"+trainer.v1.{MONITOR_KEY}"] = monitor_settings(cfg)
     env = {EXTERNAL_MODULES_ENV: PLUGIN_MODULE, **(worker_env or {})}
     env_prefix = "+ray_kwargs.ray_init.runtime_env.env_vars."
     for name, value in env.items():
