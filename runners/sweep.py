@@ -215,7 +215,6 @@ def plan(
         if data is None or composed.check not in validated:
             try:
                 validate(cfg)
-                check_placement(cfg)  # a cell launched on this machine must be runnable here
             except ConfigError as err:
                 raise ConfigError(err.key, f"{err} (in cell: {' '.join(ov) or '<base>'})") from None
             validated.add(composed.check)
@@ -355,6 +354,8 @@ def launch(
     cells = p.to_run
     if not cells:
         return []
+    for cell in cells:  # a cell this machine would run must be runnable here (a cluster cell is checked there)
+        check_placement(OmegaConf.create(cell.config))
     hydra, master = p.master
     master = copy.deepcopy(master)
     os.environ["TRUSTBENCH_HOME"] = str(paths.trustbench_home())  # jobs share this home, wherever they start

@@ -23,8 +23,8 @@ PLACEMENT_CHECKS.register("verl", "runners.backends.verl.cpu_mode:check_placemen
 
 def check_placement(cfg) -> None:
     """Raise ``ConfigError`` naming the key if this machine cannot run the cell (e.g. a 7B verl cell
-    without CUDA). Called where a cell is launched here: ``trustbench run``, the planning of a sweep
-    with a local launcher, and ``runners.run.run`` itself; not by ``compose`` (a config composed on a
+    without CUDA). Called where a cell is launched here: ``trustbench run``, the launch of a sweep's
+    cells, and ``runners.run.run`` itself; not by ``compose`` (a config composed on a
     login node may be meant for the cluster)."""
     name = str(cfg.backend.name)
     if name in PLACEMENT_CHECKS:

@@ -93,7 +93,10 @@ class HFGenerationServer:
         self.model, self.tokenizer = load_pretrained_dir(_model_path(model_config), dtype=dtype)
         self.eos_ids = self._eos_ids()
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.eos_ids[0]
-        self.generator = torch.Generator().manual_seed(int(_get(config, "seed", 0)) + 1009 * replica_rank)
+        from runners.models.sampler import make_generator
+
+        device = next(self.model.parameters()).device
+        self.generator = make_generator(device, int(_get(config, "seed", 0)) + 1009 * replica_rank)
         self.global_steps: int | None = None
         self.pending: list[tuple[list[int], dict[str, Any], asyncio.Future]] = []
         self.worker: asyncio.Task | None = None
