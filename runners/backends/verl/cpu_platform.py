@@ -43,6 +43,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import torch
+from verl.plugin.platform import PlatformBase
 
 logger = logging.getLogger(__name__)
 
@@ -115,91 +116,79 @@ CPU_DEVICE = build_cpu_device_module()
 
 
 # -- the platform ----------------------------------------------------------------------------------
-def _platform_base():
-    from verl.plugin.platform import PlatformBase
+class CPUPlatform(PlatformBase):
+    """verl platform of a CUDA-less machine (module docstring)."""
 
-    return PlatformBase
+    device_name = "cpu"
+    vendor_name = "cpu"
 
+    @property
+    def device_module(self):
+        return CPU_DEVICE
 
-def _make_platform_class():
-    """``CPUPlatform(PlatformBase)``: built lazily so importing this module never needs verl."""
-    base = _platform_base()
+    def is_available(self) -> bool:
+        return not torch.cuda.is_available()
 
-    class CPUPlatform(base):
-        """verl platform of a CUDA-less machine (module docstring)."""
+    def is_platform_available(self, use_smi_check: bool = False) -> bool:
+        return self.is_available()
 
-        device_name = "cpu"
-        vendor_name = "cpu"
+    def current_device(self):  # verl passes it to .to(): a torch.device, not an index
+        return torch.device("cpu")
 
-        @property
-        def device_module(self):
-            return CPU_DEVICE
+    def device_count(self) -> int:
+        return 1
 
-        def is_available(self) -> bool:
-            return not torch.cuda.is_available()
+    def set_device(self, device_index: int) -> None:
+        return None
 
-        def is_platform_available(self, use_smi_check: bool = False) -> bool:
-            return self.is_available()
+    def synchronize(self, device_index: int | None = None) -> None:
+        return None
 
-        def current_device(self):  # verl passes it to .to(): a torch.device, not an index
-            return torch.device("cpu")
+    def manual_seed(self, seed: int) -> None:
+        torch.manual_seed(seed)
 
-        def device_count(self) -> int:
-            return 1
+    def manual_seed_all(self, seed: int) -> None:
+        torch.manual_seed(seed)
 
-        def set_device(self, device_index: int) -> None:
-            return None
+    def set_allocator_settings(self, settings: str) -> None:
+        return None
 
-        def synchronize(self, device_index: int | None = None) -> None:
-            return None
+    def empty_cache(self) -> None:
+        return None
 
-        def manual_seed(self, seed: int) -> None:
-            torch.manual_seed(seed)
+    def get_device_capability(self, device_index: int = 0):
+        return None, None
 
-        def manual_seed_all(self, seed: int) -> None:
-            torch.manual_seed(seed)
+    def communication_backend_name(self) -> str:
+        return "gloo"
 
-        def set_allocator_settings(self, settings: str) -> None:
-            return None
+    def visible_devices_envvar(self) -> str:
+        return "CUDA_VISIBLE_DEVICES"
 
-        def empty_cache(self) -> None:
-            return None
+    @contextlib.contextmanager
+    def nvtx_range(self, msg: str):
+        yield
 
-        def get_device_capability(self, device_index: int = 0):
-            return None, None
+    def profiler_start(self) -> None:
+        return None
 
-        def communication_backend_name(self) -> str:
-            return "gloo"
+    def profiler_stop(self) -> None:
+        return None
 
-        def visible_devices_envvar(self) -> str:
-            return "CUDA_VISIBLE_DEVICES"
+    def ray_resource_name(self) -> str:
+        return "GPU"  # verl's resource pools ask Ray for GPU bundles: logical GPUs stand in
 
-        @contextlib.contextmanager
-        def nvtx_range(self, msg: str):
-            yield
+    def ray_resource_options(self, num_gpus: float) -> dict[str, Any]:
+        return {"num_gpus": num_gpus}
 
-        def profiler_start(self) -> None:
-            return None
+    def ray_noset_envvars(self) -> list[str]:
+        return []
 
-        def profiler_stop(self) -> None:
-            return None
+    def is_ipc_supported(self) -> bool:
+        return False
 
-        def ray_resource_name(self) -> str:
-            return "GPU"  # verl's resource pools ask Ray for GPU bundles: logical GPUs stand in
-
-        def ray_resource_options(self, num_gpus: float) -> dict[str, Any]:
-            return {"num_gpus": num_gpus}
-
-        def ray_noset_envvars(self) -> list[str]:
-            return []
-
-        def is_ipc_supported(self) -> bool:
-            return False
-
-        def cudart(self):
-            return None
-
-    return CPUPlatform
+    def cudart(self):
+        return None
 
 
 # -- activation ------------------------------------------------------------------------------------
@@ -279,7 +268,7 @@ def activate() -> bool:
         return False
     from verl.plugin.platform import PlatformRegistry, get_platform, set_platform
 
-    cls = PlatformRegistry.register(platform=PLATFORM_NAME)(_make_platform_class())
+    cls = PlatformRegistry.register(platform=PLATFORM_NAME)(CPUPlatform)
     os.environ[PLATFORM_ENV] = PLATFORM_NAME
     import verl.plugin.platform.platform_manager as manager
 
@@ -298,4 +287,12 @@ def activate() -> bool:
 
 activate()
 
-__all__ = ["ACTIVE", "CPU_DEVICE", "CPU_PROCESS_GROUP_BACKEND", "PLATFORM_NAME", "activate", "build_cpu_device_module"]
+__all__ = [
+    "ACTIVE",
+    "CPU_DEVICE",
+    "CPUPlatform",
+    "CPU_PROCESS_GROUP_BACKEND",
+    "PLATFORM_NAME",
+    "activate",
+    "build_cpu_device_module",
+]
