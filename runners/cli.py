@@ -76,8 +76,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     except SystemExit as exit_:  # a flag Hydra does not know: argparse printed why
         return int(exit_.code or 0)
     if not any(f in _HYDRA_COMPOSES for f in flags):
+        from runners.backends import check_placement
+
         try:  # compose first for a clean message; with flags (--cfg job) an invalid config still prints
-            compose([o for o in overrides if not o.startswith("hydra.")], check=not flags)
+            cfg, _ = compose([o for o in overrides if not o.startswith("hydra.")], check=not flags)
+            if not flags:
+                check_placement(cfg)  # the cell runs here: can this machine run it?
         except _compose_errors() as err:
             return _config_error(err)
     from hydra.core.global_hydra import GlobalHydra

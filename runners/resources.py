@@ -249,6 +249,17 @@ def available_cpus() -> int:
         return os.cpu_count() or 1
 
 
+def load_metrics() -> dict[str, float]:
+    """The machine's 1-minute load average beside the CPUs available to this process (both backends)."""
+    from runners import metric_names
+
+    try:
+        load = os.getloadavg()[0]
+    except OSError:  # pragma: no cover
+        load = float("nan")
+    return {metric_names.LOAD_AVG_1M: load, metric_names.CPU_COUNT_AVAILABLE: float(available_cpus())}
+
+
 def default_threads() -> int:
     """Torch threads when ``backend.num_threads=0``: the CPUs available to this process."""
     return available_cpus()

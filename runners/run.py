@@ -45,7 +45,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from runners import metric_names, paths, tracking, tracking_server
-from runners.backends import BACKENDS
+from runners.backends import BACKENDS, check_placement
 from runners.backends.base import StopRequested
 from runners.cell_lock import hold_cell
 from runners.config import ConfigError, method_label, resolved, run_key, run_name, validate
@@ -162,6 +162,7 @@ class _Cell:
 def run(cfg: DictConfig, choices: Mapping[str, str] | None = None) -> dict[str, Any]:
     """Train the cell ``cfg`` (validated first); returns status, run ids and final metrics."""
     validate(cfg)
+    check_placement(cfg)  # before any MLflow run exists: a cell this machine cannot run is a config error
     key, label = run_key(cfg), method_label(cfg, choices)
     cell = _Cell(key, label, run_name(cfg, label), paths.run_dir(key))
     backend_cls = BACKENDS.get(cfg.backend.name)

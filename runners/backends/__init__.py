@@ -16,4 +16,19 @@ BACKENDS = Registry("backend")
 BACKENDS.register("local", "runners.backends.local.trainer:LocalTrainer")
 BACKENDS.register("verl", "runners.backends.verl.backend:VerlBackend")
 
-__all__ = ["BACKENDS"]
+# per backend, a torch-free check that a cell can run where it is launched (``check_placement``)
+PLACEMENT_CHECKS = Registry("backend placement check")
+PLACEMENT_CHECKS.register("verl", "runners.backends.verl.cpu_mode:check_placement")
+
+
+def check_placement(cfg) -> None:
+    """Raise ``ConfigError`` naming the key if this machine cannot run the cell (e.g. a 7B verl cell
+    without CUDA). Called where a cell is launched here: ``trustbench run``, the launch of a sweep's
+    cells, and ``runners.run.run`` itself; not by ``compose`` (a config composed on a
+    login node may be meant for the cluster)."""
+    name = str(cfg.backend.name)
+    if name in PLACEMENT_CHECKS:
+        PLACEMENT_CHECKS.get(name)(cfg)
+
+
+__all__ = ["BACKENDS", "PLACEMENT_CHECKS", "check_placement"]

@@ -27,12 +27,13 @@ from typing import Any
 from runners.algorithms.registry import Registry
 
 # needs: the model config keys a kind requires ("path": model.path, "arch": model.arch);
-# provides "hf_directory": the kind is (or converts to) a Hugging Face model directory
+# provides "hf_directory": the kind is (or converts to) a Hugging Face model directory; "hf_export": the
+# model is built in code and can be written as one (runners.backends.verl.model_export, verl's CPU mode)
 MODEL_KINDS = Registry("model kind")
-MODEL_KINDS.register("embedded", "runners.models.embedded:load_embedded_model")
+MODEL_KINDS.register("embedded", "runners.models.embedded:load_embedded_model", provides=("hf_export",))
 MODEL_KINDS.register("smollm2", "runners.models.gguf:load_smollm2", provides=("hf_directory",))
 MODEL_KINDS.register("hub", "runners.models.loader:load_hub_model", needs=("path",), provides=("hf_directory",))
-MODEL_KINDS.register("tiny", "runners.models.loader:load_tiny_model", needs=("arch",))
+MODEL_KINDS.register("tiny", "runners.models.loader:load_tiny_model", needs=("arch",), provides=("hf_export",))
 # architectures of the tiny random models (runners.models.tiny)
 TINY_ARCHS = ("qwen2", "qwen3", "llama")
 

@@ -21,6 +21,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from runners import paths, tracking, tracking_server
+from runners.backends import check_placement
 from runners.config import ConfigError
 from runners.redact import redact
 from runners.sweep.planning import JOB_FILE, Cell, SweepPlan
@@ -50,6 +51,8 @@ def launch(
     cells = p.to_run
     if not cells:
         return []
+    for cell in cells:  # a cell this machine would run must be runnable here (a cluster cell is checked there)
+        check_placement(OmegaConf.create(cell.config))
     hydra, master = p.master
     master = copy.deepcopy(master)
     os.environ["TRUSTBENCH_HOME"] = str(paths.trustbench_home())  # jobs share this home, wherever they start

@@ -149,6 +149,13 @@ def test_metrics_file_reads_what_verls_file_logger_writes(tmp_path, monkeypatch)
     writer.finish()
 
 
+@pytest.fixture(autouse=True)
+def gpu_node(monkeypatch):
+    """These tests drive the GPU path with a stand-in for verl, so the machine is taken to have CUDA
+    (verl's CPU mode is tested in tests/verl/test_cpu_mode.py and by the verl_cpu stage)."""
+    monkeypatch.setattr("runners.backends.verl.cpu_mode.cuda_available", lambda: True)
+
+
 # -- data ------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):

@@ -21,31 +21,8 @@ import torch
 from torch import Tensor
 
 from runners import metric_names as names
+from runners.algorithms.diagnostics import coarse_reverse_kl, conflict_tokens
 from runners.algorithms.numerics import token_logprobs
-
-
-def coarse_reverse_kl(new_logits: Tensor, index: Tensor, old_topk_logp: Tensor) -> Tensor:
-    """KL(q || p) per row [n] of q = softmax(new_logits) [n,V] and p given on ``index`` [n,K] (-inf: unused slot),
-    over the kept ids plus one rest bin; float64."""
-    logq_all = torch.log_softmax(new_logits.double(), -1)
-    valid = old_topk_logp > float("-inf")
-    logq = torch.where(valid, logq_all.gather(-1, index), float("-inf"))
-    logp = old_topk_logp.double()
-    q, p = torch.where(valid, logq.exp(), 0.0), torch.where(valid, logp.exp(), 0.0)
-    on_kept = torch.where(q > 0, q * (logq - logp), 0.0).sum(-1)
-    q_rest, p_rest = (1.0 - q.sum(-1)).clamp(min=0.0), (1.0 - p.sum(-1)).clamp(min=0.0)
-    rest = torch.where(q_rest > 0, q_rest * (q_rest.clamp(min=1e-300).log() - p_rest.clamp(min=1e-300).log()), 0.0)
-    return (on_kept + rest).clamp(min=0.0)
-
-
-def conflict_tokens(data: dict, advantages: Tensor, mask: Tensor) -> Tensor:
-    """[B,T] bool: tokens on a forward or backward conflict span of their group (GTPO's rule)."""
-    from runners.algorithms.gtpo import conflict_spans
-    from runners.algorithms.loss_agg import masked_mean
-
-    seq_adv = masked_mean(advantages.detach(), mask.to(advantages.dtype), dim=-1)
-    forward, backward = conflict_spans(data["responses"], data["mask"], data["group_index"], seq_adv)
-    return (forward | backward) & (mask > 0)
 
 
 def post_update_metrics(forward, data: dict, old: dict, advantages: Tensor, *, chunk: int, precision: str) -> dict:

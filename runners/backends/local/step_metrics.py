@@ -8,7 +8,6 @@ progress bar's summary.
 from __future__ import annotations
 
 import contextlib
-import os
 import time
 from collections import defaultdict
 from collections.abc import Iterator
@@ -17,7 +16,7 @@ import torch
 
 from runners import metric_names as names
 from runners.backends.local.rollout import RolloutBatch
-from runners.resources import available_cpus
+from runners.resources import load_metrics  # noqa: F401  (re-exported)
 
 
 class PhaseTimer:
@@ -46,15 +45,6 @@ class PhaseTimer:
         out[names.TIMING_STEP] = time.perf_counter() - self.start
         out[names.TIMING_CPU_STEP] = time.process_time() - self.cpu_start
         return out
-
-
-def load_metrics() -> dict[str, float]:
-    """The machine's 1-minute load average beside the CPUs available to this process."""
-    try:
-        load = os.getloadavg()[0]
-    except OSError:  # pragma: no cover
-        load = float("nan")
-    return {names.LOAD_AVG_1M: load, names.CPU_COUNT_AVAILABLE: float(available_cpus())}
 
 
 def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

@@ -58,8 +58,10 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from runners import paths as tb_paths
+from runners.backends.verl.batch_dump import DUMP_ENV
+from runners.backends.verl.cpu_mode import CPUPlacement, exported_tokenizer_path, launch_env_updates, runs_on_cpu
 from runners.backends.verl.metrics import MetricsFile, map_metrics
-from runners.backends.verl.translate import ENTRYPOINT, VerlPaths, backend_options, build_overrides
+from runners.backends.verl.translate import ENTRYPOINT, PLUGIN_MODULE, VerlPaths, backend_options, build_overrides
 from runners.config.validate import ConfigError
 
 STOP_FILE_ENV = "TRUSTBENCH_VERL_STOP_FILE"
@@ -166,12 +168,30 @@ def slurm_allocation(env: Mapping[str, str] | None = None) -> tuple[int, int] | 
 
 
 def model_path(cfg: DictConfig) -> str:
-    """A directory or hub id verl can load: ``model.path``, or the converted SmolLM2 checkpoint."""
+    """A directory or hub id verl can load: ``model.path``, the converted SmolLM2 checkpoint, or the
+    project's own model written as a Hugging Face directory (``model_export``)."""
+    from runners.backends.verl.model_export import export_model, exportable
+
     if cfg.model.kind == "smollm2":
         from runners.models.gguf import convert_smollm2
 
         return str(convert_smollm2())
+    if exportable(cfg.model.kind):
+        return str(export_model(cfg.model))
     return str(cfg.model.path or "")
+
+
+def cpu_placement(cfg: DictConfig, model_dir: str) -> CPUPlacement | None:
+    """How the cell runs in verl's CPU mode (``cpu_mode``), or None when it runs on GPUs."""
+    from runners.backends.verl.model_export import prompt_template
+
+    if not runs_on_cpu(cfg):
+        return None
+    return CPUPlacement(
+        ray_address=os.environ.get("RAY_ADDRESS") or None,
+        tokenizer_path=exported_tokenizer_path(model_dir),
+        chat_template=prompt_template(cfg, model_dir) if os.path.isdir(model_dir) else None,
+    )
 
 
 def entry_command(cfg: DictConfig, python: str = sys.executable) -> list[str]:
@@ -231,7 +251,7 @@ def worker_env(env: Mapping[str, str], metrics_via: str = "tracker") -> dict[str
     With ``metrics_via: mlflow`` the per-attempt metrics file is left out: verl logs its config as
     MLflow parameters, and a value that changes between attempts makes MLflow refuse them all.
     """
-    keys = (STOP_FILE_ENV, "MLFLOW_TRACKING_URI", "MLFLOW_RUN_ID")
+    keys = (STOP_FILE_ENV, "MLFLOW_TRACKING_URI", "MLFLOW_RUN_ID", DUMP_ENV)
     keys += ("VERL_FILE_LOGGER_PATH",) if metrics_via == "tracker" else ()
     return {k: env[k] for k in keys if k in env}
 
@@ -327,7 +347,9 @@ class VerlBackend:
             print(f"[trustbench] verl checkpoint at step {total} = total_steps: nothing to train", file=sys.stderr)
             return self._final_metrics()
         prepare_datasets(cfg, layout.data)
-        nnodes, gpus_per_node, in_slurm = self._resources()
+        path = model_path(cfg)
+        cpu = cpu_placement(cfg, path)
+        nnodes, gpus_per_node, in_slurm = self._resources() if cpu is None else (1, 1, False)
         attempt = layout.attempt()
         vpaths = layout.paths(attempt)
         via = self.options.get("metrics_via", "tracker")
@@ -338,14 +360,17 @@ class VerlBackend:
             metrics_file=vpaths.metrics_file,
             stop_file=str(layout.stop_file),
         )
+        if cpu is not None:
+            env.update(launch_env_updates(PLUGIN_MODULE, force_cpu=str(cfg.backend.device) == "cpu"))
         overrides = build_overrides(
             cfg,
             vpaths,
-            model_path=model_path(cfg),
+            model_path=path,
             nnodes=nnodes,
             gpus_per_node=gpus_per_node,
             resuming=resume_step is not None,
             worker_env=worker_env(env, via),
+            cpu=cpu,
         )
         argv = launch_argv(cfg, overrides, in_slurm=in_slurm)
         (layout.root / f"command.{attempt}.txt").write_text(shlex.join(argv) + "\n")
@@ -541,7 +566,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     cfg, _ = compose(overrides)
     if command == "overrides":
         layout = VerlLayout.of(tb_paths.run_dir(run_key(cfg)))
-        print("\n".join(build_overrides(cfg, layout.paths(1), model_path=str(cfg.model.path or cfg.model.name))))
+        path = model_path(cfg) if runs_on_cpu(cfg) else str(cfg.model.path or cfg.model.name)
+        print("\n".join(build_overrides(cfg, layout.paths(1), model_path=path, cpu=cpu_placement(cfg, path))))
     else:
         tb_paths.run_dir(run_key(cfg)).mkdir(parents=True, exist_ok=True)  # Slurm opens --output first
         print(render_sbatch(cfg, overrides), end="")

@@ -28,6 +28,7 @@ Tests: ``pytest tests/verl/test_plugins_engine.py``.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import torch
@@ -37,6 +38,7 @@ from verl.utils import tensordict_utils as tu
 from verl.workers.utils.losses import ppo_loss
 from verl.workers.utils.padding import no_padding_2_padding
 
+from runners.backends.verl.batch_dump import DUMP_ENV, dump_micro_batch
 from runners.backends.verl.plugins_config import is_trustbench_loss, loss_settings
 from runners.backends.verl.plugins_losses import RUNTIME_KEY, TrustbenchInputs, using_inputs
 from runners.backends.verl.sparse_old import (
@@ -114,11 +116,16 @@ def build_inputs(config: Any, model_output: dict, data: TensorDict) -> Trustbenc
 
 
 def trustbench_ppo_loss(config: Any, model_output: dict, data: TensorDict, dp_group=None):
-    """verl's ``ppo_loss`` with ``TrustbenchInputs`` current for ``trustbench_*`` loss modes."""
+    """verl's ``ppo_loss`` with ``TrustbenchInputs`` current for ``trustbench_*`` loss modes (and the
+    micro-batch saved when ``TRUSTBENCH_VERL_DUMP_DIR`` is set: ``batch_dump``)."""
     if not is_trustbench_loss(config.policy_loss):
-        return ppo_loss(config, model_output, data, dp_group)
-    with using_inputs(build_inputs(config, model_output, data)):
-        return ppo_loss(config, model_output, data, dp_group)
+        out = ppo_loss(config, model_output, data, dp_group)
+    else:
+        with using_inputs(build_inputs(config, model_output, data)):
+            out = ppo_loss(config, model_output, data, dp_group)
+    if os.environ.get(DUMP_ENV):
+        dump_micro_batch(data, model_output, *out)
+    return out
 
 
 __all__ = ["build_inputs", "response_width", "trustbench_ppo_loss"]

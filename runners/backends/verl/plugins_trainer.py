@@ -9,6 +9,12 @@ everywhere verl tests the mode) plus a few overrides, each a thin wrapper around
   (``sparse_old.SPARSIFY_KEY``) when the loss needs it (TROLL, exact-KL TRM), then feeds the
   pass's entropy to the per-iteration controllers (``controllers.IterationControl``);
 - ``_compute_advantage``: critic values (and ``finished``) for ``trustbench_gae`` / ``trustbench_egae``;
+  then the built-in trainer's per-iteration diagnostics (``monitor``: ``entropy/cov``, the TRM monitor
+  for verl's own losses);
+- ``_step_once``: after verl's iteration the post-update pass (``trainer_diagnostics``:
+  ``actor/post_update_kl``, ``gtpo/conflict_prob_delta``; pi_old's top-K stored by the old pass for
+  every method while on);
+- ``_compute_metrics``: ``timing_cpu_s/*`` and the machine load beside verl's step metrics;
 - ``_update_actor``: attaches the controller state (``plugins_losses.RUNTIME_KEY``) and, when
   needed, asks the engine for the logits (``sparse_old.KEEP_LOGITS_KEY``); moves the method
   metrics verl prefixed with ``actor/`` back to their schema names (``troll/...``, ``trm/...``);
@@ -35,6 +41,7 @@ from typing import Any
 import numpy as np
 import ray
 import transfer_queue as tq
+import verl.trainer.ppo.v1.trainer_base as trainer_base
 from tensordict import TensorDict
 from verl.trainer.ppo.core_algos import get_adv_estimator_fn
 from verl.trainer.ppo.utils import Role
@@ -42,13 +49,23 @@ from verl.trainer.ppo.v1.trainer_base import register_trainer
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 from verl.workers.utils.padding import response_to_nested
 
+from runners.algorithms.trm import DEFAULT_EDGES
 from runners.backends.verl import METHOD_METRIC_PREFIXES, TRAINER_MODE
 from runners.backends.verl.controllers import IterationControl
+from runners.backends.verl.cpu_mode import POLL_INTERVAL_KEY
+from runners.backends.verl.monitor import MONITOR_KEY, iteration_metrics
 from runners.backends.verl.plugins_advantages import VALUE_ESTIMATORS
 from runners.backends.verl.plugins_config import is_trustbench_loss, loss_settings
 from runners.backends.verl.plugins_losses import RUNTIME_KEY
 from runners.backends.verl.plugins_workers import TrustbenchActorRolloutRefWorker
 from runners.backends.verl.sparse_old import KEEP_LOGITS_KEY, SPARSIFY_KEY, padded_from_nested
+from runners.backends.verl.trainer_diagnostics import (
+    POST_UPDATE_PHASE,
+    install_cpu_timing,
+    post_update_pass,
+    step_cpu_metrics,
+)
+from runners.resources import load_metrics
 
 logger = logging.getLogger(__name__)
 ACTOR_ROLES = (Role.ActorRollout, Role.ActorRolloutRef, Role.Actor)
@@ -65,6 +82,9 @@ def strip_actor_prefix(metrics: dict[str, Any]) -> dict[str, Any]:
 def _uids(data: TensorDict) -> list:
     value = data["uid"]
     return value.tolist() if hasattr(value, "tolist") else list(value)
+
+
+install_cpu_timing()  # timing_cpu_s/<phase> beside verl's timing_s/<phase>
 
 
 @register_trainer(TRAINER_MODE)
@@ -110,6 +130,15 @@ class TrustbenchPPOTrainer(PPOTrainerSync):
                     f"algorithm.adv_estimator={cfg.algorithm.adv_estimator} does not support use_kl_in_reward"
                 )
 
+    def _build_replay_buffer(self):
+        """verl's replay buffer, polling every ``trainer.v1.trustbench_poll_interval_s`` when set (CPU mode:
+        verl's 2 s poll would be most of a tiny model's step)."""
+        buffer = super()._build_replay_buffer()
+        interval = self.config.trainer.v1.get(POLL_INTERVAL_KEY, None)
+        if interval is not None and hasattr(buffer, "poll_interval"):
+            buffer.poll_interval = float(interval)
+        return buffer
+
     # -- workers ------------------------------------------------------------------------------------
     def _init_resource_pool_mgr(self):
         super()._init_resource_pool_mgr()
@@ -119,9 +148,9 @@ class TrustbenchPPOTrainer(PPOTrainerSync):
 
     # -- phases -------------------------------------------------------------------------------------
     def _compute_old_log_prob(self, batch, metrics: dict):
-        sparse = self.trustbench is not None and self.trustbench.needs_sparse_old
+        sparse = self._sparse_settings()
         if sparse:
-            batch.extra_info[SPARSIFY_KEY] = dict(self.trustbench.sparse)
+            batch.extra_info[SPARSIFY_KEY] = sparse
         try:
             out = super()._compute_old_log_prob(batch, metrics)
         finally:
@@ -142,9 +171,37 @@ class TrustbenchPPOTrainer(PPOTrainerSync):
         return out
 
     def _compute_advantage(self, batch, metrics: dict):
+        if self.config.algorithm.adv_estimator in VALUE_ESTIMATORS:
+            out = self._compute_value_advantage(batch)
+        else:
+            out = super()._compute_advantage(batch, metrics)
+        metrics.update(self._iteration_metrics(batch))
+        return out
+
+    def _iteration_metrics(self, batch) -> dict:
+        """``entropy/cov`` and (verl's built-in losses) the TRM monitor, as the built-in trainer logs them."""
+        names = set(getattr(batch, "fields", None) or [])
+        fields = ["old_log_probs", "advantages", "response_mask"]
+        if "old_log_probs" not in names and names:
+            return {}
+        if "rollout_log_probs" in names:
+            fields.append("rollout_log_probs")
+        data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=fields)
+        real = [i for i, tag in enumerate(batch.tags) if not tag.get("is_padding", False)]
+        width = int(data["response_mask"].offsets().diff().max())
+        padded = {key: padded_from_nested(data[key], width, 0.0)[real].float() for key in fields}
+        monitor = self.config.trainer.v1.get(MONITOR_KEY, None) or {}
+        return iteration_metrics(
+            padded["old_log_probs"],
+            padded["advantages"],
+            padded["response_mask"],
+            padded.get("rollout_log_probs"),
+            builtin_loss=self.trustbench is None,
+            length_edges=list(monitor.get("length_edges", DEFAULT_EDGES)),
+        )
+
+    def _compute_value_advantage(self, batch):
         name = self.config.algorithm.adv_estimator
-        if name not in VALUE_ESTIMATORS:
-            return super()._compute_advantage(batch, metrics)
         fields = ["uid", "response_mask", "rm_scores", "values"]
         has_finished = "finished" in (getattr(batch, "fields", None) or [])
         if has_finished:
@@ -168,6 +225,31 @@ class TrustbenchPPOTrainer(PPOTrainerSync):
             batch_size=len(batch),
         )
         return tq.kv_batch_put(keys=batch.keys, partition_id=batch.partition_id, fields=output)
+
+    def _monitor(self) -> dict:
+        return dict(self.config.trainer.v1.get(MONITOR_KEY, None) or {})
+
+    def _sparse_settings(self) -> dict | None:
+        """Sparse old distribution to store in the old pass: the loss's (TROLL, exact-KL TRM), or the
+        cell's settings when the post-update diagnostics need pi_old's top-K."""
+        if self.trustbench is not None and self.trustbench.needs_sparse_old:
+            return dict(self.trustbench.sparse)
+        monitor = self._monitor()
+        return dict(monitor["sparse"]) if monitor.get("post_update") and monitor.get("sparse") else None
+
+    def _compute_metrics(self, batch, metrics, timing_raw, global_steps, epoch):
+        metrics.update(step_cpu_metrics(timing_raw))
+        metrics.update(load_metrics())
+        return super()._compute_metrics(batch, metrics, timing_raw, global_steps, epoch)
+
+    def _step_once(self, metrics: dict, timing_raw: dict, sample_batch_size: int):
+        """verl's iteration, then the post-update pass as its own phase (as the built-in trainer's)."""
+        batch = super()._step_once(metrics, timing_raw, sample_batch_size)
+        sparse = self._sparse_settings()
+        if self._monitor().get("post_update") and sparse and self.config.trainer.critic_warmup <= self.global_steps:
+            with trainer_base.marked_timer(POST_UPDATE_PHASE, timing_raw):  # the CPU-timed wrapper
+                metrics.update(post_update_pass(self, batch, int(sparse["chunk_size"])))
+        return batch
 
     def _update_actor(self, batch, metrics: dict):
         extra: dict[str, Any] = {}

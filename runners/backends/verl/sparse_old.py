@@ -15,6 +15,8 @@ two non-tensor flags the trustbench trainer puts on the batch:
 - ``KEEP_LOGITS_KEY`` (update pass): the temperature-scaled logits [N, V] (a view of the engine's
   own tensor, with gradient) and each response's first row in it go to ``model_output``, for
   ``plugins_ppo_loss`` to build the objective's [B,T,V] input.
+- ``POST_UPDATE_KEY`` (a forward after the update): per response token KL(pi_new || pi_old) on the
+  stored old top-K plus a rest bin (``post_update_kl_rows``), for ``actor/post_update_kl``.
 
 Temperature scaling is done once here and handed to verl's own code as already-scaled logits, so
 the log-probs verl computes and the logits the plugins see are the same numbers. Not supported
@@ -37,11 +39,13 @@ from runners.algorithms.troll_sparse import sparsify
 # non-tensor batch entries set by the trustbench trainer
 SPARSIFY_KEY = "trustbench_sparsify"  # dict(k, delta, p_default, chunk_size): sparsify in this pass
 KEEP_LOGITS_KEY = "trustbench_logits"  # True: hand the logits to the loss
+POST_UPDATE_KEY = "trustbench_post_update"  # chunk size: KL(new || old top-K) per response token (after the update)
 # model outputs / batch fields
 OLD_TOPK_INDEX = "old_topk_index"
 OLD_TOPK_LOGP = "old_topk_logp"
 LOGITS_OUTPUT = "trustbench_logits"  # [N, V] temperature-scaled logits (engine rows)
 LOGIT_STARTS_OUTPUT = "trustbench_logit_starts"  # [B] row of LOGITS_OUTPUT predicting each response's 1st token
+POST_KL_OUTPUT = "trustbench_post_kl"  # jagged [B, response_len] float32: KL(pi_new || pi_old) per token
 
 
 def _flag(data: TensorDict, key: str, default):
@@ -145,13 +149,30 @@ def response_logits(logits: Tensor, starts: Tensor, lengths: Tensor, width: int)
     return logits.index_select(0, rows.reshape(-1)).view(starts.numel(), width, logits.shape[-1])
 
 
+def post_update_kl_rows(logits: Tensor, rows: Tensor, micro_batch: TensorDict, chunk_size: int) -> Tensor:
+    """KL(pi_new || pi_old) [n] float32 of ``logits[rows]`` against the stored old top-K of the micro-batch
+    (``runners.algorithms.diagnostics.coarse_reverse_kl``), ``chunk_size`` rows at a time."""
+    from runners.algorithms.diagnostics import coarse_reverse_kl
+
+    index = micro_batch[OLD_TOPK_INDEX].values().to(logits.device).long()
+    old_logp = micro_batch[OLD_TOPK_LOGP].values().to(logits.device)
+    out = torch.zeros(rows.numel(), dtype=torch.float32, device=logits.device)
+    with torch.no_grad():
+        for start in range(0, rows.numel(), chunk_size):
+            stop = min(start + chunk_size, rows.numel())
+            chunk = logits.detach().index_select(0, rows[start:stop])
+            out[start:stop] = coarse_reverse_kl(chunk, index[start:stop], old_logp[start:stop]).float()
+    return out
+
+
 class TrustbenchOutputsMixin:
     """Adds ``old_topk_*`` (old pass) or the logits (update pass) to the engine's model outputs."""
 
     def prepare_model_outputs(self, output, output_args, micro_batch: TensorDict, logits_processor_func):
         sparse = _flag(micro_batch, SPARSIFY_KEY, None)
         keep_logits = bool(_flag(micro_batch, KEEP_LOGITS_KEY, False))
-        if not sparse and not keep_logits:
+        post_chunk = _flag(micro_batch, POST_UPDATE_KEY, None)
+        if not sparse and not keep_logits and not post_chunk:
             return super().prepare_model_outputs(output, output_args, micro_batch, logits_processor_func)
         logits, output_args = self._trustbench_scaled_logits(output, output_args, micro_batch)
         model_output = super().prepare_model_outputs(output, output_args, micro_batch, logits_processor_func)
@@ -167,6 +188,10 @@ class TrustbenchOutputsMixin:
         if keep_logits:
             model_output[LOGITS_OUTPUT] = flat
             model_output[LOGIT_STARTS_OUTPUT] = logit_starts
+        if post_chunk:
+            rows = expand_rows(logit_starts, lengths).to(flat.device)
+            kl = post_update_kl_rows(flat, rows, micro_batch, int(post_chunk))
+            model_output[POST_KL_OUTPUT] = nested_by_lengths(kl, lengths)
         return model_output
 
     def _trustbench_scaled_logits(self, output, output_args: dict, micro_batch: TensorDict):
@@ -216,6 +241,8 @@ __all__ = [
     "KEEP_LOGITS_KEY",
     "LOGITS_OUTPUT",
     "LOGIT_STARTS_OUTPUT",
+    "POST_KL_OUTPUT",
+    "POST_UPDATE_KEY",
     "OLD_TOPK_INDEX",
     "OLD_TOPK_LOGP",
     "SPARSIFY_KEY",
@@ -224,6 +251,7 @@ __all__ = [
     "install_trustbench_outputs",
     "nested_by_lengths",
     "padded_from_nested",
+    "post_update_kl_rows",
     "prompt_response_lengths",
     "response_logits",
     "response_starts",

@@ -45,8 +45,10 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from runners.algorithms.method import Method
+from runners.backends.verl.cpu_mode import CPUPlacement, apply_cpu_mode, rollout_engine
 from runners.backends.verl.hydra_overrides import format_override, merge_overrides
 from runners.backends.verl.method_overrides import algorithm_overrides
+from runners.backends.verl.monitor import MONITOR_KEY, monitor_settings
 from runners.config import run_key
 from runners.config.validate import ConfigError
 from runners.resources import cell_resources
@@ -65,6 +67,8 @@ OPTION_KEYS = {
     "ray_env",
     "overrides",
 }
+# auto: vllm on GPUs, the Hugging Face sampler (hf, verl rollout trustbench_hf) in CPU mode
+ROLLOUT_ENGINES = ("auto", "vllm", "sglang", "hf")
 PROFILE_KEYS = {
     "max_params_b",
     "tensor_model_parallel_size",
@@ -125,9 +129,10 @@ def backend_options(cfg: DictConfig) -> dict[str, Any]:
         )
     if options.get("metrics_via", "tracker") not in ("tracker", "mlflow"):
         raise ConfigError("backend.options.metrics_via", f"must be tracker or mlflow (got {options['metrics_via']!r})")
-    if options.get("rollout_engine", "vllm") not in ("vllm", "sglang"):
+    if options.get("rollout_engine", "auto") not in ROLLOUT_ENGINES:
         raise ConfigError(
-            "backend.options.rollout_engine", f"must be vllm or sglang (got {options['rollout_engine']!r})"
+            "backend.options.rollout_engine",
+            f"must be one of {', '.join(ROLLOUT_ENGINES)} (got {options['rollout_engine']!r})",
         )
     return options
 
@@ -259,7 +264,7 @@ def rollout_overrides(
         "data.max_prompt_length": int(r.max_prompt_length),
         "data.max_response_length": int(r.max_response_length),
         "data.filter_overlong_prompts": True,
-        f"{rollout}.name": str(options.get("rollout_engine", "vllm")),
+        f"{rollout}.name": rollout_engine(cfg, cpu=False),
         f"{rollout}.n": int(t.n),
         f"{rollout}.temperature": float(r.temperature),
         f"{rollout}.top_p": float(r.top_p),
@@ -366,6 +371,7 @@ def build_overrides(
     gpus_per_node: int | None = None,
     resuming: bool = False,
     worker_env: Mapping[str, str] | None = None,
+    cpu: CPUPlacement | None = None,
 ) -> list[str]:
     """The verl command-line overrides of cell ``cfg``, ``backend.options.overrides`` appended last.
 
@@ -373,23 +379,28 @@ def build_overrides(
     (``runners.resources.cell_resources``; the backend passes the allocation it actually got).
     ``resuming``: a checkpoint exists, so the evaluation before the first step is not repeated.
     ``worker_env``: environment for every Ray worker (``ray_kwargs.ray_init.runtime_env.env_vars``),
-    besides ``VERL_USE_EXTERNAL_MODULES`` (the plugins). Raises ``ConfigError`` naming the first key
-    verl cannot express.
+    besides ``VERL_USE_EXTERNAL_MODULES`` (the plugins). ``cpu``: the cell runs in CPU mode
+    (``cpu_mode``: one training process, the Hugging Face rollout, the project's exportable models
+    accepted). Raises ``ConfigError`` naming the first key verl cannot express.
     """
     from runners.backends.verl import EXTERNAL_MODULES_ENV, PLUGIN_MODULE, TRAINER_MODE
     from runners.models.loader import MODEL_KINDS
 
     options = backend_options(cfg)
-    loadable = [k for k in MODEL_KINDS.names() if "hf_directory" in MODEL_KINDS.entry(k).provides]
+    kinds = ("hf_directory", "hf_export") if cpu is not None else ("hf_directory",)
+    loadable = [k for k in MODEL_KINDS.names() if set(kinds) & MODEL_KINDS.entry(k).provides]
     _check(
-        "hf_directory" in MODEL_KINDS.entry(cfg.model.kind).provides,
+        bool(set(kinds) & MODEL_KINDS.entry(cfg.model.kind).provides),
         "model.kind",
         f"the verl backend needs a Hugging Face model directory (kinds {', '.join(loadable)}); "
-        f"{cfg.model.kind!r} models run on the local backend",
+        f"{cfg.model.kind!r} models run on the local backend"
+        + ("" if cpu is not None else " or in the verl backend's CPU mode"),
     )
     path = model_path or cfg.model.path
     _check(bool(path), "model.path", "the verl backend needs a model directory or hub id")
     resources = cell_resources(cfg)
+    if cpu is not None:  # one training process on this machine
+        nnodes, gpus_per_node = 1, 1
     nnodes = int(nnodes or resources["nodes"])
     gpus_per_node = int(gpus_per_node or resources["gpus_per_node"])
     _check(gpus_per_node >= 1, "launcher.gpus_per_node", "the verl backend needs at least one GPU per node")
@@ -403,10 +414,14 @@ def build_overrides(
     values.update(optimizer_overrides(cfg))
     values.update(rollout_overrides(cfg, options, profile, gpus_per_node))
     values.update(trainer_overrides(cfg, paths, options, nnodes, gpus_per_node, resuming=resuming))
-    # the trustbench trainer (plugins' hooks, stop requests) for every method
+    # the trustbench trainer (plugins' hooks, stop requests) for every method, and its diagnostics' settings
     values["trainer.v1.trainer_mode"] = TRAINER_MODE
+    values[f"+trainer.v1.{MONITOR_KEY}"] = monitor_settings(cfg)
     env = {EXTERNAL_MODULES_ENV: PLUGIN_MODULE, **(worker_env or {})}
+    env_prefix = "+ray_kwargs.ray_init.runtime_env.env_vars."
     for name, value in env.items():
-        values[f"+ray_kwargs.ray_init.runtime_env.env_vars.{name}"] = str(value)
+        values[f"{env_prefix}{name}"] = str(value)
+    if cpu is not None:
+        values = apply_cpu_mode(cfg, values, cpu, plugin_module=PLUGIN_MODULE, env_prefix=env_prefix)
     overrides = [format_override(key, value) for key, value in values.items()] + plugin_lines
     return merge_overrides(overrides, [str(o) for o in options.get("overrides") or []])

@@ -1,0 +1,44 @@
+"""Post-update diagnostics shared by both backends: how far the policy moved on an iteration's batch.
+
+- ``coarse_reverse_kl``: KL(pi_new || pi_old) per token on pi_old's stored top-K plus one rest bin, the
+  divergence TROLL's trust region bounds (TROLL, arXiv 2510.03817, eq. 4): exact when the kept tokens
+  cover the vocabulary, a lower bound otherwise (coarse-graining never increases a KL);
+- ``conflict_tokens``: the tokens on GTPO's conflict spans (GTPO, arXiv 2508.03772, section 5.1: the same
+  token at the same forward or backward position of a positive and a negative response of a group).
+
+The built-in trainer (``runners.backends.local.diagnostics``) and the verl trainer
+(``runners.backends.verl.trainer_diagnostics``) log ``actor/post_update_kl(_max)`` and
+``gtpo/conflict_prob_delta`` with them. Tests: ``pytest tests/backends tests/verl``.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def coarse_reverse_kl(new_logits: Tensor, index: Tensor, old_topk_logp: Tensor) -> Tensor:
+    """KL(q || p) per row [n] of q = softmax(new_logits) [n,V] and p given on ``index`` [n,K] (-inf: unused slot),
+    over the kept ids plus one rest bin; float64."""
+    logq_all = torch.log_softmax(new_logits.double(), -1)
+    valid = old_topk_logp > float("-inf")
+    logq = torch.where(valid, logq_all.gather(-1, index), float("-inf"))
+    logp = old_topk_logp.double()
+    q, p = torch.where(valid, logq.exp(), 0.0), torch.where(valid, logp.exp(), 0.0)
+    on_kept = torch.where(q > 0, q * (logq - logp), 0.0).sum(-1)
+    q_rest, p_rest = (1.0 - q.sum(-1)).clamp(min=0.0), (1.0 - p.sum(-1)).clamp(min=0.0)
+    rest = torch.where(q_rest > 0, q_rest * (q_rest.clamp(min=1e-300).log() - p_rest.clamp(min=1e-300).log()), 0.0)
+    return (on_kept + rest).clamp(min=0.0)
+
+
+def conflict_tokens(data: dict, advantages: Tensor, mask: Tensor) -> Tensor:
+    """[B,T] bool: tokens on a forward or backward conflict span of their group (GTPO's rule)."""
+    from runners.algorithms.gtpo import conflict_spans
+    from runners.algorithms.loss_agg import masked_mean
+
+    seq_adv = masked_mean(advantages.detach(), mask.to(advantages.dtype), dim=-1)
+    forward, backward = conflict_spans(data["responses"], data["mask"], data["group_index"], seq_adv)
+    return (forward | backward) & (mask > 0)
+
+
+__all__ = ["coarse_reverse_kl", "conflict_tokens"]

@@ -1,0 +1,42 @@
+"""Fixtures of the verl tests: the shared Ray cluster and the "verl on CPU" stage (marker ``verl_cpu``).
+
+The stage's summary line reports its wall time (from its first test to the end of the session,
+the Ray cluster's start and stop included), the verl launches, the mean of each ``timing_s/*``
+phase over the stage's iterations and the peak summed PSS of its processes.
+
+    pytest -m verl_cpu tests/verl        # the stage alone (about 7 minutes on 2 busy cores)
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+from tests.verl.cpu_ray import cpu_ray  # noqa: F401  (session fixture, registered once)
+from tests.verl.cpu_stage import STAGE, cpu_stage  # noqa: F401  (session fixture, registered once)
+
+_SPAN: dict[str, float] = {}
+
+
+def pytest_runtest_setup(item):
+    if item.get_closest_marker("verl_cpu") is not None:
+        _SPAN.setdefault("start", time.monotonic())
+
+
+def pytest_terminal_summary(terminalreporter):
+    stage = STAGE.get("stage")
+    if stage is None or "start" not in _SPAN:
+        return
+    wall = getattr(stage, "finished", time.monotonic()) - _SPAN["start"]
+    timings = stage.timings()
+    phases = ", ".join(
+        f"{key.split('/', 1)[1]} {statistics.mean(values):.2f}" for key, values in sorted(timings.items()) if values
+    )
+    cells = ", ".join(f"{name} {run.wall_s:.0f}" for name, run in stage.runs.items())
+    terminalreporter.write_sep(
+        "-",
+        f"verl CPU stage: {wall:.0f} s, {stage.launches} verl launches (s per cell: {cells}); "
+        f"peak PSS {stage.sampler.peak_bytes / 2**30:.1f} GiB",
+    )
+    if phases:
+        terminalreporter.write_line(f"verl CPU stage, mean timing_s per iteration: {phases}")

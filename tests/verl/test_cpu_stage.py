@@ -1,0 +1,227 @@
+"""verl on CPU, end to end: seven methods, two real verl iterations each, into MLflow and a report.
+
+Each cell is trained by ``runners.run.run`` with ``backend=verl`` on this CUDA-less machine (verl's
+CPU mode: ``runners.backends.verl.cpu_mode``): the embedded model, 8 prompts x 4 responses, the
+Hugging Face rollout, FSDP2 on CPU, the trustbench trainer. What is checked against what:
+
+- every cell ends FINISHED in MLflow with ``actor/pg_loss`` at steps 1 and 2 and every metric name
+  the built-in backend logs for the same cell (its own 2-iteration run, same experiment; the
+  length / position buckets compared by family, since which buckets fill depends on the samples);
+- GRPO runs verl's own estimator and loss (the command verl got says so), and the sampler's
+  log-probs equal the training engine's at both steps (verl's ``training/rollout_probs_diff_max``),
+  so the weights of step 1's update reached the rollout before step 2 (lr 1e-3 moves them far more);
+- TROLL and exact-KL TRM-Max: the first (only) mini-batch of an iteration is on-policy, so the
+  divergence between the sparse old distribution stored by the engine's old-log-prob pass and the
+  update pass's logits is zero (``troll/kl_before``) or at most what the storage drops
+  (``trm/max_kl`` <= -log(1 - tail_mass)) and TRM keeps every sequence: a misaligned top-K row
+  would show at once;
+- GTPO: the plugin loss with the current entropy (``calculate_entropy``) and its metrics;
+- REPO-R, stopped after iteration 1 by a stop signal and resumed: see ``test_repo_r_requeue``;
+- PPO (verl's GAE) and EGAE (the trustbench estimator with verl's critic): the critic trains at
+  both steps, and EGAE's critic gets the policy's model, optimiser and value clip;
+- ``trustbench report verl_cpu`` builds from the stage's runs (both backends).
+
+Run: ``pytest -m verl_cpu tests/verl`` (the stage; its summary line gives the wall time, phase
+times and memory peak).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import signal
+import threading
+import time
+
+import pytest
+
+from runners import metric_names
+from tests.verl.cpu_stage import CELLS, EXPERIMENT
+
+pytestmark = [pytest.mark.verl, pytest.mark.verl_cpu, pytest.mark.slow]
+
+BUCKET = re.compile(r"/(len|pos)_\d+_\d+$")
+# the cells checked here (REPO-R is the requeue test's)
+PLAIN_CELLS = [name for name in CELLS if name != "repo_r"]
+
+
+def families(keys) -> set[str]:
+    """Metric names with length / position buckets folded into their family (``trm/accept_rate/len_*``)."""
+    return {BUCKET.sub(r"/\1_*", key) for key in keys}
+
+
+def command(cell) -> str:
+    return (cell.run_dir / "verl" / "command.1.txt").read_text()
+
+
+def _last(stage, run_id, key):
+    return stage.history(run_id, key)[-1][1]
+
+
+def check_grpo(stage, cell, run):
+    text = command(cell)
+    assert "algorithm.adv_estimator=grpo" in text and "policy_loss.loss_mode=vanilla" in text
+    for step, diff in stage.history(run.info.run_id, "training/rollout_probs_diff_max"):
+        assert diff < 1e-4, (step, diff)
+
+
+def check_troll(stage, cell, run):
+    assert "policy_loss.loss_mode=trustbench_troll" in command(cell)
+    kl_before = stage.history(run.info.run_id, metric_names.TROLL_KL_BEFORE)
+    assert [s for s, _ in kl_before] == [1, 2] and all(abs(v) < 1e-6 for _, v in kl_before), kl_before
+    assert 0.99 < _last(stage, run.info.run_id, metric_names.TROLL_KEPT_MASS) <= 1.0 + 1e-9
+
+
+def check_trm_max(stage, cell, run):
+    assert "+actor_rollout_ref.actor.policy_loss.mask=trm_max" in command(cell)
+    # on-policy, the exact KL against the stored old distribution is what its storage drops: sparsify
+    # keeps mass >= 1 - tail_mass and renormalises, so KL <= -log(1 - tail_mass) (+ float32 noise)
+    from runners.algorithms.method import Method
+
+    bound = -math.log(1.0 - Method.from_config(cell.cfg).sparse["delta"]) + 1e-6
+    for step, value in stage.history(run.info.run_id, metric_names.TRM_MAX_KL):
+        assert -1e-6 <= value <= bound, (step, value, bound)
+    assert [v for _, v in stage.history(run.info.run_id, metric_names.TRM_ACCEPT_RATE)] == [1.0, 1.0]
+
+
+def check_gtpo(stage, cell, run):
+    text = command(cell)
+    assert "policy_loss.loss_mode=trustbench_gtpo" in text and "actor.calculate_entropy=true" in text
+    assert metric_names.GTPO_CONFLICT_FRAC in run.data.metrics
+
+
+def check_critic(stage, cell, run):
+    text = command(cell)
+    model = re.search(r"actor_rollout_ref\.model\.path=(\S+)", text).group(1)
+    assert f"critic.model.path={model}" in text and "critic.enable=true" in text
+    t = cell.cfg.trainer
+    assert f"critic.cliprange_value={t.value_clip_low}" in text and f"critic.optim.lr={t.critic_lr}" in text
+    assert [s for s, _ in stage.history(run.info.run_id, "critic/vf_loss")] == [1, 2]
+    assert metric_names.VALUES_MEAN in run.data.metrics
+
+
+def check_ppo(stage, cell, run):
+    assert "algorithm.adv_estimator=gae" in command(cell)
+    check_critic(stage, cell, run)
+
+
+def check_egae(stage, cell, run):
+    assert "algorithm.adv_estimator=trustbench_egae" in command(cell)
+    check_critic(stage, cell, run)
+
+
+CHECKS = {
+    "grpo": check_grpo,
+    "troll": check_troll,
+    "trm_max": check_trm_max,
+    "gtpo": check_gtpo,
+    "ppo": check_ppo,
+    "egae": check_egae,
+}
+
+
+@pytest.mark.parametrize("name", PLAIN_CELLS)
+def test_cell_trains_two_verl_iterations(cpu_stage, name):
+    """FINISHED in MLflow, two iterations, the built-in backend's metric names, the method's own checks."""
+    cell = cpu_stage.verl(name)
+    assert cell.result["status"] == "FINISHED"
+    run = cpu_stage.client().get_run(cell.result["run_id"])
+    assert run.info.status == "FINISHED" and run.data.tags["backend"] == "verl"
+    for key in (metric_names.PG_LOSS, metric_names.GRAD_NORM, metric_names.SCORE_MEAN, metric_names.TIMING_STEP):
+        assert [s for s, _ in cpu_stage.history(run.info.run_id, key)] == [1, 2], key
+    local = cpu_stage.local_keys(name)
+    missing = sorted(families(local) - families(run.data.metrics))
+    assert not missing, f"the verl run lacks metrics the built-in backend logs: {missing}"
+    CHECKS[name](cpu_stage, cell, run)
+
+
+def _stop_once_verl_runs(log_file, timeout_s: float = 300.0) -> threading.Thread:
+    """SIGUSR1 to this process as soon as verl has been launched (its log file exists)."""
+
+    def wait_and_signal():
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if log_file.exists():
+                os.kill(os.getpid(), signal.SIGUSR1)
+                return
+            time.sleep(0.2)
+
+    thread = threading.Thread(target=wait_and_signal, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_repo_r_requeue(cpu_stage, monkeypatch):
+    """REPO-R with a requeue: a stop signal while verl starts -> verl checkpoints after iteration 1
+    (its own checkpointing, plus the controller state) and stops; the run is PREEMPTED. The rerun
+    resumes from that checkpoint, trains iteration 2 only, into the same MLflow run: every metric at
+    steps 1 and 2 exactly once. The REPO-R controller was fed verl's entropy and kept across the
+    requeue: replaying the controller on the logged ``actor/entropy`` gives the logged zeta and target,
+    which a controller restarted at the rerun would not."""
+    import runners.run as run_module
+    from runners.algorithms import ENTROPY_CONTROLLERS
+    from runners.backends.verl.backend import VerlLayout, latest_checkpoint_step
+    from runners.backends.verl.controllers import STATE_FILE
+    from runners.backends.verl.metrics import MetricsFile
+    from runners.run import Preempted, read_status, run
+
+    cfg, choices = cpu_stage.compose("repo_r")
+    layout = VerlLayout.of(cpu_stage.layout(cfg))
+    monkeypatch.setattr(run_module._StopFlag, "received", None)
+    started = time.monotonic()
+    _stop_once_verl_runs(layout.log_file(1))
+    cpu_stage.launches += 1
+    with pytest.raises(Preempted):
+        run(cfg, choices)
+    monkeypatch.setattr(run_module._StopFlag, "received", None)  # the requeued attempt is a new process
+    status = read_status(layout.root.parent)
+    assert status["status"] == "PREEMPTED"
+    assert latest_checkpoint_step(layout.checkpoints) == 1
+    assert (layout.checkpoints / "global_step_1" / STATE_FILE).is_file()
+    run_id = status["run_id"]
+    assert cpu_stage.client().get_run(run_id).info.status == "KILLED"
+    assert [s for s, _ in cpu_stage.history(run_id, metric_names.PG_LOSS)] == [1]
+
+    cpu_stage.launches += 1
+    result = run(cfg, choices)
+    assert result["status"] == "FINISHED" and result["run_id"] == run_id
+    from tests.verl.cpu_stage import CellRun
+
+    cpu_stage.runs["repo_r"] = CellRun(
+        "repo_r", cfg, choices, result, layout.root.parent, layout.root, time.monotonic() - started
+    )
+    attempts = [[step for step, _ in MetricsFile(layout.root / f"metrics.{a}.jsonl").read_new()] for a in (1, 2)]
+    assert attempts == [[1], [2]]  # each attempt logged its own iteration: the rerun trained iteration 2 only
+    for key in (metric_names.PG_LOSS, metric_names.SCORE_MEAN, metric_names.ENTROPY, metric_names.ENTROPY_ZETA):
+        assert [s for s, _ in cpu_stage.history(run_id, key)] == [1, 2], key
+    missing = sorted(
+        families(cpu_stage.local_keys("repo_r")) - families(cpu_stage.client().get_run(run_id).data.metrics)
+    )
+    assert not missing, missing
+
+    params = {k: v for k, v in dict(cfg.entropy_control).items() if k != "name"}
+    entropy = [v for _, v in cpu_stage.history(run_id, metric_names.ENTROPY)]
+    zeta = [v for _, v in cpu_stage.history(run_id, metric_names.ENTROPY_ZETA)]
+    target = [v for _, v in cpu_stage.history(run_id, metric_names.ENTROPY_TARGET)]
+    kept = ENTROPY_CONTROLLERS.get("repo_r")(**params)
+    replay = [kept.update(h) for h in entropy]
+    assert [m[metric_names.ENTROPY_ZETA] for m in replay] == pytest.approx(zeta, rel=1e-5)
+    assert [m[metric_names.ENTROPY_TARGET] for m in replay] == pytest.approx(target, rel=1e-5)
+    restarted = ENTROPY_CONTROLLERS.get("repo_r")(**params).update(entropy[1])
+    assert not math.isclose(restarted[metric_names.ENTROPY_TARGET], target[1], rel_tol=1e-5)
+    assert run(cfg, choices)["status"] == "SKIPPED"  # finished: never relaunched into zero steps
+
+
+def test_report_builds_from_the_stage(cpu_stage, tmp_path):
+    """``trustbench report verl_cpu`` builds (HTML) from the stage's verl and built-in runs."""
+    from runners.cli import main
+
+    for name in PLAIN_CELLS:  # REPO-R's run is the requeue test's
+        cpu_stage.verl(name)
+    out = tmp_path / "report"
+    rc = main(["report", EXPERIMENT, "--tracking-uri", cpu_stage.uri, "--out", str(out), "--no-pdf", "--quiet"])
+    assert rc == 0
+    html = (out / "report.html").read_text()
+    for cell in cpu_stage.runs.values():
+        assert cell.result["name"].split(" | ")[0] in html
