@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 import socket
 import subprocess
@@ -38,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from runners import metric_names, paths
+from runners.backends.base import check_finite
 from runners.metric_history import (  # noqa: F401  (HISTORY_ARTIFACT, TAG_HISTORY, MetricHistory: re-exported)
     HISTORY_ARTIFACT,
     STEP_METRIC,
@@ -222,11 +222,11 @@ class RunTracker:
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
+        values = {key: float(value) for key, value in {**metrics, STEP_METRIC: step}.items()}
+        # never dropped silently: a NaN or inf stops the run (FAILED, naming the metric and step)
+        check_finite(values, step)
         with self._lock:
-            for key, value in {**metrics, STEP_METRIC: step}.items():
-                value = float(value)
-                if math.isfinite(value):
-                    self._buffer.append(Metric(key=key, value=value, timestamp=now, step=step))
+            self._buffer.extend(Metric(key=key, value=value, timestamp=now, step=step) for key, value in values.items())
         if time.monotonic() - self._last_flush > self.flush_every_s:
             self.flush(wait=False)
 

@@ -23,6 +23,7 @@ from mlflow import MlflowClient
 from mlflow.entities import Metric
 
 from runners import tracking
+from runners.backends.base import NonFiniteMetric
 from runners.tracking import HISTORY_ARTIFACT, STEP_METRIC, TAG_HISTORY, MetricHistory, RunTracker
 
 
@@ -97,11 +98,14 @@ class _CountReads:
 
 
 def test_metrics_are_buffered_until_a_flush(uri):
-    """log_metrics only buffers (within flush_every_s); flush(wait=True) stores every finite value
-    with the step metric; non-finite values are dropped."""
+    """log_metrics only buffers (within flush_every_s); flush(wait=True) stores every value with the
+    step metric; a non-finite value is refused, naming the metric and step, and nothing of its step is
+    buffered."""
     tracker = _open(uri, "buffering")
     client = MlflowClient(uri)
-    tracker.log_metrics({"loss": 1.0, "bad": float("nan"), "inf": float("inf")}, step=0)
+    with pytest.raises(NonFiniteMetric, match="'bad' is nan at step 0"):
+        tracker.log_metrics({"loss": 2.0, "bad": float("nan"), "inf": float("inf")}, step=0)
+    tracker.log_metrics({"loss": 1.0}, step=0)
     tracker.log_metrics({"loss": 0.5}, step=1)
     assert client.get_run(tracker.run_id).data.metrics == {}
     tracker.flush(wait=True)

@@ -22,6 +22,7 @@ Run: ``pytest tests/verl/test_backend.py``.
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import threading
@@ -91,6 +92,22 @@ VERL_STEP = {
 }
 
 
+def test_a_non_finite_verl_metric_reaches_the_tracker_which_stops_the_run(tmp_path):
+    """A NaN loss from verl is kept by the mapping (never dropped silently); the tracker refuses it,
+    naming the metric and step, which ends the run as FAILED."""
+    from runners import tracking
+    from runners.backends.base import NonFiniteMetric
+
+    out = map_metrics({"actor/pg_loss": float("nan"), "actor/grad_norm": float("inf"), "critic/vf_loss": 0.5})
+    assert math.isnan(out["actor/pg_loss"]) and math.isinf(out["actor/grad_norm"])
+    tracker = tracking.RunTracker.open(
+        uri=f"sqlite:///{tmp_path}/mlflow.db", experiment="nan", run_key="k", run_name="nan", tags={}, params={}
+    )
+    with pytest.raises(NonFiniteMetric, match="'actor/grad_norm' is inf at step 3"):
+        tracker.log_metrics(out, step=3)
+    tracker.finish("FAILED")
+
+
 def test_metric_mapping_on_a_recorded_verl_step():
     """Renames and derived schema metrics against hand-computed values; all names valid in MLflow."""
     from mlflow.utils.validation import _validate_metric_name
@@ -117,7 +134,8 @@ def test_metric_mapping_on_a_recorded_verl_step():
     }
     for key, value in expected.items():
         assert out[key] == pytest.approx(value), key
-    assert "rollout/moe/layers" not in out and "variance_proxy/expected_w" not in out  # not finite numbers
+    assert "rollout/moe/layers" not in out  # not a number
+    assert "variance_proxy/expected_w" not in out  # verl's NaN for a diagnostic it did not compute
     assert not any("@" in key for key in out) and "kl_loss" not in out
     for key in out:
         _validate_metric_name(key)

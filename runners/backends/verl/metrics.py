@@ -21,7 +21,10 @@ Most names already agree with the schema (``actor/entropy``, ``actor/pg_clipfrac
   are the maximum over roles (the per-role names are kept too);
 - ``kl_loss`` / ``kl_coef`` (unprefixed in v1's loss) become ``actor/kl_loss`` / ``actor/kl_coef``.
 
-Values that are not finite numbers (lists, strings, NaN) are dropped.
+Values that are not numbers (lists, strings) are dropped. NaN and inf are kept, so that the run's
+tracker stops the run naming the metric and step, except where verl itself reports NaN for a
+diagnostic it did not compute (``NAN_WHEN_UNUSED``: e.g. ``variance_proxy/*`` in every step that
+has no variance proxy).
 
     from runners.backends.verl.metrics import map_metrics
     map_metrics({"val-core/gsm8k/acc/mean@4": 0.5})   # {"val-core/gsm8k/acc/mean_at_4": 0.5}
@@ -54,10 +57,16 @@ def sanitize_key(key: str) -> str:
     return _INVALID.sub("_", _SLASHES.sub("/", key.replace("@", "_at_")))
 
 
-def _number(value: Any) -> float | None:
+# verl's metric prefixes that read NaN when their diagnostic was not computed in a step
+NAN_WHEN_UNUSED = ("variance_proxy/",)
+
+
+def _number(key: str, value: Any) -> float | None:
     if isinstance(value, bool):
         return float(value)
-    if isinstance(value, (int, float)) and math.isfinite(float(value)):
+    if isinstance(value, (int, float)):
+        if not math.isfinite(float(value)) and key.startswith(NAN_WHEN_UNUSED):
+            return None
         return float(value)
     return None
 
@@ -69,7 +78,7 @@ def map_metrics(raw: Mapping[str, Any], *, responses_per_step: int | None = None
     """
     out: dict[str, float] = {}
     for key, value in raw.items():
-        number = _number(value)
+        number = _number(key, value)
         if number is not None:
             out[RENAMED.get(key, sanitize_key(key))] = number
     if out.get("perf/time_per_step", 0) > 0 and "perf/total_num_tokens" in out:
