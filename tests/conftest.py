@@ -6,7 +6,7 @@ Markers route expensive tests; tests that need what this machine lacks are *skip
 The ``slurm`` tests run first, as one stage: those marked ``slurm_whole_cluster`` (they need every
 GPU of the test cluster), then the rest, which run while the background sweeps of
 tests/slurm/sweeps.py do (started as the first of them begins), the tests that only collect a
-sweep's result last. The terminal summary reports how long the stage took, cluster start and
+sweep's result last. The ``verl_cpu`` stage runs at the very end, in one piece. The terminal summary reports how long the stage took, cluster start and
 teardown included.
 """
 
@@ -53,9 +53,10 @@ def pytest_collection_modifyitems(config, items):
 
 def _stage(item) -> int:
     """0: slurm, whole cluster; 1: slurm, beside the background sweeps; 2: slurm, checks a sweep
-    (so the others overlap the sweeps); 3: every other test."""
+    (so the others overlap the sweeps); 3: every other test; 4: the verl-on-CPU stage (last, in one
+    piece, so its summary's wall time and memory peak are its own)."""
     if item.get_closest_marker("slurm") is None:
-        return 3
+        return 4 if item.get_closest_marker("verl_cpu") is not None else 3
     if item.get_closest_marker("slurm_whole_cluster"):
         return 0
     return 2 if "slurm_sweeps" in item.fixturenames else 1

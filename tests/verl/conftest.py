@@ -1,7 +1,8 @@
 """Fixtures of the verl tests: the shared Ray cluster and the "verl on CPU" stage (marker ``verl_cpu``).
 
-The stage's summary line reports its wall time (from its first test to the end of the session,
-the Ray cluster's start and stop included), the verl launches, the mean of each ``timing_s/*``
+The stage runs last in the session (tests/conftest.py orders it), so its summary line's wall time
+(from the setup of its first test, the Ray cluster's start included, to its last test's end) and
+memory peak are the stage's own. The line also gives the verl launches, the mean of each ``timing_s/*``
 phase over the stage's iterations and the peak summed PSS of its processes.
 
     pytest -m verl_cpu tests/verl        # the stage alone (about 7 minutes on 2 busy cores)
@@ -23,11 +24,16 @@ def pytest_runtest_setup(item):
         _SPAN.setdefault("start", time.monotonic())
 
 
+def pytest_runtest_teardown(item, nextitem):
+    if item.get_closest_marker("verl_cpu") is not None:
+        _SPAN["end"] = time.monotonic()
+
+
 def pytest_terminal_summary(terminalreporter):
     stage = STAGE.get("stage")
     if stage is None or "start" not in _SPAN:
         return
-    wall = getattr(stage, "finished", time.monotonic()) - _SPAN["start"]
+    wall = _SPAN.get("end", getattr(stage, "finished", time.monotonic())) - _SPAN["start"]
     timings = stage.timings()
     phases = ", ".join(
         f"{key.split('/', 1)[1]} {statistics.mean(values):.2f}" for key, values in sorted(timings.items()) if values

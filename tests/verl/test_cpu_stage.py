@@ -225,3 +225,33 @@ def test_report_builds_from_the_stage(cpu_stage, tmp_path):
     html = (out / "report.html").read_text()
     for cell in cpu_stage.runs.values():
         assert cell.result["name"].split(" | ")[0] in html
+
+
+def test_the_readme_command_trains_troll_on_verl(tmp_path):
+    """The command a CPU-only user types, exactly, in a fresh process with its own Ray (no shared
+    cluster, evaluation on as configured by default): ``trustbench run backend=verl algorithm=grpo
+    objective=troll trainer.total_steps=2`` leaves a FINISHED MLflow run with ``troll/*`` metrics and
+    ``actor/pg_loss`` at steps 1 and 2."""
+    import shutil
+    import sqlite3
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "MLFLOW_"))}
+    env["TRUSTBENCH_HOME"] = str(tmp_path / "home")
+    exe = shutil.which("trustbench", path=os.path.dirname(sys.executable)) or "trustbench"
+    argv = [exe, "run", "backend=verl", "algorithm=grpo", "objective=troll", "trainer.total_steps=2"]
+    done = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=540)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    with sqlite3.connect(tmp_path / "home" / "mlflow.db") as con:
+        ((run_id, status),) = con.execute("SELECT run_uuid, status FROM runs").fetchall()
+        assert status == "FINISHED"
+        keys = {k for (k,) in con.execute("SELECT DISTINCT key FROM metrics WHERE run_uuid = ?", (run_id,))}
+        steps = [
+            s
+            for (s,) in con.execute(
+                "SELECT step FROM metrics WHERE run_uuid = ? AND key = ? ORDER BY step", (run_id, metric_names.PG_LOSS)
+            )
+        ]
+    assert any(k.startswith("troll/") for k in keys), sorted(keys)
+    assert steps == [1, 2]
