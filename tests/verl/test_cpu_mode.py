@@ -123,8 +123,8 @@ def verl_config():
 
 
 def _cpu_overrides(cfg, *, ray_address=None):
-    from runners.backends.verl.backend import cpu_placement, model_path
     from runners.backends.verl.cpu_mode import CPUPlacement
+    from runners.backends.verl.process import cpu_placement, model_path
     from runners.backends.verl.translate import VerlPaths, build_overrides
 
     path = model_path(cfg)

@@ -69,7 +69,7 @@ def cuda_available() -> bool:
 
 def _slurm_gpus(env: Mapping[str, str]) -> int | None:
     """GPUs of the Slurm allocation this process runs in (None outside one)."""
-    from runners.backends.verl.backend import slurm_allocation
+    from runners.backends.verl.process import slurm_allocation
 
     allocation = slurm_allocation(env)
     return None if allocation is None else allocation[1]
