@@ -260,7 +260,7 @@ def test_exported_weights_are_the_builtin_backends():
 # -- the HF rollout server --------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def server():
-    from runners.backends.verl.hf_rollout import HFGenerationServer
+    from runners.backends.verl.hf_server import HFGenerationServer
     from runners.backends.verl.model_export import export_model
 
     folder = export_model(_cfg("model=tiny_llama").model)

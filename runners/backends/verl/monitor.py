@@ -1,7 +1,8 @@
 """Per-iteration diagnostics the built-in trainer logs for every method, computed inside verl's trainer.
 
 Design: the built-in trainer logs, whatever the method, the entropy-mechanism covariance
-(``entropy/cov``, entropy.txt section 3 Corollary 1: old log-probs against advantages) and the TRM
+(``entropy/cov``, Entropy-preserving RL, arXiv 2603.11682, section 3, Corollary 1: old log-probs against
+advantages) and the TRM
 monitor of the rollout/training mismatch (``trm/accept_rate``, ``trm/max_kl``, ``trm/mean_kl``,
 ``trm/ppl_gap``, acceptance by response length; with ``mask=none`` every sequence is kept). In verl
 the trustbench policy losses already log the TRM set (``PolicyLoss`` calls the mask, ``none``
