@@ -43,14 +43,15 @@ def slurm_allocation(env: Mapping[str, str] | None = None) -> tuple[int, int] | 
 
 
 def model_path(cfg: DictConfig) -> str:
-    """A directory or hub id verl can load: ``model.path``, the converted SmolLM2 checkpoint, or the
-    project's own model written as a Hugging Face directory (``model_export``)."""
+    """A directory or hub id verl can load: the directory the model kind makes (its ``make_hf_directory``
+    hook: the converted SmolLM2 checkpoint), the project's own model written as a Hugging Face directory
+    (``model_export``), or ``model.path``."""
     from runners.backends.verl.model_export import export_model, exportable
+    from runners.models.loader import MODEL_KINDS
 
-    if cfg.model.kind == "smollm2":
-        from runners.models.gguf import convert_smollm2
-
-        return str(convert_smollm2())
+    make_directory = MODEL_KINDS.hook(str(cfg.model.kind), "make_hf_directory")
+    if make_directory is not None:
+        return str(make_directory(cfg.model))
     if exportable(cfg.model.kind):
         return str(export_model(cfg.model))
     return str(cfg.model.path or "")
