@@ -9,4 +9,3 @@ from __future__ import annotations
 
 class SkipItem(Exception):
     """The item cannot be built from these runs; ``str(exc)`` says why."""
-
