@@ -9,10 +9,3 @@ from __future__ import annotations
 
 class SkipItem(Exception):
     """The item cannot be built from these runs; ``str(exc)`` says why."""
-
-
-def require_metrics(available: list[str], *needed: str) -> None:
-    """Raise SkipItem naming the metrics of ``needed`` that no run logged."""
-    missing = [m for m in needed if m not in set(available)]
-    if missing:
-        raise SkipItem(f"no run logs {', '.join(missing)}")

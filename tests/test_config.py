@@ -104,6 +104,55 @@ def test_labels_name_swapped_components():
     assert method_label(cfg, ch) == "GSPO + TROLL"
 
 
+def test_labels_are_declared_on_the_registries_for_every_option():
+    """A group that labels any option labels all of its conf options (declared on the registry lines:
+    ``label`` / ``preset_labels``), so a new component never shows as ``objective=name`` beside TROLL."""
+    from runners.config import component_groups, component_label
+
+    for group in component_groups():
+        shown = {name: component_label(group, name) for name in options(group)}
+        unlabelled = sorted(name for name, label in shown.items() if label == f"{group}={name}")
+        assert unlabelled in ([], sorted(shown)), (group, unlabelled)
+    assert component_label("estimator", "rloo") == "estimator=rloo"  # estimators are named by key
+
+
+def test_labels_of_objectives_presets_and_label_order():
+    cfg, ch = compose(["algorithm=grpo", "objective=cispo"])
+    assert method_label(cfg, ch) == "GRPO + CISPO"
+    cfg, ch = compose(["algorithm=grpo", "objective=dapo_clip"])
+    assert method_label(cfg, ch) == "GRPO + Clip-Higher"
+    cfg, ch = compose(["algorithm=grpo", "estimator=rloo", "objective=troll_seq"])
+    assert method_label(cfg, ch) == "GRPO + TROLL-Seq + estimator=rloo"
+
+
+@pytest.mark.parametrize("rescale", ["verl", "groups", "none", "bogus"])
+def test_gpg_rescale_accepted_by_the_config_iff_by_the_estimator(rescale):
+    """The config's check of ``estimator.rescale`` and GPG's estimator accept the same values."""
+    import torch
+
+    from runners.algorithms.estimators import compute_gpg_advantages
+    from runners.algorithms.types import AdvantageInputs
+
+    inp = AdvantageInputs(
+        token_rewards=torch.tensor([[1.0, 0.0], [0.0, 0.0], [1.0, 0.0], [1.0, 0.0]]),
+        response_mask=torch.ones(4, 2),
+        group_index=torch.tensor([0, 0, 1, 1]),
+    )
+    try:
+        compute_gpg_advantages(inp, rescale=rescale)
+        estimator_accepts = True
+    except ValueError:
+        estimator_accepts = False
+    try:
+        compose(["estimator=gpg", f"estimator.rescale={rescale}"])
+        config_accepts = True
+    except ConfigError as err:
+        assert err.key == "estimator.rescale"
+        config_accepts = False
+    assert config_accepts == estimator_accepts
+    assert estimator_accepts == (rescale != "bogus")
+
+
 BAD = [
     (["algorithm=nope"], "algorithm"),
     (["objective=nope"], "objective"),

@@ -8,7 +8,10 @@ Rules (the project layout; every ``import`` and ``from ... import`` counts, also
   what they share lives in ``runners.backends.base`` and ``runners.algorithms``;
 - ``runners.algorithms`` (the backend-independent library) never imports a backend, the models or the
   run orchestration (``runners.run``, ``runners.sweep``, ``runners.tracking``, ``runners.launch``);
-- ``runners.models`` never imports a backend.
+- ``runners.models`` never imports a backend;
+- the orchestration (``runners.run``, ``runners.launch``, ``runners.sweep``, ``runners.cli``,
+  ``runners.main``) reaches a backend only through the registry (``runners.backends.BACKENDS``), never
+  by importing ``runners.backends.local`` or ``runners.backends.verl``.
 
 The checker is also run on a small tree with one deliberately wrong import, which it must report.
 """
@@ -35,6 +38,10 @@ RULES = [
         "the algorithm library is backend-independent",
     ),
     ("runners.models", ("runners.backends",), "models do not depend on a backend"),
+    *(
+        (module, ("runners.backends.local", "runners.backends.verl"), "orchestration reaches backends by registry")
+        for module in ("runners.run", "runners.launch", "runners.sweep", "runners.cli", "runners.main")
+    ),
 ]
 
 
@@ -103,6 +110,12 @@ def test_the_source_tree_keeps_its_layers():
         ),
         ("runners/algorithms/bad.py", "from runners.models import sampler\n", "imports runners.models"),
         ("reports/bad.py", "from runners.backends import base\n", "reports.bad imports runners.backends"),
+        (
+            "runners/sweep/bad.py",
+            "def f():\n    from runners.backends.verl.sbatch import render_sbatch\n",
+            "runners.sweep.bad imports runners.backends.verl.sbatch",
+        ),
+        ("runners/run.py", "import runners.backends.local.trainer\n", "runners.run imports runners.backends.local"),
     ],
 )
 def test_a_wrong_import_is_reported(tmp_path, where, source, expected):

@@ -78,3 +78,22 @@ def test_declarations_and_a_schema_written_on_the_registry_line():
     assert reg.with_need("logits") == ["x"]
     with pytest.raises(UnknownNameError, match="valid names: x"):
         reg.entry("y")
+
+
+def test_labels_and_hooks_declared_on_the_registry_line():
+    """An entry's label and its presets' labels (``Registry.label``), and its named functions, lazy
+    until looked up (``Registry.hook``); an entry without the hook gives None, an unknown name raises."""
+    import math
+
+    reg = Registry("objective")
+    reg.register(
+        "x", "math:sqrt", label="X", preset_labels={"x_big": "X-Big"}, hooks={"size": "math:floor", "now": abs}
+    )
+    reg.register("y", "math:floor")
+    assert (reg.label("x"), reg.label("x_big"), reg.label("y"), reg.label("z")) == ("X", "X-Big", None, None)
+    assert reg.hook("x", "size") is math.floor and reg.hook("x", "now") is abs
+    assert reg.hook("y", "size") is None
+    with pytest.raises(UnknownNameError):
+        reg.hook("z", "size")
+    with pytest.raises(ValueError, match="module:attr"):
+        reg.register("w", "math:sqrt", hooks={"size": "math.floor"})

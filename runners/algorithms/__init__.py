@@ -21,8 +21,10 @@ Extension points and their call contracts (tensors: B responses, T response posi
 Each entry also declares what its component needs (the current logits, the sparse old
 distribution, entropy with gradient, a critic, rollout log-probs, GTPO's H_ini, whole prompt
 groups), what it provides to the others, the config keys the trainer consumes, and its config
-dataclass; ``method.Method`` combines the declarations of a cell and ``policy_loss.PolicyLoss`` is
-the one place that assembles a (micro-)batch's policy loss from the components, for every backend.
+dataclass, and its display name in run labels (``label``; estimators and loss aggregations have none
+and show as ``estimator=rloo``); ``method.Method`` combines the declarations of a cell and
+``policy_loss.PolicyLoss`` is the one place that assembles a (micro-)batch's policy loss from the
+components, for every backend.
 """
 
 from runners.algorithms.registry import Entry, Registry, UnknownNameError
@@ -59,36 +61,53 @@ for _name, (_attr, _schema, _decl) in {
     ESTIMATORS.register(_name, f"{_PKG}.estimators:{_attr}", schema=_schema and f"{_SCHEMA}:{_schema}", **_decl)
 
 for _name, (_target, _schema, _decl) in {
-    "clip": ("objectives:clip_objective", "ClipObjective", {"provides": ("token_clip",)}),
-    "token_is": ("objectives:token_is_objective", None, {}),
-    "gspo": ("objectives:gspo_objective", "GspoObjective", {}),
-    "gpg": ("objectives:gpg_objective", None, {}),
-    "bapo": ("objectives:bapo_objective", "BapoObjective", {}),
+    "clip": (
+        "objectives:clip_objective",
+        "ClipObjective",
+        {
+            "provides": ("token_clip",),
+            "label": "Clip",
+            "preset_labels": {"dapo_clip": "Clip-Higher", "dual_clip": "Dual-Clip"},
+        },
+    ),
+    "token_is": ("objectives:token_is_objective", None, {"label": "Token-IS"}),
+    "gspo": ("objectives:gspo_objective", "GspoObjective", {"label": "GSPO"}),
+    "gpg": ("objectives:gpg_objective", None, {"label": "GPG"}),
+    "bapo": ("objectives:bapo_objective", "BapoObjective", {"label": "BAPO"}),
     "cispo": (
         "cispo:cispo_objective",
         {"clip_ratio_low": (float, 1.0, OPEN_UNIT_OR_ONE), "clip_ratio_high": (float, 0.28, POSITIVE)},
-        {},
+        {"label": "CISPO"},
     ),
-    "troll": ("troll:troll_objective", "TrollObjective", {"needs": _EXACT, "trainer_keys": _SPARSE_KEYS}),
+    "troll": (
+        "troll:troll_objective",
+        "TrollObjective",
+        {
+            "needs": _EXACT,
+            "trainer_keys": _SPARSE_KEYS,
+            "label": "TROLL",
+            "preset_labels": {"troll_seq": "TROLL-Seq"},
+        },
+    ),
     "gtpo": (
         "gtpo:gtpo_objective",
         "GtpoObjective",
-        {"needs": ("grad_entropy", "h_ini", "groups"), "trainer_keys": ("h_ini_prompts",)},
+        {"needs": ("grad_entropy", "h_ini", "groups"), "trainer_keys": ("h_ini_prompts",), "label": "GTPO"},
     ),
 }.items():
     _schema = _schema if isinstance(_schema, dict) else _schema and f"{_SCHEMA}:{_schema}"
     OBJECTIVES.register(_name, f"{_PKG}.{_target}", schema=_schema, **_decl)
 
-for _name, (_attr, _schema, _needs) in {
-    "none": ("no_mask", None, ()),
-    "trm_max": ("trm_max_mask", "TrmMaxExactMask", _EXACT),
-    "trm_avg": ("trm_avg_mask", "TrmAvgExactMask", _EXACT),
-    "trm_max_avg": ("trm_max_avg_mask", "TrmMaxAvgExactMask", _EXACT),
-    "trm_max_k2": ("trm_max_k2_mask", "TrmMaxMask", _SAMPLE),
-    "trm_avg_k3": ("trm_avg_k3_mask", "TrmAvgMask", _SAMPLE),
-    "trm_max_avg_sample": ("trm_max_avg_sample_mask", "TrmMaxAvgMask", _SAMPLE),
-    "ln_trm": ("ln_trm_mask", "LnTrmMask", _SAMPLE),
-    "ser": ("ser_mask", "SerMask", _SAMPLE),
+for _name, (_attr, _schema, _needs, _label) in {
+    "none": ("no_mask", None, (), "NoMask"),
+    "trm_max": ("trm_max_mask", "TrmMaxExactMask", _EXACT, "TRM-Max"),
+    "trm_avg": ("trm_avg_mask", "TrmAvgExactMask", _EXACT, "TRM-Avg"),
+    "trm_max_avg": ("trm_max_avg_mask", "TrmMaxAvgExactMask", _EXACT, "TRM-Max&Avg"),
+    "trm_max_k2": ("trm_max_k2_mask", "TrmMaxMask", _SAMPLE, "TRM-Max(k2)"),
+    "trm_avg_k3": ("trm_avg_k3_mask", "TrmAvgMask", _SAMPLE, "TRM-Avg(k3)"),
+    "trm_max_avg_sample": ("trm_max_avg_sample_mask", "TrmMaxAvgMask", _SAMPLE, "TRM-Max&Avg(k2,k3)"),
+    "ln_trm": ("ln_trm_mask", "LnTrmMask", _SAMPLE, "LN-TRM"),
+    "ser": ("ser_mask", "SerMask", _SAMPLE, "SER"),
 }.items():
     MASKS.register(
         _name,
@@ -96,17 +115,18 @@ for _name, (_attr, _schema, _needs) in {
         schema=_schema and f"{_SCHEMA}:{_schema}",
         needs=_needs,
         trainer_keys=_SPARSE_KEYS if _needs == _EXACT else (),
+        label=_label,
     )
 
-for _name, (_attr, _schema, _needs) in {
-    "none": ("NoEntropyControl", None, ()),
-    "bonus": ("EntropyBonusController", "BonusControl", ("grad_entropy", "batch_entropy")),
-    "repo_r": ("RepoRController", "RepoControl", ("batch_entropy",)),
-    "repo_d": ("RepoDController", "RepoControl", ("batch_entropy",)),
-    "adapo": ("AdapoController", "AdapoControl", ("token_clip", "batch_entropy")),
+for _name, (_attr, _schema, _needs, _label) in {
+    "none": ("NoEntropyControl", None, (), "NoEC"),
+    "bonus": ("EntropyBonusController", "BonusControl", ("grad_entropy", "batch_entropy"), "EntBonus"),
+    "repo_r": ("RepoRController", "RepoControl", ("batch_entropy",), "REPO-R"),
+    "repo_d": ("RepoDController", "RepoControl", ("batch_entropy",), "REPO-D"),
+    "adapo": ("AdapoController", "AdapoControl", ("token_clip", "batch_entropy"), "ADAPO"),
 }.items():
     ENTROPY_CONTROLLERS.register(
-        _name, f"{_PKG}.entropy:{_attr}", schema=_schema and f"{_SCHEMA}:{_schema}", needs=_needs
+        _name, f"{_PKG}.entropy:{_attr}", schema=_schema and f"{_SCHEMA}:{_schema}", needs=_needs, label=_label
     )
 
 for _name, _attr in {
@@ -122,14 +142,18 @@ for _name, _attr in {
         needs=("norm_len",) if _name == "seq-mean-token-sum-norm" else (),
     )
 
-for _name, (_attr, _schema) in {
-    "none": ("no_correction", None),
-    "token_tis": ("token_tis", {"cap": (float, 2.0, GREATER_THAN_ONE)}),
-    "seq_max_k2": ("seq_max_k2", {"threshold": (float, 0.05, POSITIVE)}),
-    "seq_max_k3": ("seq_max_k3", {"threshold": (float, 0.05, POSITIVE)}),
+for _name, (_attr, _schema, _label) in {
+    "none": ("no_correction", None, "NoRC"),
+    "token_tis": ("token_tis", {"cap": (float, 2.0, GREATER_THAN_ONE)}, "TIS"),
+    "seq_max_k2": ("seq_max_k2", {"threshold": (float, 0.05, POSITIVE)}, "RS-max-k2"),
+    "seq_max_k3": ("seq_max_k3", {"threshold": (float, 0.05, POSITIVE)}, "RS-max-k3"),
 }.items():
     ROLLOUT_CORRECTIONS.register(
-        _name, f"{_PKG}.rollout_correction:{_attr}", schema=_schema, needs=("rollout_logp",) if _schema else ()
+        _name,
+        f"{_PKG}.rollout_correction:{_attr}",
+        schema=_schema,
+        needs=("rollout_logp",) if _schema else (),
+        label=_label,
     )
 
 REGISTRIES = {

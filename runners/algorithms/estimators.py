@@ -36,8 +36,7 @@ import torch
 from torch import Tensor
 
 from runners.algorithms.types import AdvantageInputs
-
-_GPG_RESCALE = ("verl", "groups", "none")
+from runners.config.components import GPG_RESCALE
 
 
 # -- helpers ---------------------------------------------------------------------------------
@@ -163,8 +162,8 @@ def compute_gpg_advantages(inp: AdvantageInputs, *, rescale: str = "verl", f_nor
     ``compute_gpg_outcome_advantage``); ``"groups"`` = B / #responses in groups whose rewards are not
     all equal (the GPG paper's B / (B - M), M = responses without gradient signal); ``"none"`` = 1.
     """
-    if rescale not in _GPG_RESCALE:
-        raise ValueError(f"gpg rescale={rescale!r}; valid values: {', '.join(_GPG_RESCALE)}")
+    if rescale not in GPG_RESCALE:
+        raise ValueError(f"gpg rescale={rescale!r}; valid values: {', '.join(GPG_RESCALE)}")
     if f_norm <= 0:
         raise ValueError(f"gpg f_norm must be > 0, got {f_norm!r}")
     mask = _mask_of(inp)

@@ -29,7 +29,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from runners.algorithms import ENTROPY_CONTROLLERS, ESTIMATORS, LOSS_AGGS, MASKS, OBJECTIVES, ROLLOUT_CORRECTIONS
+from runners.algorithms import REGISTRIES
 
 # capability -> what it means (a backend provides BACKEND_CAPABILITIES; components the rest)
 CAPABILITIES: dict[str, str] = {
@@ -53,14 +53,8 @@ BACKEND_CAPABILITIES = frozenset(
 # defaults of the sparse old distribution (TROLL section 3.2: K = 64, mass 1 - 1e-5, p_d = 1e-12)
 SPARSE_DEFAULTS: dict[str, Any] = {"top_k": 64, "tail_mass": 1e-5, "p_default": 1e-12, "chunk_size": 1024}
 
-GROUPS = {
-    "estimator": ESTIMATORS,
-    "objective": OBJECTIVES,
-    "mask": MASKS,
-    "entropy_control": ENTROPY_CONTROLLERS,
-    "loss_agg": LOSS_AGGS,
-    "rollout_correction": ROLLOUT_CORRECTIONS,
-}
+# the component groups of a method: the registries, by config group
+GROUPS = REGISTRIES
 
 
 def _plain(node: Any) -> dict[str, Any]:

@@ -29,7 +29,8 @@ Semantics every backend shares:
   None uses the micro-batch's own counts.
 
 Metrics: the objective's and the mask's (``troll/*``, ``trm/*``, ``gtpo/*``, ``actor/pg_clipfrac``),
-as floats. Tests: ``pytest tests/algorithms/test_policy_loss.py tests/test_cross_backend.py``.
+as floats. Tests: ``pytest tests/verl/test_cross_backend.py`` (both backends, every preset) and
+``tests/algorithms/test_sparse_divergences.py`` (the TROLL/TRM loss through ``PolicyLoss``).
 """
 
 from __future__ import annotations

@@ -19,13 +19,18 @@ node the trainer consumes instead of passing them to the function (``trainer_key
 dataclass that types its config node (``schema``, lazy like the target). Backends and validation read
 these (``Registry.entry``, ``runners.algorithms.method.Method``) instead of testing names; the words
 of ``needs`` / ``provides`` are listed in ``runners.algorithms.method.CAPABILITIES``.
+
+An entry may also carry its display name (``label``, and ``preset_labels`` for the named presets of
+the entry in ``conf/<group>/``, e.g. ``dapo_clip`` of ``clip``: ``Registry.label``) and named
+functions a caller looks up instead of testing the name (``hooks``, lazy like the target:
+``Registry.hook``; e.g. how a model kind becomes a Hugging Face directory).
 """
 
 from __future__ import annotations
 
 import importlib
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 
@@ -51,6 +56,12 @@ class Entry:
     # dataclass typing the component's config node, a lazy "module:attr" string, or a mapping
     # {field: (type, default, *checks)} built into a dataclass on first use; None: untyped
     schema: str | type | Mapping[str, tuple] | None = None
+    # display name in run labels ("TROLL"); None: shown as group=name
+    label: str | None = None
+    # display names of named presets of this entry (conf option -> label, e.g. {"dapo_clip": "Clip-Higher"})
+    preset_labels: Mapping[str, str] = field(default_factory=dict)
+    # named functions of this entry (hook name -> callable or lazy "module:attr")
+    hooks: Mapping[str, str | Callable[..., Any]] = field(default_factory=dict)
 
 
 def _resolve(target: str | Any) -> Any:
@@ -86,12 +97,24 @@ class Registry:
         provides: Iterable[str] = (),
         trainer_keys: Iterable[str] = (),
         schema: str | type | Mapping[str, tuple] | None = None,
+        label: str | None = None,
+        preset_labels: Mapping[str, str] | None = None,
+        hooks: Mapping[str, str | Callable[..., Any]] | None = None,
     ):
         """Register ``target`` under ``name``; without ``target`` acts as a decorator.
 
-        ``target`` (and ``schema``) may be a ``"package.module:attr"`` string, imported on first use.
+        ``target`` (and ``schema``, and each hook) may be a ``"package.module:attr"`` string, imported on
+        first use.
         """
-        declared = dict(needs=needs, provides=provides, trainer_keys=trainer_keys, schema=schema)
+        declared = dict(
+            needs=needs,
+            provides=provides,
+            trainer_keys=trainer_keys,
+            schema=schema,
+            label=label,
+            preset_labels=preset_labels,
+            hooks=hooks,
+        )
         if target is None:
 
             def decorator(obj: Callable[..., Any]) -> Callable[..., Any]:
@@ -106,6 +129,8 @@ class Registry:
             )
         _check_lazy(self.kind, name, "target", target)
         _check_lazy(self.kind, name, "schema", schema)
+        for hook, function in (hooks or {}).items():
+            _check_lazy(self.kind, name, f"hook {hook!r}", function)
         self._entries[name] = Entry(
             name=name,
             target=target,
@@ -113,6 +138,9 @@ class Registry:
             provides=frozenset(provides),
             trainer_keys=tuple(trainer_keys),
             schema=schema,
+            label=label,
+            preset_labels=dict(preset_labels or {}),
+            hooks=dict(hooks or {}),
         )
         return target
 
@@ -142,6 +170,21 @@ class Registry:
                 self._schemas[name] = component_dataclass(f"{self.kind}_{name}", schema)
             return self._schemas[name]
         return None if schema is None else _resolve(schema)
+
+    def hook(self, name: str, hook: str) -> Callable[..., Any] | None:
+        """The function ``hook`` of entry ``name`` (imported if lazy), or None when it declares none."""
+        function = self.entry(name).hooks.get(hook)
+        return None if function is None else _resolve(function)
+
+    def label(self, option: str) -> str | None:
+        """Display name of a config option of this group: the label of the entry ``option``, or of the
+        entry that declares ``option`` among its ``preset_labels``; None when none is declared."""
+        if option in self._entries and self._entries[option].label:
+            return self._entries[option].label
+        for entry in self._entries.values():
+            if option in entry.preset_labels:
+                return entry.preset_labels[option]
+        return None
 
     def with_need(self, need: str) -> list[str]:
         """Names whose entry declares ``need`` (for messages and docs; decisions read ``entry``)."""

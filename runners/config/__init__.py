@@ -26,39 +26,31 @@ SEARCHPATH_OVERRIDE = f"hydra.searchpath=[file://{repo_root()}]"
 
 # top-level keys that do not change what a cell trains
 NON_SEMANTIC_KEYS = ("tracking", "launcher", "label", "progress", "force", "debug", "hydra")
-COMPONENT_GROUPS = ("estimator", "objective", "mask", "entropy_control", "loss_agg", "rollout_correction", "rollout")
 # a group's option when a preset does not choose it (swapping it shows in the label too)
 COMPONENT_DEFAULTS = {"rollout_correction": "none"}
+# groups named first in a label, in this order; the other component groups (every registry of
+# runners.algorithms.REGISTRIES) follow in registry order
+LABEL_FIRST = ("objective", "mask", "entropy_control", "estimator", "loss_agg", "rollout")
 
-# display names of swapped components
-COMPONENT_LABELS = {
-    "objective": {
-        "clip": "Clip",
-        "dapo_clip": "Clip-Higher",
-        "dual_clip": "Dual-Clip",
-        "token_is": "Token-IS",
-        "gspo": "GSPO",
-        "gpg": "GPG",
-        "bapo": "BAPO",
-        "troll": "TROLL",
-        "troll_seq": "TROLL-Seq",
-        "gtpo": "GTPO",
-    },
-    "mask": {
-        "none": "NoMask",
-        "trm_max": "TRM-Max",
-        "trm_avg": "TRM-Avg",
-        "trm_max_avg": "TRM-Max&Avg",
-        "trm_max_k2": "TRM-Max(k2)",
-        "trm_avg_k3": "TRM-Avg(k3)",
-        "trm_max_avg_sample": "TRM-Max&Avg(k2,k3)",
-        "ln_trm": "LN-TRM",
-        "ser": "SER",
-    },
-    "entropy_control": {"none": "NoEC", "bonus": "EntBonus", "repo_r": "REPO-R", "repo_d": "REPO-D", "adapo": "ADAPO"},
-    "rollout": {"full": "Full", "truncated": "Truncated"},
-    "rollout_correction": {"token_tis": "TIS", "seq_max_k2": "RS-max-k2", "seq_max_k3": "RS-max-k3"},
-}
+
+def component_groups() -> tuple[str, ...]:
+    """The groups a cell composes its method from, in label order: every algorithm registry and the rollout."""
+    from runners.algorithms import REGISTRIES
+
+    return (*LABEL_FIRST, *(group for group in REGISTRIES if group not in LABEL_FIRST))
+
+
+def component_label(group: str, option: str) -> str:
+    """Display name of a group's option: declared on its registry line (``label`` / ``preset_labels``)
+    or the rollout mode's (``schema.ROLLOUT_MODES``); ``group=option`` when none is declared."""
+    from runners.algorithms import REGISTRIES
+    from runners.config.schema import ROLLOUT_MODES
+
+    if group in REGISTRIES:
+        label = REGISTRIES[group].label(option)
+    else:
+        label = ROLLOUT_MODES.get(option) if group == "rollout" else None
+    return label or f"{group}={option}"
 
 
 def resolved(cfg: DictConfig) -> dict:
@@ -83,11 +75,11 @@ def method_label(cfg: DictConfig, choices: Mapping[str, str] | None = None) -> s
     if not choices:
         return label
     extras = []
-    for group in ("objective", "mask", "entropy_control", "estimator", "loss_agg", "rollout", "rollout_correction"):
+    for group in component_groups():
         chosen = choices.get(group)
         base = preset.get(group, COMPONENT_DEFAULTS.get(group))
         if chosen is not None and base is not None and chosen != base:
-            extras.append(COMPONENT_LABELS.get(group, {}).get(chosen, f"{group}={chosen}"))
+            extras.append(component_label(group, chosen))
     return " + ".join([label, *extras])
 
 
@@ -133,10 +125,11 @@ class _open:
 
 __all__ = [
     "CONF_DIR",
-    "COMPONENT_GROUPS",
     "ConfigError",
     "SWEEPS_DIR",
     "TrustbenchConfig",
+    "component_groups",
+    "component_label",
     "compose",
     "method_label",
     "register_configs",

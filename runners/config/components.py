@@ -95,10 +95,16 @@ class RfppEstimator(NamedComponent):
     center: bool = True
 
 
+# GPG's advantage rescaling alpha (runners.algorithms.estimators.compute_gpg_advantages): "verl" = B / responses
+# with a non-zero score (verl 0.9.1); "groups" = B / responses in groups whose rewards differ (the GPG paper's
+# B / (B - M), arXiv 2504.02546); "none" = 1
+GPG_RESCALE = ("verl", "groups", "none")
+
+
 @dataclass
 class GpgEstimator(NamedComponent):
-    # rescaling of the advantage: "verl" (share of groups with non-zero signal) | "none"
-    rescale: str = checked("verl", one_of("verl", "none"))
+    # rescaling of the advantage: a GPG_RESCALE value
+    rescale: str = checked("verl", one_of(*GPG_RESCALE))
     # GPG's normalisation constant f_norm
     f_norm: float = checked(1.0, POSITIVE)
 

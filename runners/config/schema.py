@@ -24,9 +24,21 @@ from runners.config.components import NamedComponent
 # ----------------------------------------------------------------------------------------------
 
 
+# rollout.mode -> its label in run names: "full": every response completes within a step; "truncated":
+# T-PPO windows (arXiv 2506.15050)
+ROLLOUT_MODES = {"full": "Full", "truncated": "Truncated"}
+# launcher.name -> where its cells train: "here" (this machine) or "cluster" (a node the scheduler picks)
+LAUNCHERS = {"local": "here", "submitit_local": "here", "slurm": "cluster"}
+
+
+def launched_here(cfg) -> bool:
+    """Whether the cell's launcher trains it on this machine (not on a cluster node)."""
+    return LAUNCHERS.get(str(cfg.launcher.name)) == "here"
+
+
 @dataclass
 class RolloutConfig:
-    # "full": every response completes within a step; "truncated": T-PPO windows
+    # a key of ROLLOUT_MODES: "full" | "truncated"
     mode: str = "full"
     # longest response in tokens (all windows together)
     max_response_length: int = 48
@@ -175,7 +187,7 @@ class TrackingConfig:
 
 @dataclass
 class LauncherConfig:
-    # local | submitit_local | slurm
+    # a key of LAUNCHERS: local | submitit_local | slurm
     name: str = "local"
     # local launcher: cells trained at once, each in its own process (1 = one after another in this process)
     parallel: int = 1

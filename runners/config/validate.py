@@ -19,10 +19,10 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from runners.config.components import field_checks
+from runners.config.schema import LAUNCHERS, ROLLOUT_MODES
 
 DTYPES = ("float32", "bfloat16", "float16")
 DEVICES = ("auto", "cpu", "cuda")
-LAUNCHERS = ("local", "submitit_local", "slurm")
 
 
 class ConfigError(ValueError):
@@ -154,7 +154,7 @@ def _check_rollout(c: _Checker, cfg: DictConfig, method) -> None:
     from runners.algorithms import ESTIMATORS
 
     r = cfg.rollout
-    c.one_of("rollout.mode", ("full", "truncated"))
+    c.one_of("rollout.mode", ROLLOUT_MODES)
     c.at_least("rollout.max_response_length", 1)
     c.at_least("rollout.max_prompt_length", 1)
     c.positive("rollout.temperature")

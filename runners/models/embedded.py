@@ -91,6 +91,12 @@ def make_recipe(**overrides: Any) -> EmbeddedRecipe:
     return recipe
 
 
+def recipe_key(**overrides: Any) -> str:
+    """The key of the recipe ``overrides`` select (the ``export_key`` hook of model kind ``embedded``:
+    it covers the recipe's defaults, which the model config does not name)."""
+    return make_recipe(**overrides).key()
+
+
 def embedded_model_dir(recipe: EmbeddedRecipe, cache_dir: str | Path | None = None) -> Path:
     root = Path(cache_dir) if cache_dir is not None else model_cache_dir()
     return root / "embedded" / recipe.key()

@@ -22,6 +22,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from runners.paths import model_cache_dir
 
@@ -105,6 +106,12 @@ def convert_smollm2(target: Path | None = None) -> Path:
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     return target
+
+
+def smollm2_directory(model_cfg: Any = None) -> Path:
+    """The Hugging Face directory of SmolLM2 (the ``make_hf_directory`` hook of model kind ``smollm2``),
+    converted on first use."""
+    return convert_smollm2()
 
 
 def load_smollm2(*, dtype: str = "float32"):

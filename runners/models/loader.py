@@ -28,10 +28,22 @@ from runners.algorithms.registry import Registry
 
 # needs: the model config keys a kind requires ("path": model.path, "arch": model.arch);
 # provides "hf_directory": the kind is (or converts to) a Hugging Face model directory; "hf_export": the
-# model is built in code and can be written as one (runners.backends.verl.model_export, verl's CPU mode)
+# model is built in code and can be written as one (runners.backends.verl.model_export, verl's CPU mode).
+# hooks: "make_hf_directory"(model_cfg) -> Path: the directory of a kind that converts to one (else it
+# is model.path); "export_key"(**options) -> str: what builds an exported model beyond its config
 MODEL_KINDS = Registry("model kind")
-MODEL_KINDS.register("embedded", "runners.models.embedded:load_embedded_model", provides=("hf_export",))
-MODEL_KINDS.register("smollm2", "runners.models.gguf:load_smollm2", provides=("hf_directory",))
+MODEL_KINDS.register(
+    "embedded",
+    "runners.models.embedded:load_embedded_model",
+    provides=("hf_export",),
+    hooks={"export_key": "runners.models.embedded:recipe_key"},
+)
+MODEL_KINDS.register(
+    "smollm2",
+    "runners.models.gguf:load_smollm2",
+    provides=("hf_directory",),
+    hooks={"make_hf_directory": "runners.models.gguf:smollm2_directory"},
+)
 MODEL_KINDS.register("hub", "runners.models.loader:load_hub_model", needs=("path",), provides=("hf_directory",))
 MODEL_KINDS.register("tiny", "runners.models.loader:load_tiny_model", needs=("arch",), provides=("hf_export",))
 # architectures of the tiny random models (runners.models.tiny)

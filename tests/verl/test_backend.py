@@ -294,7 +294,8 @@ def test_reward_entry_through_verls_loader_matches_runners_rewards(tmp_path):
 def test_slurm_allocation_and_launch_command(tmp_path):
     """Inside an allocation verl runs through the Ray-on-Slurm bootstrap with the allocation's
     GPUs; outside, directly; the sbatch script asks for the cell's resources and requeues itself."""
-    from runners.backends.verl.backend import RAY_BOOTSTRAP, launch_argv, render_sbatch, slurm_allocation
+    from runners.backends.verl.process import RAY_BOOTSTRAP, launch_argv, slurm_allocation
+    from runners.backends.verl.sbatch import render_sbatch
 
     assert slurm_allocation({}) is None
     env = {"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n[1-2]", "SLURM_JOB_NUM_NODES": "2", "SLURM_GPUS_ON_NODE": "4"}
@@ -350,7 +351,7 @@ def save(step):
 trainer = SimpleNamespace(global_steps=start, total_training_steps=total,
                           config=SimpleNamespace(trainer=SimpleNamespace(save_freq=save_freq)))
 trainer._save_checkpoint = lambda: save(trainer.global_steps)
-from runners.backends.verl.backend import check_stop_request
+from runners.backends.verl.checkpoints import check_stop_request
 if args["trainer.val_before_train"] == "true":
     emit(start, {"val-core/embedded/acc/mean@4": 0.25})
 step = start + 1
@@ -395,7 +396,7 @@ def test_run_stop_resume_and_finish_into_one_mlflow_run(tmp_path, fake_verl, mon
     PREEMPTED; the next attempt resumes from step 2 (no repeated first evaluation) and finishes;
     MLflow holds each step once, under schema names; a third call skips the finished cell."""
     from runners import paths
-    from runners.backends.verl.backend import VerlLayout, latest_checkpoint_step
+    from runners.backends.verl.checkpoints import VerlLayout, latest_checkpoint_step
     from runners.config import run_key
     from runners.run import Preempted, read_status, run
 
@@ -465,7 +466,8 @@ def test_resume_guards(tmp_path, fake_verl, monkeypatch, capfd, store, case, che
     """verl is never launched into zero training steps, a checkpoint beyond total_steps is a
     ConfigError naming the key, verl ending early or failing is an error (not a silent success),
     and a fresh MLflow run never resumes another run's checkpoint."""
-    from runners.backends.verl.backend import VerlBackend, VerlLayout, latest_checkpoint_step
+    from runners.backends.verl.backend import VerlBackend
+    from runners.backends.verl.checkpoints import VerlLayout, latest_checkpoint_step
     from runners.config.validate import ConfigError
 
     cfg, _ = _cell(tmp_path, f"backend.options.entrypoint={fake_verl}", *extra, store=store)
@@ -496,7 +498,7 @@ def test_ray_auth_mode_is_decided_once_for_cluster_and_clients(tmp_path, monkeyp
     """Ray starts a cluster with token auth when a token file exists and RAY_AUTH_MODE is unset,
     but its clients then do not send the token: the backend sets the mode explicitly (an
     explicit setting wins)."""
-    from runners.backends.verl.backend import launch_env
+    from runners.backends.verl.process import launch_env
 
     cfg, _ = _cell(tmp_path)
     kw = {"tracking_uri": "sqlite:///x.db", "run_id": "r", "metrics_file": "m", "stop_file": "s"}

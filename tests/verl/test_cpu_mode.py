@@ -123,8 +123,8 @@ def verl_config():
 
 
 def _cpu_overrides(cfg, *, ray_address=None):
-    from runners.backends.verl.backend import cpu_placement, model_path
     from runners.backends.verl.cpu_mode import CPUPlacement
+    from runners.backends.verl.process import cpu_placement, model_path
     from runners.backends.verl.translate import VerlPaths, build_overrides
 
     path = model_path(cfg)
@@ -244,6 +244,17 @@ def test_exported_prompts_are_the_builtin_backends(model, dataset):
         assert "\n" in tokenizer.decode(verl_ids)  # the newline of "...=?\n" survived (Qwen2Tokenizer drops it)
 
 
+def test_export_spec_holds_the_recipe_key_of_kinds_that_declare_one():
+    """The embedded model's folder is keyed by its recipe's hash (the ``export_key`` hook of its model
+    kind), so a changed recipe default is a new folder; kinds without the hook are keyed by config only."""
+    from runners.backends.verl.model_export import export_spec
+    from runners.models.embedded import make_recipe
+
+    spec = export_spec({"kind": "embedded", "name": "embedded", "options": {"steps": 50}})
+    assert spec["recipe"] == make_recipe(steps=50).key() != make_recipe().key()
+    assert "recipe" not in export_spec({"kind": "tiny", "name": "tiny_qwen2", "arch": "qwen2", "options": {}})
+
+
 def test_exported_weights_are_the_builtin_backends():
     import torch
 
@@ -260,7 +271,7 @@ def test_exported_weights_are_the_builtin_backends():
 # -- the HF rollout server --------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def server():
-    from runners.backends.verl.hf_rollout import HFGenerationServer
+    from runners.backends.verl.hf_server import HFGenerationServer
     from runners.backends.verl.model_export import export_model
 
     folder = export_model(_cfg("model=tiny_llama").model)

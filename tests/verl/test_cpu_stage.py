@@ -161,7 +161,7 @@ def test_repo_r_requeue(cpu_stage, monkeypatch):
     which a controller restarted at the rerun would not."""
     import runners.run as run_module
     from runners.algorithms import ENTROPY_CONTROLLERS
-    from runners.backends.verl.backend import VerlLayout, latest_checkpoint_step
+    from runners.backends.verl.checkpoints import VerlLayout, latest_checkpoint_step
     from runners.backends.verl.controllers import STATE_FILE
     from runners.backends.verl.metrics import MetricsFile
     from runners.run import Preempted, read_status, run

@@ -2,7 +2,8 @@
 
 For each preset the cell is composed once and taken through each backend's own entry point, on one
 batch (a tiny float64 Qwen2, four responses in two prompt groups, fixed GRPO advantages, a moderate
-drift between the old and the current policy):
+drift between the old and the current policy, and rollout log-probs from a third policy, so that the
+rollout policy differs from pi_old as it does with a separate inference engine):
 
 - built-in backend: ``runners.backends.local.actor.update_actor`` (what ``LocalTrainer.step`` calls)
   with the method the trainer builds (``Method.from_config``), a zero learning rate, one mini-batch;
@@ -17,6 +18,11 @@ The loss and every parameter gradient must agree (relative 1e-6; the library com
 and verl's built-in losses in the input dtype, so gradients are compared at 1e-6 of their scale). T-PPO cannot be expressed in verl (its
 truncated rollouts): the translation must refuse it naming ``rollout.mode``. One more cell adds a
 KL-to-reference term under a TRM mask, whose reference log-probs both backends receive.
+
+The sample-based masks (TRM-Max(k2), TRM-Avg(k3), their combination, LN-TRM, SER) compare the current
+policy with the rollout policy (TRM, arXiv 2512.23075, appendix B): their thresholds sit where the
+accepted sequences against the rollout log-probs differ from those against pi_old's, so a backend that
+used pi_old as the reference would compute another loss and fail the comparison.
 
 Run: ``pytest tests/verl/test_cross_backend.py``.
 """
@@ -58,6 +64,20 @@ EXTRA_CELLS = {
     ),
     "grpo+cispo": ("algorithm=grpo", "objective=cispo", "objective.clip_ratio_low=0.2"),
     "gspo+troll+repo_r": ("algorithm=gspo", "objective=troll", f"objective.top_k={TOP_K}", "entropy_control=repo_r"),
+    # sample-based masks: against the rollout log-probs they keep part of the batch, against pi_old's other
+    # sequences (per-sequence scores rollout / pi_old: max k2 .004 .013 .011 .009 / .022 .030 .012 .054;
+    # mean k3 .001 .007 .004 .004 / .006 .017 .003 .017; SER .041 .091 .072 .073 / .088 .152 .064 .118;
+    # LN-TRM .022 .011 .078 .040 / .080 .026 .068 .037)
+    "grpo+trm_max_k2": ("algorithm=grpo", "mask=trm_max_k2", "mask.delta=0.01"),
+    "grpo+trm_avg_k3": ("algorithm=grpo", "mask=trm_avg_k3", "mask.delta_avg=0.005"),
+    "dapo+trm_max_avg_sample": (
+        "algorithm=dapo",
+        "mask=trm_max_avg_sample",
+        "mask.delta=0.012",
+        "mask.delta_avg=0.005",
+    ),
+    "gspo+ln_trm": ("algorithm=gspo", "mask=ln_trm", "mask.delta_w=0.03"),
+    "grpo+ser": ("algorithm=grpo", "mask=ser", "mask.delta_ser=0.08"),
 }
 
 
@@ -83,13 +103,21 @@ def _controller_state(method: Method) -> dict:
     return controller.state_dict()
 
 
-def _drifted_models():
-    old_model, model = _model(1), _model(3)
+def _drift(base, other, share: float):
+    """``base`` moved ``share`` of the way to ``other`` (in place); returns ``base``."""
     with torch.no_grad():
-        for p_old, p in zip(old_model.parameters(), model.parameters()):
-            p.copy_(p_old + 0.3 * (p - p_old))
-    ref_model = _model(5)
-    return old_model, model, ref_model
+        for p_base, p_other in zip(base.parameters(), other.parameters()):
+            p_base.copy_(p_base + share * (p_other - p_base))
+    return base
+
+
+def _drifted_models():
+    """pi_old, the current policy (drifted from it), the reference policy, and the rollout policy (pi_old
+    drifted elsewhere: the inference engine's mismatch)."""
+    old_model = _model(1)
+    model = _drift(_model(1), _model(3), 0.3)
+    rollout_model = _drift(_model(1), _model(11), 0.3)
+    return old_model, model, _model(5), rollout_model
 
 
 @pytest.mark.parametrize("cell", list(_cells()))
@@ -105,7 +133,7 @@ def test_both_backends_compute_the_same_loss_and_gradients(verl_config, cell):
     method = Method.from_config(cfg)
     _, actor = verl_accepts(verl_config(_translate(cfg)))
     prompts, responses = _sequences(seed=2)
-    old_model, model, ref_model = _drifted_models()
+    old_model, model, ref_model, rollout_model = _drifted_models()
     sparse = method.requires("sparse_old")
     state = _controller_state(method)
     h_ini = 0.5 if method.requires("h_ini") else None  # below ln 2: GTPO's entropy filter acts
@@ -116,9 +144,13 @@ def test_both_backends_compute_the_same_loss_and_gradients(verl_config, cell):
     with torch.no_grad():
         old_out = _forward(_engine(old_model), td_old)
         ref_out = _forward(_engine(ref_model), _batch(prompts, responses, remove_padding=True))
+        rollout_out = _forward(_engine(rollout_model), _batch(prompts, responses, remove_padding=True))
     mask_nt = td_old["response_mask"]
     ref_logp_nt = response_from_nested(ref_out["log_probs"], mask_nt)
     old_logp_nt = response_from_nested(old_out["log_probs"], mask_nt)
+    rollout_logp_nt = response_from_nested(rollout_out["log_probs"], mask_nt)
+    rollout_logp = torch.nested.to_padded_tensor(rollout_logp_nt, 0.0)
+    assert not torch.allclose(rollout_logp, torch.nested.to_padded_tensor(old_logp_nt, 0.0))
     mask = _padded([torch.ones(len(r)) for r in responses]).double()
     rewards = torch.zeros_like(mask)
     rewards[torch.arange(4), torch.tensor(RESPONSES) - 1] = torch.tensor([1.0, 0.0, 0.0, 1.0], dtype=torch.float64)
@@ -133,7 +165,7 @@ def test_both_backends_compute_the_same_loss_and_gradients(verl_config, cell):
         old["ref_logp"] = torch.nested.to_padded_tensor(ref_logp_nt, 0.0)
 
     # built-in backend: the trainer's update on the same model
-    data = {"responses": _padded(responses).long(), "group_index": groups, "rollout_logp": old["logp"]}
+    data = {"responses": _padded(responses).long(), "group_index": groups, "rollout_logp": rollout_logp}
     local_metrics, _ = update_actor(
         model,
         torch.optim.SGD(model.parameters(), lr=0.0),
@@ -155,7 +187,7 @@ def test_both_backends_compute_the_same_loss_and_gradients(verl_config, cell):
     fields = {
         "old_log_probs": old_logp_nt,
         "advantages": response_to_nested(adv, mask_nt),
-        "rollout_log_probs": old_logp_nt,
+        "rollout_log_probs": rollout_logp_nt,
         KEEP_LOGITS_KEY: plugin and sparse,
         RUNTIME_KEY: {"entropy_control_state": state, "h_ini": h_ini},
         "calculate_entropy": bool(actor.calculate_entropy or actor.entropy_coeff),

@@ -36,8 +36,8 @@ def test_sbatch_runs_the_cell_through_ray_on_the_allocated_nodes(slurm_cluster, 
     from mlflow import MlflowClient
 
     from runners import metric_names, paths
-    from runners.backends.verl.backend import render_sbatch
     from runners.backends.verl.hydra_overrides import format_value
+    from runners.backends.verl.sbatch import render_sbatch
     from runners.config import compose, run_key
 
     node_names = slurm_cluster.run("sinfo", "-h", "-N", "-o", "%N").stdout.split()

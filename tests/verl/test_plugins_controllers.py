@@ -248,7 +248,7 @@ def test_trainer_selects_worker_and_checkpoints_controller_state(monkeypatch, tm
 def test_step_end_honours_the_backend_stop_file(monkeypatch, tmp_path):
     """After verl's step end, a stop file (the trustbench backend's protocol) checkpoints the step,
     controller state included, and makes it the last; without the file nothing happens."""
-    backend = pytest.importorskip("runners.backends.verl.backend")
+    backend = pytest.importorskip("runners.backends.verl.checkpoints")
     from runners.backends.verl.controllers import STATE_FILE
 
     trainer_mod, trainer = _trainer(monkeypatch, {"loss_mode": "trustbench_clip", "entropy_control": "repo_r"})

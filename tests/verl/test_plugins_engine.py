@@ -306,6 +306,7 @@ def test_update_pass_equals_local_trainer(case, remove_padding):
     fields = {
         "old_log_probs": old_logp_nt,
         "advantages": response_to_nested(adv, mask_nt),
+        "rollout_log_probs": old_logp_nt,  # on-policy, as local_update assumes
         KEEP_LOGITS_KEY: sparse,
         RUNTIME_KEY: {"entropy_control_state": ctl_state, "h_ini": h_ini},
         "calculate_entropy": grad_entropy,
@@ -415,3 +416,43 @@ def test_unchanged_policy_is_accepted_at_a_real_vocabulary_size():
     _, metrics = loss_fn(model_output=_forward(_engine(model), td, loss_fn), data=td)
     assert np.mean(metrics["trm/accept_rate"].values) == 1.0
     assert max(metrics["trm/max_kl"].values) < 1e-5
+
+
+@pytest.mark.parametrize("mask", ["trm_max_k2", "ser"])
+def test_sample_masks_refuse_a_batch_without_rollout_log_probs(mask):
+    """A method that declares ``rollout_logp`` (the sample-based masks) raises naming verl's
+    ``rollout_log_probs`` when the batch lacks them, instead of comparing with pi_old; the same batch
+    with them gives a finite loss."""
+    from verl.workers.config.actor import ActorConfig
+    from verl.workers.utils.padding import response_from_nested, response_to_nested
+
+    from runners.backends.verl import plugins  # noqa: F401
+    from runners.backends.verl.plugins_config import TrustbenchPolicyLossConfig
+    from runners.backends.verl.plugins_losses import RUNTIME_KEY
+    from runners.backends.verl.plugins_ppo_loss import trustbench_ppo_loss
+
+    model = _model(1)
+    prompts, responses = _sequences(seed=2)
+    td_old = _batch(prompts, responses, remove_padding=True)
+    with torch.no_grad():
+        old_out = _forward(_engine(model), td_old)
+    mask_nt = td_old["response_mask"]
+    old_logp_nt = response_from_nested(old_out["log_probs"], mask_nt)
+    shape = _padded([torch.ones(len(r)) for r in responses]).shape
+    fields = {
+        "old_log_probs": old_logp_nt,
+        "advantages": response_to_nested(torch.ones(shape, dtype=torch.float64), mask_nt),
+        RUNTIME_KEY: {},
+        "dp_size": 1,
+        "batch_num_tokens": sum(RESPONSES),
+        "global_batch_size": 4,
+    }
+    policy_loss = TrustbenchPolicyLossConfig(loss_mode="trustbench_clip", mask=mask)
+    config = ActorConfig(strategy="fsdp", rollout_n=4, ppo_micro_batch_size_per_gpu=4, policy_loss=policy_loss)
+    loss_fn = partial(trustbench_ppo_loss, config=config)
+    td = _batch(prompts, responses, remove_padding=True, **fields)
+    with pytest.raises(ValueError, match=f"mask={mask}.*rollout_log_probs"):
+        loss_fn(model_output=_forward(_engine(model), td, loss_fn), data=td)
+    td = _batch(prompts, responses, remove_padding=True, rollout_log_probs=old_logp_nt, **fields)
+    loss, _ = loss_fn(model_output=_forward(_engine(model), td, loss_fn), data=td)
+    assert torch.isfinite(loss)

@@ -541,7 +541,7 @@ def test_metrics_via_mlflow_keeps_verls_logged_config_constant_across_attempts()
     """With verl's own MLflow logger (which logs verl's whole config as run parameters, refused by
     MLflow if any value changes on a resumed attempt) the overrides of a fresh and a resumed
     attempt are identical, and no per-attempt file reaches the workers' environment."""
-    from runners.backends.verl.backend import worker_env
+    from runners.backends.verl.process import worker_env
 
     cfg = _compose(("algorithm=grpo", "model=qwen3_1.7b", "backend.options.metrics_via=mlflow"))
     env = {

@@ -30,6 +30,7 @@ How verl 0.9.1 reaches the plugins (the contract the translation emits):
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import re
@@ -49,10 +50,25 @@ POLICY_LOSS_TARGET = "runners.backends.verl.plugins_config.TrustbenchPolicyLossC
 ESTIMATOR_PARAMS_KEY = "trustbench_estimator"
 PREFIX = "trustbench_"
 
-# policy-loss plugin name -> (library objective, parameters the plugin fixes)
-LOSS_MODES: dict[str, tuple[str, dict[str, Any]]] = {f"{PREFIX}{name}": (name, {}) for name in OBJECTIVES.names()}
-LOSS_MODES[f"{PREFIX}troll"] = ("troll", {"sequence": False})
-LOSS_MODES[f"{PREFIX}troll_seq"] = ("troll", {"sequence": True})  # GSPO form of TROLL
+# an objective whose config declares this boolean field has a token- and a sequence-level form (TROLL's
+# GSPO form): one loss mode each, trustbench_<name> and trustbench_<name>_seq
+SEQUENCE_FIELD = "sequence"
+
+
+def _loss_modes() -> dict[str, tuple[str, dict[str, Any]]]:
+    modes: dict[str, tuple[str, dict[str, Any]]] = {}
+    for name in OBJECTIVES.names():
+        schema = OBJECTIVES.schema(name)
+        if schema is not None and SEQUENCE_FIELD in {f.name for f in dataclasses.fields(schema)}:
+            modes[f"{PREFIX}{name}"] = (name, {SEQUENCE_FIELD: False})
+            modes[f"{PREFIX}{name}_seq"] = (name, {SEQUENCE_FIELD: True})
+        else:
+            modes[f"{PREFIX}{name}"] = (name, {})
+    return modes
+
+
+# policy-loss plugin name -> (library objective, parameters the plugin fixes), read from the objectives' schemas
+LOSS_MODES: dict[str, tuple[str, dict[str, Any]]] = _loss_modes()
 # advantage-estimator plugin name -> library estimator
 ADV_ESTIMATORS: dict[str, str] = {f"{PREFIX}{name}": name for name in ESTIMATORS.names()}
 # metric namespaces of the methods (runners.metric_names); verl's trainer prefixes actor metrics with
@@ -68,7 +84,7 @@ def loss_mode_for(objective: str, *, sequence: bool = False) -> str:
     if objective not in OBJECTIVES:
         raise ValueError(f"unknown objective {objective!r}; valid: {', '.join(OBJECTIVES.names())}")
     for mode, (name, fixed) in LOSS_MODES.items():
-        if name == objective and fixed.get("sequence", sequence) == sequence:
+        if name == objective and fixed.get(SEQUENCE_FIELD, sequence) == sequence:
             return mode
     raise ValueError(f"objective {objective!r} has no verl loss mode with sequence={sequence}")
 
@@ -119,7 +135,7 @@ def plugin_overrides(
         if name not in registry:
             raise ValueError(f"unknown {kind} {name!r}; valid: {', '.join(registry.names())}")
     params = dict(objective_params or {})
-    mode = loss_mode_for(objective, sequence=bool(params.get("sequence", False)))
+    mode = loss_mode_for(objective, sequence=bool(params.get(SEQUENCE_FIELD, False)))
     for key in LOSS_MODES[mode][1]:  # the loss mode fixes these
         params.pop(key, None)
     loss = f"{actor}.policy_loss"

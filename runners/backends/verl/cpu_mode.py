@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from runners.config.schema import launched_here
 from runners.config.validate import ConfigError
 
 # plugin modules of CPU mode, in import order (the platform before anything resolves it)
@@ -50,7 +51,6 @@ POLL_INTERVAL_S = 0.1
 RAY_LOGICAL_CPUS = 8
 # rollout engines that need CUDA; "auto" picks vllm on GPUs and trustbench_hf on CPU
 GPU_ROLLOUT_ENGINES = ("vllm", "sglang")
-LOCAL_LAUNCHERS = ("local", "submitit_local")
 
 
 def external_modules(plugin_module: str) -> str:
@@ -69,7 +69,7 @@ def cuda_available() -> bool:
 
 def _slurm_gpus(env: Mapping[str, str]) -> int | None:
     """GPUs of the Slurm allocation this process runs in (None outside one)."""
-    from runners.backends.verl.backend import slurm_allocation
+    from runners.backends.verl.process import slurm_allocation
 
     allocation = slurm_allocation(env)
     return None if allocation is None else allocation[1]
@@ -83,7 +83,7 @@ def runs_on_cpu(cfg: Any, *, cuda: bool | None = None, env: Mapping[str, str] | 
     device = str(cfg.backend.device)
     if device in ("cpu", "cuda"):
         return device == "cpu"
-    if str(cfg.launcher.name) not in LOCAL_LAUNCHERS:
+    if not launched_here(cfg):
         return False  # a cluster cell runs on the cluster's GPU nodes
     gpus = _slurm_gpus(os.environ if env is None else env)
     if gpus is not None:
@@ -101,12 +101,11 @@ def rollout_engine(cfg: Any, *, cpu: bool) -> str:
 
 
 def check_placement(cfg: Any, *, cuda: bool | None = None, env: Mapping[str, str] | None = None) -> None:
-    """Raise ``ConfigError`` naming the key when the verl cell cannot run where it is launched."""
-    if str(cfg.backend.name) != "verl":
-        return
-    launched_here = str(cfg.launcher.name) in LOCAL_LAUNCHERS
-    has_cuda = cuda_available() if cuda is None and launched_here else bool(cuda)
-    if str(cfg.backend.device) == "cuda" and launched_here and not has_cuda:
+    """Raise ``ConfigError`` naming the key when the verl cell cannot run where it is launched
+    (registered for the verl backend in ``runners.backends.PLACEMENT_CHECKS``)."""
+    here = launched_here(cfg)
+    has_cuda = cuda_available() if cuda is None and here else bool(cuda)
+    if str(cfg.backend.device) == "cuda" and here and not has_cuda:
         raise ConfigError(
             "backend.device", "is cuda but this machine has no CUDA device; use backend.device=auto (CPU mode) or cpu"
         )

@@ -28,7 +28,7 @@ never turns a GPU node into a CPU one. The translation only lists this module in
     VERL_USE_EXTERNAL_MODULES=runners.backends.verl.cpu_platform,runners.backends.verl.hf_rollout,\\
 runners.backends.verl.plugins python -m verl.trainer.main_ppo trainer.device=cpu ...
 
-Tests: ``pytest tests/verl/test_cpu_platform.py`` (the platform in-process) and the ``verl_cpu``
+Tests: ``pytest tests/verl/test_cpu_mode.py`` (the platform in-process) and the ``verl_cpu``
 stage (``pytest -m verl_cpu tests/verl``: real verl iterations).
 """
 

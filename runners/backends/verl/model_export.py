@@ -96,10 +96,11 @@ def export_spec(model_cfg: Mapping[str, Any]) -> dict[str, Any]:
         "options": _plain(model.get("options")),
         "chat_template": bool(model.get("chat_template", False)),
     }
-    if model["kind"] == "embedded":  # the recipe's own hash covers its defaults, which may change
-        from runners.models.embedded import make_recipe
+    from runners.models.loader import MODEL_KINDS
 
-        spec["recipe"] = make_recipe(**spec["options"]).key()
+    export_key = MODEL_KINDS.hook(model["kind"], "export_key")
+    if export_key is not None:  # e.g. the embedded recipe's hash: it covers defaults that may change
+        spec["recipe"] = export_key(**spec["options"])
     return spec
 
 

@@ -1,9 +1,10 @@
 """Per-iteration diagnostics the built-in trainer logs for every method, computed inside verl's trainer.
 
 Design: the built-in trainer logs, whatever the method, the entropy-mechanism covariance
-(``entropy/cov``, entropy.txt section 3 Corollary 1: old log-probs against advantages) and the TRM
-monitor of the rollout/training mismatch (``trm/accept_rate``, ``trm/max_kl``, ``trm/mean_kl``,
-``trm/ppl_gap``, acceptance by response length; with ``mask=none`` every sequence is kept). In verl
+(``entropy/cov``, Entropy-preserving RL, arXiv 2603.11682, section 3, Corollary 1: old log-probs
+against advantages) and the TRM monitor of the rollout/training mismatch (``trm/accept_rate``,
+``trm/max_kl``, ``trm/mean_kl``, ``trm/ppl_gap``, acceptance by response length; with ``mask=none``
+every sequence is kept). In verl
 the trustbench policy losses already log the TRM set (``PolicyLoss`` calls the mask, ``none``
 included); verl's built-in losses do not. ``iteration_metrics`` computes, once per iteration after
 the advantages, ``entropy/cov`` always and the TRM monitor when the loss is one of verl's own, with

@@ -26,7 +26,7 @@ prompt groups, so GTPO sees the members of a group that share its micro-batch.
     loss, metrics = get_policy_loss_fn("trustbench_troll")(old_logp, logp, adv, mask, "token-mean",
                                                          actor_config, None, inputs=TrustbenchInputs(...))
 
-Tests: ``pytest tests/verl/test_plugins_losses.py tests/test_cross_backend.py``.
+Tests: ``pytest tests/verl/test_plugins_losses.py tests/verl/test_cross_backend.py``.
 """
 
 from __future__ import annotations

@@ -12,6 +12,8 @@ makes them current (``plugins_losses.using_inputs``) for the duration of the cal
 - ``logits`` [B,T,V] gathered from the engine's logits (``sparse_old.LOGITS_OUTPUT``, set in the
   update pass by the trustbench trainer) and ``old_topk_index/logp`` [B,T,K+1] stored by the
   old-log-prob pass;
+- ``rollout_logp`` [B,T], the rollout engine's log-probs (``rollout_log_probs``): required by the
+  methods that declare ``rollout_logp`` (the sample-based TRM masks), an error when missing;
 - the per-iteration ``runtime`` values (controller state, H_ini) the trainer put on the batch.
 
 Any other loss mode goes to verl's ``ppo_loss`` untouched. ``plugins_workers`` installs this
@@ -101,10 +103,17 @@ def build_inputs(config: Any, model_output: dict, data: TensorDict) -> Trustbenc
             f"({OLD_TOPK_INDEX}/{OLD_TOPK_LOGP}) from the old-log-prob pass: run verl with "
             "trainer.v1.trainer_mode=trustbench_sync and without rollout_correction.bypass_mode"
         )
-    # the sampler's log-probs (the translation sets rollout.calculate_log_probs): sample-based masks and the
-    # PPL-gap monitor compare with them; without them they fall back to the old log-probs (PolicyInputs)
+    # the sampler's log-probs (the translation sets rollout.calculate_log_probs): the sample-based masks
+    # compare with them (the rollout policy, as in the built-in trainer) and may not silently use pi_old;
+    # only the PPL-gap monitor falls back to the old log-probs without them (PolicyInputs)
     if ROLLOUT_LOGP_FIELD in data.keys():
         inputs.rollout_logp = padded_from_nested(data[ROLLOUT_LOGP_FIELD], width, 0.0).to(torch.float32)
+    elif settings.method.requires("rollout_logp"):
+        raise ValueError(
+            f"policy loss {settings.loss_mode!r} ({', '.join(settings.method.needing('rollout_logp'))}) compares "
+            f"with the rollout engine's log-probs ({ROLLOUT_LOGP_FIELD}), which this batch lacks: run verl with "
+            "actor_rollout_ref.rollout.calculate_log_probs=true"
+        )
     if settings.method.kl_coef and REF_LOGP_FIELD in data.keys():
         inputs.ref_logp = padded_from_nested(data[REF_LOGP_FIELD], width, 0.0).to(torch.float32)
     elif settings.method.kl_coef:

@@ -273,10 +273,10 @@ class TrustbenchPPOTrainer(PPOTrainerSync):
     def _check_stop_request(self) -> bool:
         """End the run with a checkpoint if the trustbench backend asked to stop (preemption, time limit).
 
-        The protocol (a stop file named by an environment variable) belongs to ``backend.py``.
+        The protocol (a stop file named by an environment variable) belongs to ``checkpoints.py``.
         """
         try:
-            from runners.backends.verl.backend import check_stop_request
+            from runners.backends.verl.checkpoints import check_stop_request
         except ImportError as exc:  # pragma: no cover - backend module missing from the install
             logger.warning("trustbench stop requests disabled: %s", exc)
             return False

@@ -1,0 +1,171 @@
+"""Starting and ending the verl process: its command, environment and resources, its output streamed.
+
+- ``launch_argv``: ``python -m verl.trainer.main_ppo <overrides>`` (``backend.options.entrypoint``),
+  through the Ray-on-Slurm bootstrap (``slurm/ray_on_slurm.sh``) inside a Slurm allocation;
+- ``launch_env`` / ``worker_env``: the variables of the verl process and of every Ray worker (the
+  plugins, MLflow run, metrics file, stop file);
+- ``slurm_allocation``, ``model_path``, ``cpu_placement``: what the cell gets where it is launched;
+- ``terminate`` / ``stream``: the process group ended, verl's output copied to a log and echoed.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from omegaconf import DictConfig
+
+from runners import paths as tb_paths
+from runners.backends.verl.batch_dump import DUMP_ENV
+from runners.backends.verl.checkpoints import STOP_FILE_ENV
+from runners.backends.verl.cpu_mode import CPUPlacement, exported_tokenizer_path, runs_on_cpu
+from runners.backends.verl.translate import ENTRYPOINT, backend_options
+
+RAY_BOOTSTRAP = tb_paths.repo_root() / "slurm" / "ray_on_slurm.sh"
+
+
+def slurm_allocation(env: Mapping[str, str] | None = None) -> tuple[int, int] | None:
+    """(nodes, GPUs per node) of the Slurm allocation this process runs in, or None outside one."""
+    env = os.environ if env is None else env
+    if not env.get("SLURM_JOB_ID") or not env.get("SLURM_JOB_NODELIST"):
+        return None
+    nodes = int(env.get("SLURM_JOB_NUM_NODES") or env.get("SLURM_NNODES") or 1)
+    gpus = env.get("SLURM_GPUS_ON_NODE", "")
+    if not gpus.isdigit():
+        visible = env.get("CUDA_VISIBLE_DEVICES", "")
+        gpus = str(len([d for d in visible.split(",") if d])) if visible and visible != "NoDevFiles" else "0"
+    return nodes, int(gpus)
+
+
+def model_path(cfg: DictConfig) -> str:
+    """A directory or hub id verl can load: the directory the model kind makes (its ``make_hf_directory``
+    hook: the converted SmolLM2 checkpoint), the project's own model written as a Hugging Face directory
+    (``model_export``), or ``model.path``."""
+    from runners.backends.verl.model_export import export_model, exportable
+    from runners.models.loader import MODEL_KINDS
+
+    make_directory = MODEL_KINDS.hook(str(cfg.model.kind), "make_hf_directory")
+    if make_directory is not None:
+        return str(make_directory(cfg.model))
+    if exportable(cfg.model.kind):
+        return str(export_model(cfg.model))
+    return str(cfg.model.path or "")
+
+
+def cpu_placement(cfg: DictConfig, model_dir: str) -> CPUPlacement | None:
+    """How the cell runs in verl's CPU mode (``cpu_mode``), or None when it runs on GPUs."""
+    from runners.backends.verl.model_export import prompt_template
+
+    if not runs_on_cpu(cfg):
+        return None
+    return CPUPlacement(
+        ray_address=os.environ.get("RAY_ADDRESS") or None,
+        tokenizer_path=exported_tokenizer_path(model_dir),
+        chat_template=prompt_template(cfg, model_dir) if os.path.isdir(model_dir) else None,
+    )
+
+
+def entry_command(cfg: DictConfig, python: str = sys.executable) -> list[str]:
+    """``[python, -m, verl.trainer.main_ppo]`` (``backend.options.entrypoint``; a ``.py`` file runs as a script)."""
+    entry = str(backend_options(cfg).get("entrypoint") or ENTRYPOINT)
+    return [python, entry] if entry.endswith(".py") else [python, "-m", entry]
+
+
+def launch_argv(
+    cfg: DictConfig, overrides: Sequence[str], *, in_slurm: bool, python: str = sys.executable
+) -> list[str]:
+    """The command that runs verl: through the Ray-on-Slurm bootstrap inside an allocation."""
+    command = [*entry_command(cfg, python), *overrides]
+    return ["bash", str(RAY_BOOTSTRAP), *command] if in_slurm else command
+
+
+def launch_env(cfg: DictConfig, *, tracking_uri: str, run_id: str, metrics_file: str, stop_file: str) -> dict[str, str]:
+    """Environment of the verl process (and, through it, of the Ray cluster it starts)."""
+    from runners.backends.verl import EXTERNAL_MODULES_ENV, PLUGIN_MODULE
+
+    bin_dir = Path(sys.executable).parent
+    env = dict(os.environ)
+    env.update(
+        {
+            EXTERNAL_MODULES_ENV: PLUGIN_MODULE,
+            "VERL_FILE_LOGGER_PATH": metrics_file,
+            STOP_FILE_ENV: stop_file,
+            "MLFLOW_TRACKING_URI": tracking_uri,
+            "MLFLOW_RUN_ID": run_id,
+            "PYTHONUNBUFFERED": "1",
+            "HYDRA_FULL_ERROR": "1",
+            "TB_RAY_PYTHON": sys.executable,
+        }
+    )
+    if (bin_dir / "ray").exists():
+        env.setdefault("TB_RAY_BIN", str(bin_dir / "ray"))
+    # Ray >= 2.5x turns token authentication on for a cluster it starts when RAY_AUTH_MODE is unset
+    # and a token file exists, but a client that connects to it (ray.init(address=...)) only sends the
+    # token when the mode says so: decide once, for the cluster and every client alike
+    env.setdefault("RAY_AUTH_MODE", "token" if _ray_token_exists(env) else "disabled")
+    env["PATH"] = f"{bin_dir}{os.pathsep}{env.get('PATH', '')}"
+    for key, value in (backend_options(cfg).get("ray_env") or {}).items():
+        env[str(key)] = str(value)
+    return env
+
+
+def _ray_token_exists(env: Mapping[str, str]) -> bool:
+    if env.get("RAY_AUTH_TOKEN"):
+        return True
+    path = env.get("RAY_AUTH_TOKEN_PATH") or str(Path(env.get("HOME", str(Path.home()))) / ".ray" / "auth_token")
+    return Path(path).is_file()
+
+
+def worker_env(env: Mapping[str, str], metrics_via: str = "tracker") -> dict[str, str]:
+    """The variables every Ray worker needs even when Ray was started elsewhere.
+
+    With ``metrics_via: mlflow`` the per-attempt metrics file is left out: verl logs its config as
+    MLflow parameters, and a value that changes between attempts makes MLflow refuse them all.
+    """
+    keys = (STOP_FILE_ENV, "MLFLOW_TRACKING_URI", "MLFLOW_RUN_ID", DUMP_ENV)
+    keys += ("VERL_FILE_LOGGER_PATH",) if metrics_via == "tracker" else ()
+    return {k: env[k] for k in keys if k in env}
+
+
+def terminate(proc: subprocess.Popen, grace_s: float = 30.0) -> None:
+    """TERM the process group of ``proc`` (its leader and whatever the leader left running); KILL
+    the group if the leader is still alive after ``grace_s``."""
+    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=wait_s)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def stream(proc: subprocess.Popen, log_path: Path, echo: bool) -> threading.Thread:
+    def copy() -> None:
+        with open(log_path, "ab") as log:
+            for line in iter(proc.stdout.readline, b""):
+                log.write(line)
+                log.flush()
+                if echo:
+                    sys.stdout.buffer.write(line)
+                    sys.stdout.flush()
+
+    thread = threading.Thread(target=copy, name="verl-log", daemon=True)
+    thread.start()
+    return thread
+
+
+def visible_gpus() -> int:
+    try:
+        import torch
+
+        return int(torch.cuda.device_count())
+    except Exception:  # pragma: no cover - torch missing or broken CUDA
+        return 0
