@@ -97,6 +97,17 @@ def pytest_terminal_summary(terminalreporter):
     terminalreporter.write_sep("-", f"slurm stage: {total:.0f} s ({', '.join(parts)})")
 
 
+@pytest.fixture(autouse=True)
+def _no_stop_signal_carried_over():
+    """Every test starts and ends with no stop signal remembered by ``runners.run`` (a test that signals
+    its own process, e.g. a requeue test, would otherwise stop every later in-process run at once)."""
+    from runners import run as run_module
+
+    run_module._StopFlag.received = None
+    yield
+    run_module._StopFlag.received = None
+
+
 @pytest.fixture
 def repo_root() -> str:
     return REPO_ROOT

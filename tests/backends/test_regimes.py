@@ -56,16 +56,26 @@ def _final(overrides, tmp_path, monkeypatch, name):
     return run(cfg, choices)["metrics"]
 
 
+def _history(tmp_path, name: str, key: str) -> list[float]:
+    """Every iteration's value of ``key`` in run ``name``'s store (read back from MLflow's sqlite)."""
+    import sqlite3
+
+    with sqlite3.connect(tmp_path / name / "mlflow.db") as con:
+        return [v for (v,) in con.execute("SELECT value FROM metrics WHERE key = ? ORDER BY step", (key,))]
+
+
 @pytest.mark.slow
 def test_regimes_show_the_mismatch_and_trm_acts_on_it(tmp_path, monkeypatch):
     on = _final(["mask=trm_max_k2", "mask.delta=0.02"], tmp_path, monkeypatch, "on")
     stale = _final(["mask=trm_max_k2", "mask.delta=0.02", "rollout.staleness=2"], tmp_path, monkeypatch, "stale")
     low = _final(["mask=trm_max_k2", "mask.delta=0.02", "rollout.dtype=bfloat16"], tmp_path, monkeypatch, "bf16")
-    assert on["rollout_corr/k3_kl"] < 1e-4 and on["trm/accept_rate"] == 1.0
-    for regime in (stale, low):
+    assert on["rollout_corr/k3_kl"] < 1e-4 and set(_history(tmp_path, "on", "trm/accept_rate")) == {1.0}
+    for name, regime in (("stale", stale), ("bf16", low)):
         assert regime["rollout_corr/k3_kl"] > 100 * max(on["rollout_corr/k3_kl"], 1e-9)
         assert regime["rollout_corr/log_ppl_abs_diff"] > on["rollout_corr/log_ppl_abs_diff"]
-        assert regime["trm/accept_rate"] < 1.0
+        # rejects in some iteration what on-policy training accepts in every one (any single iteration
+        # of the bf16 sampler may happen to keep all 16 sequences)
+        assert min(_history(tmp_path, name, "trm/accept_rate")) < 1.0, name
     assert stale["rollout_corr/chi2_token"] > 0
 
 

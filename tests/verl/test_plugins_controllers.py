@@ -144,7 +144,14 @@ def _trainer(monkeypatch, policy_loss: dict, **cfg):
         {
             "actor_rollout_ref": {"actor": {"policy_loss": policy_loss, "calculate_entropy": True}},
             "algorithm": {"adv_estimator": "grpo", "use_kl_in_reward": False, "rollout_correction": {}},
-            "trainer": {"default_local_dir": "ckpt", "resume_mode": "auto", "resume_from_path": None},
+            # verl's config always carries trainer.v1 (its trainer mode and the trustbench settings under it)
+            "trainer": {
+                "default_local_dir": "ckpt",
+                "resume_mode": "auto",
+                "resume_from_path": None,
+                "critic_warmup": 0,
+                "v1": {"trainer_mode": "trustbench_sync"},
+            },
             **cfg,
         }
     )

@@ -63,7 +63,8 @@ def test_sparse_fields_round_trip_through_transfer_queue():
     result = subprocess.run(
         [sys.executable, "-c", _SCRIPT],
         cwd=REPO,
-        env={**os.environ, "PYTHONPATH": REPO},
+        # its own Ray: never join a cluster another test left in the environment (RAY_ADDRESS)
+        env={**{k: v for k, v in os.environ.items() if not k.startswith("RAY_")}, "PYTHONPATH": REPO},
         capture_output=True,
         text=True,
         timeout=240,
