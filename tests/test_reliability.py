@@ -114,16 +114,39 @@ def _up(port: int) -> bool:
     return is_up(f"http://127.0.0.1:{port}", timeout_s=1.0)
 
 
-def test_run_with_tracking_server_starts_it_and_stops_it(tmp_path):
-    """`trustbench run tracking=server` starts the server (as `sweep` does), logs through it into the
-    home's store, and stops it afterwards."""
+def test_two_runs_share_one_tracking_server_and_the_last_one_stops_it(tmp_path):
+    """Two `trustbench run tracking=server` started at the same instant on one free port (the first
+    starts race for it): one starts the server, the other uses it; the short run ends while the
+    long one still logs, and the server stays up for it (it used to be stopped under it: the long
+    run then hung in MLflow's retries, RUNNING). Both FINISH with every step; the last one out
+    stops the server, whichever started it. (A single run starts and stops it the same way.)"""
     home, port = tmp_path / "home", free_port()
-    proc = trustbench(["run", "tracking=server", f"tracking.port={port}", *FAST], home, timeout=400)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    (run,) = runs(home)
-    assert run.info.status == "FINISHED" and steps(home, run.info.run_id) == [1]
-    assert "mlflow-artifacts:" in run.info.artifact_uri  # logged through the server
+    server = ["tracking=server", f"tracking.port={port}"]
+    long = [*FAST, "seed=1", "trainer.total_steps=2", "debug.step_delay_s=20", "debug.delay_steps_below=2"]
+    short_run, long_run = start(["run", *server, *FAST], home), start(["run", *server, *long], home)
+    try:
+        out, err = short_run.communicate(timeout=400)
+        assert short_run.returncode == 0, err[-3000:]
+        assert long_run.poll() is None, "the long run ended first: the scenario did not happen"
+        assert _up(port)  # still in use by the long run
+        out, err = long_run.communicate(timeout=400)
+        assert long_run.returncode == 0, err[-3000:]
+    finally:
+        short_run.kill()
+        long_run.kill()
+    found = {r.data.tags["seed"]: r for r in runs(home)}
+    assert sorted(found) == ["0", "1"] and all(r.info.status == "FINISHED" for r in found.values())
+    assert steps(home, found["0"].info.run_id) == [1] and steps(home, found["1"].info.run_id) == [1, 2]
+    assert all("mlflow-artifacts:" in r.info.artifact_uri for r in found.values())  # logged through the server
     assert not _up(port)
+    assert not [p for p in Path("/proc").glob("[0-9]*") if f"--port\0{port}\0".encode() in _cmdline(p)]
+
+
+def _cmdline(proc_dir: Path) -> bytes:
+    try:
+        return (proc_dir / "cmdline").read_bytes()
+    except OSError:
+        return b""
 
 
 @pytest.fixture
