@@ -8,7 +8,8 @@ that nothing is lost: every run that should exist exists once, in the right stat
 metric step logged exactly once, and every message names the key or the file to act on.
 
 The full disk is a small tmpfs mounted for the test when the tests run as root and may mount (else
-ENOSPC is simulated by a ``torch.save`` that fails half-way); the unwritable run directory is made
+ENOSPC is simulated by a ``torch.save`` that fails half-way, and the disk that stays full is
+skipped); the unwritable run directory is made
 immutable (``chattr +i`` on that tmpfs) as root, or read-only (``chmod 555``) otherwise.
 
 Run:  pytest tests/test_reliability.py        (a few minutes on 2 cores: every scenario starts processes)
@@ -16,6 +17,7 @@ Run:  pytest tests/test_reliability.py        (a few minutes on 2 cores: every s
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -296,6 +298,60 @@ def test_a_full_disk_ends_the_run_failed_and_a_rerun_finishes_it(small_fs, tmp_p
     one_message(proc.stderr, "No space left on device", "checkpoint.pt")
     _check_failed_then_resumed(home, "No space left on device",
                                lambda: subprocess.run(["mount", "-o", "remount,size=64m", str(small_fs)], check=True))  # fmt: skip
+
+
+def _fill(path: Path) -> None:
+    """Write ``path`` until the file system has no byte left."""
+    with open(path, "wb", buffering=0) as fh:
+        for size in (1 << 20, 4096, 1):
+            with contextlib.suppress(OSError):
+                while True:
+                    fh.write(b"x" * size)
+
+
+def test_a_disk_that_stays_full_ends_each_run_in_one_message(small_fs):
+    """The disk full for good: before the run (the store has no room for its MLflow run), then in
+    the middle of one (every MLflow write fails from then on). Each ends with exit 1 and one line
+    naming the full disk, no traceback (it used to print MLflow's ~10, or Hydra's); the marker of
+    the run that started says FAILED although no new file fits (rewritten in place), its MLflow run
+    stays RUNNING (nothing can be written there) and the message says so. With room again the
+    rerun resumes that MLflow run and logs its step once."""
+    if small_fs is None:
+        pytest.skip("needs root to mount a small tmpfs (a disk that stays full)")
+    from runners import tracking
+
+    home, fill = small_fs / "home", small_fs / "fill"
+    tracking.ensure_store(f"sqlite:///{home / 'mlflow.db'}")
+    _fill(fill)
+    proc = trustbench(["run", *FAST], home)
+    assert proc.returncode == 1
+    one_message(proc.stderr, "open its MLflow run", "database or disk is full", "status.json could not be written")
+    assert runs(home) == []
+    fill.unlink()
+    running = start(["run", *FAST, "debug.step_delay_s=10", "tracking.flush_every_s=1"], home)
+    try:
+        deadline = time.time() + 300
+        while time.time() < deadline and not list(home.glob("runs/*/status.json")):
+            assert running.poll() is None, running.communicate()
+            time.sleep(0.2)
+        _fill(fill)
+        out, err = running.communicate(timeout=300)
+    finally:
+        running.kill()
+    assert running.returncode == 1
+    message = one_message(err, "database or disk is full", "could not be marked FAILED")
+    (run,) = runs(home)
+    assert run.info.status == "RUNNING" and run.info.run_id in message
+    status = json.loads((only_run_dir(home) / "status.json").read_text())
+    assert status["status"] == "FAILED" and "database or disk is full" in status["reason"]
+    _no_temporary_files(home)
+    fill.unlink()
+    again = trustbench(["run", *FAST], home)
+    assert again.returncode == 0, again.stderr[-3000:]
+    (done,) = runs(home)
+    assert done.info.run_id == run.info.run_id and done.info.status == "FINISHED"
+    assert steps(home, run.info.run_id) == [1]
+    assert json.loads((only_run_dir(home) / "status.json").read_text())["status"] == "FINISHED"
 
 
 def _full_disk_simulated(tmp_path, monkeypatch) -> None:
