@@ -316,8 +316,7 @@ def connect(t: Mapping[str, Any]) -> tuple[str, TrackingServer | None]:
     else:
         return paths.default_tracking_uri(), None
     if uri.startswith(("http://", "https://")) and not is_up(uri):
-        where = "the environment variable $MLFLOW_TRACKING_URI" if source == "MLFLOW_TRACKING_URI" else source
-        raise ConfigError(source, f"no MLflow server answers at {redact(uri)} (set by {where})")
+        raise ConfigError(source, f"no MLflow server answers at {redact(uri)}")
     return uri, None
 
 

@@ -191,7 +191,7 @@ def test_unreachable_tracking_fails_fast_naming_the_key(tmp_path, silent_listene
         env["MLFLOW_TRACKING_URI"] = f"http://127.0.0.1:{port}"
     proc = trustbench([*args, *FAST], home, timeout=180, **env)
     assert proc.returncode == 2, proc.stderr[-3000:]
-    one_message(proc.stderr, f"config key '{key}'")
+    one_message(proc.stderr, "environment variable MLFLOW_TRACKING_URI" if case == "env" else f"config key '{key}'")
     assert runs(home) == []
     if case == "port_taken":
         assert "in use" in proc.stderr
