@@ -74,13 +74,13 @@ def run_report(args: argparse.Namespace) -> int:
             backend_uri=args.backend_uri,
         )
     except ExperimentNotFoundError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"trustbench: {exc}", file=sys.stderr)
         return 2
     except ChromiumMissingError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"trustbench: {exc}", file=sys.stderr)
         return 3
     except ValueError as exc:  # e.g. a --backend-uri that is not a readable sqlite store
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"trustbench: {exc}", file=sys.stderr)
         return 2
     ok = sum(1 for i in result.items if i.status == "ok")
     print(f"report {result.spec.name!r} for experiment {args.experiment!r}: {ok}/{len(result.items)} items")
@@ -135,12 +135,12 @@ def format_bounds(T: int, delta: float, d_seq: float | None, cap: bool = True) -
 
 def run_bounds(args: argparse.Namespace) -> int:
     if args.T < 1:
-        print(f"error: --T must be >= 1, got {args.T}", file=sys.stderr)
+        print(f"trustbench: --T must be >= 1, got {args.T}", file=sys.stderr)
         return 2
     try:
         print(format_bounds(args.T, args.delta, args.d_seq, cap=not args.no_cap))
     except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"trustbench: {exc}", file=sys.stderr)
         return 2
     if args.out:
         from analysis.figures.bounds import plot_bounds

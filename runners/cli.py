@@ -132,9 +132,14 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 def cmd_ui(args: argparse.Namespace) -> int:
     from runners import paths, tracking
     from runners.redact import redact
-    from runners.tracking_server import SERVER_ENV, server_command
+    from runners.tracking_server import SERVER_ENV, is_up, server_command
 
-    uri = tracking.ensure_store(args.tracking_uri or paths.default_tracking_uri())
+    uri = args.tracking_uri or paths.default_tracking_uri()
+    if uri.startswith(("http://", "https://")) and not is_up(uri):  # not after MLflow's minutes of retries
+        source = "--tracking-uri" if args.tracking_uri else "environment variable MLFLOW_TRACKING_URI"
+        print(f"trustbench: no MLflow server answers at {redact(uri)} (set by {source})", file=sys.stderr)
+        return CONFIG_ERROR
+    uri = tracking.ensure_store(uri)
     cmd = server_command("ui", uri, args.host, args.port)  # one worker, no job runner (as tracking=server)
     if uri.startswith("sqlite:"):
         cmd += ["--default-artifact-root", paths.artifact_root().as_uri()]

@@ -36,8 +36,8 @@ import shlex
 import signal
 import sys
 import traceback
-from collections.abc import Mapping
-from contextlib import ExitStack
+from collections.abc import Iterator, Mapping
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -171,8 +171,9 @@ def run(cfg: DictConfig, choices: Mapping[str, str] | None = None) -> dict[str, 
             stack.enter_context(hold_cell(cell.run_dir, cell.name))
         except OSError as err:
             raise RunFailed(f"run {cell.name!r}: cannot use its run directory {cell.run_dir}: {err}") from None
-        uri = tracking_server.open_store(stack.enter_context(tracking_server.serving(cfg.tracking)))
-        existing = None if cfg.force else tracking.find_run(uri, cfg.experiment, key)
+        with _store_failure(cell, f"open the tracking store {redact(tracking_uri(cfg))}"):
+            uri = tracking_server.open_store(stack.enter_context(tracking_server.serving(cfg.tracking)))
+            existing = None if cfg.force else tracking.find_run(uri, cfg.experiment, key)
         if cfg.force:
             backend_cls.discard_checkpoints(cell.run_dir)
         if existing is not None and existing.info.status == "FINISHED":
@@ -185,18 +186,35 @@ def run(cfg: DictConfig, choices: Mapping[str, str] | None = None) -> dict[str, 
                 "metrics": {},
             }
         backend, early = _build_backend(backend_cls, cfg, cell)
-        tracker = tracking.RunTracker.open(
-            uri=uri,
-            experiment=cfg.experiment,
-            run_key=key,
-            run_name=cell.name,
-            tags=run_tags(cfg, label, choices),
-            params=redact_values(tracking.flatten(resolved(cfg))),
-            run_id=existing.info.run_id if existing is not None else None,
-            new=bool(cfg.force),
-        )
+        with _store_failure(cell, f"open its MLflow run in {redact(uri)}"):
+            tracker = tracking.RunTracker.open(
+                uri=uri,
+                experiment=cfg.experiment,
+                run_key=key,
+                run_name=cell.name,
+                tags=run_tags(cfg, label, choices),
+                params=redact_values(tracking.flatten(resolved(cfg))),
+                run_id=existing.info.run_id if existing is not None else None,
+                new=bool(cfg.force),
+            )
         tracker.flush_every_s = float(cfg.tracking.flush_every_s)
         return _train(cfg, cell, backend, early, tracker)
+
+
+@contextmanager
+def _store_failure(cell: _Cell, doing: str) -> Iterator[None]:
+    """A tracking store that fails before the MLflow run is open (a full disk, a broken server):
+    ``RunFailed`` naming it in one line, and the marker says FAILED (a config error passes)."""
+    try:
+        yield
+    except ConfigError:
+        raise
+    except Exception as err:  # noqa: BLE001 - any failure of the store: reported in one line
+        reason = f"could not {doing}: {tracking.describe_error(err)}"
+        kept = {k: v for k, v in (read_status(cell.run_dir) or {}).items() if k in ("attempts", "run_id")}
+        notes = _try(lambda: write_status(cell.run_dir, "FAILED", **kept, name=cell.name, reason=reason))
+        notes = f"; {cell.run_dir / STATUS_FILE} could not be written ({notes})" if notes else ""
+        raise RunFailed(f"run {cell.name!r} (key {cell.key}) failed: {reason}{notes}") from None
 
 
 def _build_backend(backend_cls, cfg: DictConfig, cell: _Cell) -> tuple[Any, BaseException | None]:
@@ -232,7 +250,7 @@ def _train(cfg: DictConfig, cell: _Cell, backend, early: BaseException | None, t
     try:
         tracker.finish("FINISHED")
     except Exception as err:  # noqa: BLE001 - e.g. a full disk at the last flush
-        reason = f"trained to the end, but its MLflow run could not be finished: {type(err).__name__}: {err}"
+        reason = f"trained to the end, but its MLflow run could not be finished: {tracking.describe_error(err)}"
         notes = _record(tracker, cell, "FAILED", reason, {**record, "status": "FAILED", "reason": reason})
         raise RunFailed(f"run {cell.name!r} (key {cell.key}) failed: {reason}{notes}") from err
     notes = _record(tracker, cell, None, None, {**record, "status": "FINISHED"})
@@ -259,7 +277,7 @@ def _end_abnormally(err: BaseException, tracker, cell: _Cell, record: dict[str, 
         marker = {**record, "status": "PREEMPTED", "reason": str(err), "signal": stop_signal}
         notes = _record(tracker, cell, "KILLED", None, marker)
         raise Preempted(f"{cell.name}: {err}{notes}", signal=stop_signal) from err
-    reason = f"{type(err).__name__}: {err}"
+    reason = tracking.describe_error(err)
     marker = {**record, "status": "FAILED", "reason": reason, "traceback": traceback.format_exc()}
     notes = _record(tracker, cell, "FAILED", reason, marker)
     if isinstance(err, KeyboardInterrupt):
@@ -288,5 +306,5 @@ def _try(action) -> str | None:
     try:
         action()
     except Exception as err:  # noqa: BLE001 - reported by the caller
-        return " ".join(f"{type(err).__name__}: {err}".split())[:500]
+        return " ".join(tracking.describe_error(err).split())[:500]
     return None

@@ -13,6 +13,10 @@ Design:
   last checkpoint is durable. On resume, steps already in MLflow are not logged again
   (``last_logged_step``); training resumes from the checkpoint with its RNG state, so the steps it
   recomputes are the same steps.
+- A store that fails (a full disk, a server gone) is reported once, by the command, in one line
+  (``describe_error``); MLflow's own logging of each failed write (a traceback per SQL error, the
+  whole exception per failed asynchronous batch) is filtered out: the same error reaches the
+  caller of the write or of the next waited flush.
 - Every synchronous flush that sent new points (checkpoints) and the end of the run (FINISHED,
   FAILED, KILLED) also write the run's whole metric history as one artifact,
   ``metrics/history.parquet`` (``runners.metric_history``: why, and how it stays equal to the
@@ -27,6 +31,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import socket
 import subprocess
 import threading
@@ -52,6 +57,29 @@ _MAX_PARAM_LEN = 6000
 _BATCH_METRICS = 900  # MLflow accepts <= 1000 entities per log_batch
 TERMINAL_STATUSES = ("FINISHED", "FAILED", "KILLED")
 _log = logging.getLogger(__name__)
+_STORE_ERROR = re.compile(r"\(((?:sqlite3|psycopg2|pymysql)\.\w+)\) ([^\n\\\[]+)")
+
+
+def describe_error(err: BaseException) -> str:
+    """``Type: message``, an error of MLflow's SQL store cut to what went wrong (not the statement,
+    its parameters and MLflow's wrapping: thousands of characters)."""
+    text = str(err)
+    found = _STORE_ERROR.search(text) if "[SQL:" in text else None
+    if found:
+        return f"{type(err).__name__}: the MLflow store failed ({found[1]}: {found[2].strip()})"
+    return f"{type(err).__name__}: {text}"
+
+
+class _StoreErrorFilter(logging.Filter):
+    """Drops MLflow's log records of a failed store write, which the caller gets as an exception."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        msg = str(record.msg)
+        return not (msg.startswith("SQLAlchemy database error") or "Failed to log run data" in msg)
+
+
+for _name in ("mlflow.store.db.utils", "mlflow.utils.async_logging.async_logging_queue"):
+    logging.getLogger(_name).addFilter(_StoreErrorFilter())
 
 
 def _client(uri: str):

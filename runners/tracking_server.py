@@ -11,6 +11,15 @@ created before the server starts (``tracking.ensure_store``), so nothing races t
 get the server's URI through ``MLFLOW_TRACKING_URI`` in their environment (sbatch exports the
 submitting environment; the sweep also exports it in the job script's setup lines).
 
+Several commands may share one server (two ``trustbench run tracking=server`` on one port, a
+run and a sweep): a server is used while its users hold a shared ``flock`` on a file of this
+machine (``/tmp/trustbench-<uid>/mlflow-server-<port>.users``), and checking for a server and
+starting one, or stopping one, happen under an exclusive lock (``...<port>.lock``), so two first
+starts never race (the second finds the first's server) and nobody stops a server in use. The
+last user leaving stops a server that a trustbench command started (its pid in ``...<port>.json``),
+whichever command started it; a server started otherwise is never stopped; a sweep whose jobs
+outlive it leaves its server running (``detach``).
+
 The server binds 127.0.0.1 by default: reachable from jobs on this machine only (the test
 cluster). On a real cluster set ``tracking.host`` to an address of the login node that compute
 nodes reach (the server has no authentication: keep it on a private network).
@@ -25,13 +34,15 @@ seven more Python processes.
     from runners.tracking_server import ensure_server
     server = ensure_server("127.0.0.1", 5000)      # -> TrackingServer(url=..., started=True|False)
     ...
-    server.stop()                                  # only stops a server it started
+    server.stop()                                  # leave it; the last user stops one trustbench started
     with serving(cfg.tracking) as uri: ...         # a run: the URI, a server started here stopped after
 """
 
 from __future__ import annotations
 
 import base64
+import fcntl
+import json
 import os
 import signal
 import socket
@@ -41,10 +52,10 @@ import time
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
-from dataclasses import dataclass
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from runners import paths, tracking
 from runners.config.validate import ConfigError
@@ -93,36 +104,140 @@ def is_up(url: str, timeout_s: float = 2.0) -> bool:
 @dataclass
 class TrackingServer:
     url: str
-    started: bool  # True: this process started it (and ``stop`` ends it)
+    started: bool  # True: this process started it
     process: subprocess.Popen | None = None
     log: Path | None = None
+    port: int | None = None
+    hold: IO | None = field(default=None, repr=False)  # this user's shared lock on the server (module docstring)
 
     def stop(self, timeout_s: float = 20.0) -> None:
-        """End the server if this process started it (its whole process group); else nothing."""
-        if not self.started or self.process is None or self.process.poll() is not None:
+        """Leave the server: if no other command uses it and a trustbench command started it, end it
+        (its whole process group), whoever started it; else leave it running."""
+        if self.hold is None:
             return
-        os.killpg(self.process.pid, signal.SIGTERM)
-        try:
-            self.process.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait()
+        with _exclusive(self.port, "lock"):
+            self.hold.close()
+            self.hold = None
+            try:
+                with _exclusive(self.port, "users", wait=False):
+                    _stop_recorded(self.port, self.process, timeout_s)
+            except BlockingIOError:
+                pass  # another command uses it: the last one out stops it
+
+    def detach(self) -> None:
+        """Leave the server running for others (a sweep's jobs that outlive the sweep): nobody stops it."""
+        if self.hold is not None:
+            with _exclusive(self.port, "lock"):
+                _state_file(self.port).unlink(missing_ok=True)
+                self.hold.close()
+                self.hold = None
+
+
+def _lock_dir() -> Path:
+    """This user's directory for the locks of servers on this machine (ports are machine-wide)."""
+    path = Path("/tmp") / f"trustbench-{os.getuid()}"
+    path.mkdir(mode=0o700, exist_ok=True)
+    if path.is_symlink() or path.stat().st_uid != os.getuid():
+        raise RuntimeError(f"{path} must be a directory of uid {os.getuid()}")
+    return path
+
+
+def _state_file(port: int | None) -> Path:
+    return _lock_dir() / f"mlflow-server-{port}.json"
+
+
+def _open_lock(port: int | None, kind: str) -> IO:
+    return open(_lock_dir() / f"mlflow-server-{port}.{kind}", "a+")
+
+
+@contextmanager
+def _exclusive(port: int | None, kind: str, wait: bool = True) -> Iterator[None]:
+    """An exclusive flock on ``mlflow-server-<port>.<kind>`` (``BlockingIOError`` if taken and not ``wait``)."""
+    with _open_lock(port, kind) as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+        yield
+
+
+def _hold(port: int) -> IO:
+    """A shared lock for one user of the server at ``port``, released when the file is closed."""
+    fh = _open_lock(port, "users")
+    fcntl.flock(fh, fcntl.LOCK_SH)
+    return fh
+
+
+def _stop_recorded(port: int | None, process: subprocess.Popen | None, timeout_s: float) -> None:
+    """End the server recorded as started by a trustbench command on ``port`` (nobody uses it)."""
+    state = _state_file(port)
+    try:
+        pid = int(json.loads(state.read_text())["pid"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return  # none recorded: not ours to stop
+    cmdline = _cmdline(pid)
+    if b"mlflow" in cmdline and str(port).encode() in cmdline.split(b"\0"):
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            with suppress(ProcessLookupError):
+                os.killpg(pid, sig)
+            if _gone(pid, process, timeout_s):
+                break
+    state.unlink(missing_ok=True)
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+def _gone(pid: int, process: subprocess.Popen | None, timeout_s: float) -> bool:
+    """Wait until ``pid`` ended (reaped if it is our child, else gone or a zombie from /proc)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process is not None and process.pid == pid:
+            if process.poll() is not None:
+                return True
+        else:
+            try:
+                stat = Path(f"/proc/{pid}/stat").read_bytes()
+            except OSError:
+                return True
+            if stat.rsplit(b")", 1)[1].split()[0] in (b"Z", b"X"):
+                return True
+        time.sleep(0.1)
+    return False
 
 
 def ensure_server(host: str, port: int, *, start: bool = True, wait_s: float = 180.0) -> TrackingServer:
     """The server at ``host:port``: the one answering there, else one started here (``start``).
 
-    ``ConfigError`` (naming ``tracking.start_server``, ``tracking.host`` or ``tracking.port``) when
-    none answers and none may be started, or the one started here exits or never answers."""
+    The caller holds it (a shared lock) until ``stop``. ``ConfigError`` (naming
+    ``tracking.start_server``, ``tracking.host`` or ``tracking.port``) when none answers and none
+    may be started, or the one started here exits or never answers."""
     url = url_for(host, port)
-    if is_up(url):
-        return TrackingServer(url=url, started=False)
-    if not start:
-        raise ConfigError(
-            "tracking.start_server",
-            f"no MLflow server answers at {url} and tracking.start_server=false: start one there, "
-            "or set tracking.start_server=true, or another tracking.host / tracking.port",
-        )
+    with _exclusive(port, "lock"):  # one check-and-start (or stop) at a time for this port
+        hold = _hold(port)
+        try:
+            if is_up(url):
+                return TrackingServer(url=url, started=False, port=port, hold=hold)
+            if not start:
+                raise ConfigError(
+                    "tracking.start_server",
+                    f"no MLflow server answers at {url} and tracking.start_server=false: start one there, "
+                    "or set tracking.start_server=true, or another tracking.host / tracking.port",
+                )
+            server = _start(url, host, port, wait_s)
+        except BaseException:
+            hold.close()
+            raise
+        server.hold = hold
+        if server.started:
+            _state_file(port).write_text(json.dumps({"pid": server.process.pid, "url": url, "log": str(server.log)}))
+        return server
+
+
+def _start(url: str, host: str, port: int, wait_s: float) -> TrackingServer:
+    """Start ``mlflow server`` at ``host:port`` on this home's store and wait until it answers; a
+    server that someone outside these locks started there meanwhile (port in use) is used."""
     store = open_store(store_uri())  # schema first: the server and the jobs never race it
     artifacts = paths.artifact_root()
     artifacts.mkdir(parents=True, exist_ok=True)
@@ -135,18 +250,33 @@ def ensure_server(host: str, port: int, *, start: bool = True, wait_s: float = 1
         proc = subprocess.Popen(
             cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env={**os.environ, **SERVER_ENV}
         )
-    server = TrackingServer(url=url, started=True, process=proc, log=log)
+    server = TrackingServer(url=url, started=True, process=proc, log=log, port=port)
     deadline = time.monotonic() + wait_s
     while not is_up(url):
         if proc.poll() is not None or time.monotonic() > deadline:
-            server.stop()
+            _end(proc)
+            error = _last_error(log, start_at)
+            if "in use" in error and is_up(url):
+                return TrackingServer(url=url, started=False, port=port)
             why = "exited" if proc.poll() is not None else f"did not answer within {wait_s:.0f} s"
             raise ConfigError(
-                "tracking.port" if "in use" in _last_error(log, start_at) else "tracking.host",
-                f"could not start an MLflow server at {url}: it {why} ({_last_error(log, start_at)}; log {log})",
+                "tracking.port" if "in use" in error else "tracking.host",
+                f"could not start an MLflow server at {url}: it {why} ({error}; log {log})",
             )
         time.sleep(0.5)
     return server
+
+
+def _end(proc: subprocess.Popen, timeout_s: float = 20.0) -> None:
+    """End a server process group started here (a start that failed)."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        with suppress(ProcessLookupError):
+            os.killpg(proc.pid, sig)
+        try:
+            proc.wait(timeout_s)
+            return
+        except subprocess.TimeoutExpired:
+            continue
 
 
 def _last_error(log: Path, start_at: int) -> str:
@@ -186,17 +316,16 @@ def connect(t: Mapping[str, Any]) -> tuple[str, TrackingServer | None]:
     else:
         return paths.default_tracking_uri(), None
     if uri.startswith(("http://", "https://")) and not is_up(uri):
-        where = "the environment variable $MLFLOW_TRACKING_URI" if source == "MLFLOW_TRACKING_URI" else source
-        raise ConfigError(source, f"no MLflow server answers at {redact(uri)} (set by {where})")
+        raise ConfigError(source, f"no MLflow server answers at {redact(uri)}")
     return uri, None
 
 
 @contextmanager
 def serving(t: Mapping[str, Any]) -> Iterator[str]:
-    """``connect`` for one run: yields the URI; a server started here is stopped afterwards."""
+    """``connect`` for one run: yields the URI; then leaves the server (the last user stops it)."""
     uri, server = connect(t)
     try:
         yield uri
     finally:
-        if server is not None and server.started:
+        if server is not None:
             server.stop()

@@ -8,7 +8,8 @@ that nothing is lost: every run that should exist exists once, in the right stat
 metric step logged exactly once, and every message names the key or the file to act on.
 
 The full disk is a small tmpfs mounted for the test when the tests run as root and may mount (else
-ENOSPC is simulated by a ``torch.save`` that fails half-way); the unwritable run directory is made
+ENOSPC is simulated by a ``torch.save`` that fails half-way, and the disk that stays full is
+skipped); the unwritable run directory is made
 immutable (``chattr +i`` on that tmpfs) as root, or read-only (``chmod 555``) otherwise.
 
 Run:  pytest tests/test_reliability.py        (a few minutes on 2 cores: every scenario starts processes)
@@ -16,6 +17,7 @@ Run:  pytest tests/test_reliability.py        (a few minutes on 2 cores: every s
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -114,16 +116,39 @@ def _up(port: int) -> bool:
     return is_up(f"http://127.0.0.1:{port}", timeout_s=1.0)
 
 
-def test_run_with_tracking_server_starts_it_and_stops_it(tmp_path):
-    """`trustbench run tracking=server` starts the server (as `sweep` does), logs through it into the
-    home's store, and stops it afterwards."""
+def test_two_runs_share_one_tracking_server_and_the_last_one_stops_it(tmp_path):
+    """Two `trustbench run tracking=server` started at the same instant on one free port (the first
+    starts race for it): one starts the server, the other uses it; the short run ends while the
+    long one still logs, and the server stays up for it (it used to be stopped under it: the long
+    run then hung in MLflow's retries, RUNNING). Both FINISH with every step; the last one out
+    stops the server, whichever started it. (A single run starts and stops it the same way.)"""
     home, port = tmp_path / "home", free_port()
-    proc = trustbench(["run", "tracking=server", f"tracking.port={port}", *FAST], home, timeout=400)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    (run,) = runs(home)
-    assert run.info.status == "FINISHED" and steps(home, run.info.run_id) == [1]
-    assert "mlflow-artifacts:" in run.info.artifact_uri  # logged through the server
+    server = ["tracking=server", f"tracking.port={port}"]
+    long = [*FAST, "seed=1", "trainer.total_steps=2", "debug.step_delay_s=20", "debug.delay_steps_below=2"]
+    short_run, long_run = start(["run", *server, *FAST], home), start(["run", *server, *long], home)
+    try:
+        out, err = short_run.communicate(timeout=400)
+        assert short_run.returncode == 0, err[-3000:]
+        assert long_run.poll() is None, "the long run ended first: the scenario did not happen"
+        assert _up(port)  # still in use by the long run
+        out, err = long_run.communicate(timeout=400)
+        assert long_run.returncode == 0, err[-3000:]
+    finally:
+        short_run.kill()
+        long_run.kill()
+    found = {r.data.tags["seed"]: r for r in runs(home)}
+    assert sorted(found) == ["0", "1"] and all(r.info.status == "FINISHED" for r in found.values())
+    assert steps(home, found["0"].info.run_id) == [1] and steps(home, found["1"].info.run_id) == [1, 2]
+    assert all("mlflow-artifacts:" in r.info.artifact_uri for r in found.values())  # logged through the server
     assert not _up(port)
+    assert not [p for p in Path("/proc").glob("[0-9]*") if f"--port\0{port}\0".encode() in _cmdline(p)]
+
+
+def _cmdline(proc_dir: Path) -> bytes:
+    try:
+        return (proc_dir / "cmdline").read_bytes()
+    except OSError:
+        return b""
 
 
 @pytest.fixture
@@ -166,7 +191,7 @@ def test_unreachable_tracking_fails_fast_naming_the_key(tmp_path, silent_listene
         env["MLFLOW_TRACKING_URI"] = f"http://127.0.0.1:{port}"
     proc = trustbench([*args, *FAST], home, timeout=180, **env)
     assert proc.returncode == 2, proc.stderr[-3000:]
-    one_message(proc.stderr, f"config key '{key}'")
+    one_message(proc.stderr, "environment variable MLFLOW_TRACKING_URI" if case == "env" else f"config key '{key}'")
     assert runs(home) == []
     if case == "port_taken":
         assert "in use" in proc.stderr
@@ -273,6 +298,60 @@ def test_a_full_disk_ends_the_run_failed_and_a_rerun_finishes_it(small_fs, tmp_p
     one_message(proc.stderr, "No space left on device", "checkpoint.pt")
     _check_failed_then_resumed(home, "No space left on device",
                                lambda: subprocess.run(["mount", "-o", "remount,size=64m", str(small_fs)], check=True))  # fmt: skip
+
+
+def _fill(path: Path) -> None:
+    """Write ``path`` until the file system has no byte left."""
+    with open(path, "wb", buffering=0) as fh:
+        for size in (1 << 20, 4096, 1):
+            with contextlib.suppress(OSError):
+                while True:
+                    fh.write(b"x" * size)
+
+
+def test_a_disk_that_stays_full_ends_each_run_in_one_message(small_fs):
+    """The disk full for good: before the run (the store has no room for its MLflow run), then in
+    the middle of one (every MLflow write fails from then on). Each ends with exit 1 and one line
+    naming the full disk, no traceback (it used to print MLflow's ~10, or Hydra's); the marker of
+    the run that started says FAILED although no new file fits (rewritten in place), its MLflow run
+    stays RUNNING (nothing can be written there) and the message says so. With room again the
+    rerun resumes that MLflow run and logs its step once."""
+    if small_fs is None:
+        pytest.skip("needs root to mount a small tmpfs (a disk that stays full)")
+    from runners import tracking
+
+    home, fill = small_fs / "home", small_fs / "fill"
+    tracking.ensure_store(f"sqlite:///{home / 'mlflow.db'}")
+    _fill(fill)
+    proc = trustbench(["run", *FAST], home)
+    assert proc.returncode == 1
+    one_message(proc.stderr, "open its MLflow run", "database or disk is full", "status.json could not be written")
+    assert runs(home) == []
+    fill.unlink()
+    running = start(["run", *FAST, "debug.step_delay_s=10", "tracking.flush_every_s=1"], home)
+    try:
+        deadline = time.time() + 300
+        while time.time() < deadline and not list(home.glob("runs/*/status.json")):
+            assert running.poll() is None, running.communicate()
+            time.sleep(0.2)
+        _fill(fill)
+        out, err = running.communicate(timeout=300)
+    finally:
+        running.kill()
+    assert running.returncode == 1
+    message = one_message(err, "database or disk is full", "could not be marked FAILED")
+    (run,) = runs(home)
+    assert run.info.status == "RUNNING" and run.info.run_id in message
+    status = json.loads((only_run_dir(home) / "status.json").read_text())
+    assert status["status"] == "FAILED" and "database or disk is full" in status["reason"]
+    _no_temporary_files(home)
+    fill.unlink()
+    again = trustbench(["run", *FAST], home)
+    assert again.returncode == 0, again.stderr[-3000:]
+    (done,) = runs(home)
+    assert done.info.run_id == run.info.run_id and done.info.status == "FINISHED"
+    assert steps(home, run.info.run_id) == [1]
+    assert json.loads((only_run_dir(home) / "status.json").read_text())["status"] == "FINISHED"
 
 
 def _full_disk_simulated(tmp_path, monkeypatch) -> None:

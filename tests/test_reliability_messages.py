@@ -6,7 +6,8 @@ or a site's ``conf/launcher/cluster.yaml``), run through the real command (``run
 this process for speed; the dataset and device mistakes surface only while the cell is being built).
 The reference is the command's stderr and exit code, and MLflow's own client on the store: no run
 FAILED for a configuration mistake. Also here: Hydra's flags in any position, sweep flags after
-overrides, ``report`` of a missing experiment creating nothing, and ``trustbench ui``'s processes.
+overrides, ``report`` of a missing experiment creating nothing, ``trustbench ui``'s processes and
+its message for a tracking URI where nothing answers.
 
 Run:  pytest tests/test_reliability_messages.py
 """
@@ -149,8 +150,24 @@ def test_report_of_a_missing_store_creates_nothing(home, capsys):
     """`report nosuch` in a directory that tracked nothing: exit 2 naming the store, and no store created."""
     code, _, err = _main(capsys, "report", "nosuch", "--no-pdf", "--no-mlflow")
     assert code == 2
-    assert "no MLflow store at" in err and str(home / "mlflow.db") in err
+    one_message(err, "no MLflow store at", str(home / "mlflow.db"))  # `trustbench:` as every command says it
     assert not (home / "mlflow.db").exists()
+
+
+@pytest.mark.parametrize("source", ["--tracking-uri", "environment variable MLFLOW_TRACKING_URI"])
+def test_ui_with_an_unreachable_tracking_uri_fails_at_once(home, capsys, monkeypatch, source):
+    """`trustbench ui` for an http store where nothing answers: exit 2 and one message naming the
+    URI and where it was set (it used to sit in MLflow's minutes of retries); nothing is started."""
+    uri = f"http://127.0.0.1:{free_port()}"
+    args = ["ui", "--port", str(free_port())]
+    if source == "--tracking-uri":
+        args += ["--tracking-uri", uri]
+    else:
+        monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    start = time.monotonic()
+    code, _, err = _main(capsys, *args)
+    assert code == 2 and time.monotonic() - start < 30
+    one_message(err, f"no MLflow server answers at {uri}", source)
 
 
 @pytest.mark.slow

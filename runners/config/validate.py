@@ -26,11 +26,13 @@ DEVICES = ("auto", "cpu", "cuda")
 
 
 class ConfigError(ValueError):
-    """A configuration value that cannot run; ``key`` is the dotted config key, ``reason`` the why."""
+    """A configuration value that cannot run; ``key`` is the dotted config key (or the name of an
+    environment variable, in capitals), ``reason`` the why."""
 
     def __init__(self, key: str, message: str) -> None:
         self.key, self.reason = key, message
-        super().__init__(f"config key '{key}': {message}")
+        where = f"environment variable {key}" if key.isupper() else f"config key '{key}'"
+        super().__init__(f"{where}: {message}")
 
 
 class _Checker:

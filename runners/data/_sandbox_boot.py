@@ -13,7 +13,8 @@ ours needs to be readable by the sandbox user). The process tree it builds::
 Without a pid namespace (refused by the kernel, or ``namespaces="off"``) the supervisor is a
 child subreaper (prctl PR_SET_CHILD_SUBREAPER: orphans of the program, setsid or not, are
 re-parented to it), forks the program directly and, once the program's main process ended,
-SIGKILLs every descendant it finds in /proc until it has no child left.
+SIGKILLs every descendant it finds in /proc until it has no child left. A trainer that is not
+root and got no private file system confines the program with Landlock instead (``_landlock``).
 
 The supervisor answers SIGTERM (the parent's time limit) by SIGKILLing init (or the program's
 main process), then tears down as above; the program cannot signal it (another uid, and
@@ -29,6 +30,7 @@ import json
 import os
 import resource
 import signal
+import struct
 import sys
 
 cfg = json.loads(sys.argv[1])
@@ -39,6 +41,11 @@ MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT = 1, 2, 4, 8, 32
 MS_BIND, MS_REC, MS_PRIVATE = 4096, 16384, 1 << 18
 _MOUNT_FLAGS = {"nosuid": MS_NOSUID, "nodev": MS_NODEV, "noexec": MS_NOEXEC, "noatime": 1024, "relatime": 1 << 21}
 PR_SET_PDEATHSIG, PR_SET_CHILD_SUBREAPER, PR_SET_NO_NEW_PRIVS = 1, 36, 38
+# Landlock (uapi/linux/landlock.h): syscalls, write accesses of files (WRITE_FILE, REMOVE_DIR,
+# REMOVE_FILE, MAKE_CHAR/DIR/REG/SOCK/FIFO/BLOCK/SYM; REFER from ABI 2, TRUNCATE from ABI 3),
+# TCP bind and connect (ABI 4), scopes of abstract unix sockets and signals (ABI 6)
+SYS_LL_CREATE, SYS_LL_ADD_RULE, SYS_LL_RESTRICT = 444, 445, 446
+LL_FS_WRITE, LL_REFER, LL_TRUNCATE, LL_WRITE_FILE = 0x1FF2, 1 << 13, 1 << 14, 1 << 1
 
 
 def _check(ret, what):
@@ -212,7 +219,7 @@ def _wait(main, status_r):
 def _supervise():
     """Returns (working directory, namespaces, program source) only in the program's process;
     every other process of the tree ends here with ``os._exit``."""
-    report = {"returncode": None, "namespaces": [], "private_fs": False, "fatal": None}
+    report = {"returncode": None, "namespaces": [], "private_fs": False, "landlock": 0, "fatal": None}
     report_fd = os.open(os.path.join(cfg["control"], "report.json"), os.O_WRONLY | os.O_TRUNC)
     try:
         with open(os.path.join(cfg["control"], "main.py"), "rb") as f:  # before /tmp is covered
@@ -221,6 +228,8 @@ def _supervise():
         names = report["namespaces"] = _unshare()
         work = _private_fs(cfg["uid"], cfg["gid"]) if "mount" in names else None
         report["private_fs"] = work is not None
+        if cfg["uid"] is None and work is None:  # no uid of its own, no private files: Landlock
+            report["landlock"] = _LANDLOCK[0] = _landlock_abi()
         if cfg["namespaces"] == "require" and not ("pid" in names and work):
             raise OSError(ctypes.get_errno(), "the kernel refused new mount/pid/network namespaces or a tmpfs")
         work = work or os.path.join(cfg["control"], "work")
@@ -273,8 +282,59 @@ def _enter_program(work, names, source):
         _write("/proc/self/setgroups", "deny")
         _write("/proc/self/uid_map", "0 0 1")
         _write("/proc/self/gid_map", "0 0 1")
-    _libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
+    if cfg["uid"] is None:  # RLIMIT_NPROC counts per user namespace and uid: the nested one is the run's
+        nproc = cfg["max_processes"] + (0 if "user" in names else _threads_of(os.getuid()))
+        hard = resource.getrlimit(resource.RLIMIT_NPROC)[1]
+        nproc = nproc if hard == resource.RLIM_INFINITY else min(nproc, hard)
+        resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
+    _check(_libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "PR_SET_NO_NEW_PRIVS")
+    if _LANDLOCK[0]:
+        _landlock(work, _LANDLOCK[0])
     return os.path.join(work, "main.py"), source
+
+
+def _threads_of(uid):
+    """Processes and threads whose real uid is ``uid`` (what RLIMIT_NPROC counts without namespaces)."""
+    n = 0
+    for name in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{name}/status") as f:
+                fields = dict(line.split(":", 1) for line in f if ":" in line)
+            n += int(fields["Threads"]) if int(fields["Uid"].split()[0]) == uid else 0
+        except (OSError, KeyError, ValueError):
+            continue
+    return n
+
+
+_LANDLOCK = [0]  # the ABI the supervisor found, for the program's process (0: not used)
+
+
+def _syscall(*args):
+    return _libc.syscall(*(ctypes.c_long(a) if isinstance(a, int) else a for a in args))
+
+
+def _landlock_abi():
+    return max(_syscall(SYS_LL_CREATE, None, 0, 1), 0)  # LANDLOCK_CREATE_RULESET_VERSION
+
+
+def _landlock(work, abi):
+    """Confine this process and its descendants (Landlock, unprivileged): files may be created,
+    written, removed only under ``work`` and /dev/shm (POSIX semaphores: the parent sweeps what is
+    left there), and /dev/null written; from ABI 4 no TCP bind or connect; from ABI 6 no signal
+    to, and no abstract unix socket of, a process outside this run."""
+    fs = LL_FS_WRITE | (LL_REFER if abi >= 2 else 0) | (LL_TRUNCATE if abi >= 3 else 0)
+    attr = struct.pack("=QQQ", fs, 3, 3)[: 8 if abi < 4 else 16 if abi < 6 else 24]
+    ruleset = _syscall(SYS_LL_CREATE, ctypes.create_string_buffer(attr, len(attr)), len(attr), 0)
+    if ruleset < 0:
+        _check(-1, "landlock_create_ruleset")
+    shm = [("/dev/shm", fs)] if os.path.isdir("/dev/shm") else []
+    for path, access in ((work, fs), *shm, ("/dev/null", fs & (LL_WRITE_FILE | LL_TRUNCATE))):
+        fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+        rule = struct.pack("=Qi", access, fd)
+        _check(_syscall(SYS_LL_ADD_RULE, ruleset, 1, ctypes.create_string_buffer(rule, len(rule)), 0), "landlock rule")
+        os.close(fd)
+    _check(_syscall(SYS_LL_RESTRICT, ruleset, 0), "landlock_restrict_self")
+    os.close(ruleset)
 
 
 _path, _source = _enter_program(*_supervise())

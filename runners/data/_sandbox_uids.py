@@ -7,7 +7,8 @@ no account uses; ``/etc/passwd`` and ``/etc/subuid`` stop far below it), holding
 ``flock`` on ``<lock dir>/<uid>`` so that no two runs on the machine, in any thread or trainer
 process, hold the same uid at once. The lock file says "1" while the run is going on: a slot found
 so marked (its holder died mid-run) is swept before reuse: every process of that uid is killed and
-its files in the world-writable directories are removed.
+its files in the world-writable directories are removed. (A trainer that is not root has no
+uid to lend: ``sweep_new_files`` clears what its Landlock-confined programs left in /dev/shm.)
 
     python -c "from runners.data._sandbox_uids import acquire, release; l = acquire(); print(l.uid); release(l)"
 """
@@ -149,3 +150,52 @@ def sweep_files(uid: int, roots: list[str] | None = None, *, depth: int = 4) -> 
             elif stat.S_ISDIR(info.st_mode) and info.st_mode & 0o002 and depth > 0:
                 removed += sweep_files(uid, [entry.path], depth=depth - 1)
     return removed
+
+
+def listing(path: str) -> set[str]:
+    try:
+        return set(os.listdir(path))
+    except OSError:
+        return set()
+
+
+def sweep_new_files(root: str, before: set[str]) -> int:
+    """Remove the entries of ``root`` that this uid owns, that were not there before (``before``)
+    and that no process of ours holds open or mapped: what a program running as our own uid
+    (not root, confined by Landlock) left in /dev/shm. Returns how many were removed."""
+    try:
+        new = [
+            e for e in os.scandir(root) if e.name not in before and e.stat(follow_symlinks=False).st_uid == os.getuid()
+        ]
+    except OSError:
+        return 0
+    if not new:
+        return 0
+    in_use = _paths_in_use(root.rstrip("/") + "/")  # after the listing: a file being created is open by then
+    removed = 0
+    for entry in new:
+        if any(path == entry.path or path.startswith(entry.path + "/") for path in in_use):
+            continue
+        with contextlib.suppress(FileNotFoundError):
+            shutil.rmtree(entry.path, ignore_errors=True) if entry.is_dir(follow_symlinks=False) else os.unlink(
+                entry.path
+            )
+        removed += 1
+    return removed
+
+
+def _paths_in_use(prefix: str) -> set[str]:
+    """Paths under ``prefix`` open (/proc/*/fd) or mapped (/proc/*/maps) by a process we may inspect."""
+    found = set()
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        with contextlib.suppress(OSError):
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                with contextlib.suppress(OSError):
+                    target = os.readlink(f"/proc/{pid}/fd/{fd}")
+                    if target.startswith(prefix):
+                        found.add(target.removesuffix(" (deleted)"))
+        with contextlib.suppress(OSError), open(f"/proc/{pid}/maps") as maps:
+            found.update(
+                line.split(None, 5)[5].rstrip("\n").removesuffix(" (deleted)") for line in maps if f" {prefix}" in line
+            )
+    return found

@@ -19,7 +19,8 @@ its process tree; clean environment, no file of ours readable by the program):
   descendant it finds in /proc; as root, any process of the run's uid still alive is killed too.
 - uid: as root, each run gets a uid of its own (``_sandbox_uids``), so ``RLIMIT_NPROC``
   (``max_processes``, a fork bomb's limit) and the right to send signals are per run: no program
-  can exhaust another's process limit or kill another's processes.
+  can exhaust another's process limit or kill another's processes. Not root, the program's nested
+  user namespace plays that part for ``RLIMIT_NPROC`` (the kernel counts per user namespace).
 - time: wall-clock limit enforced by the parent (SIGTERM to the supervisor, which kills the whole
   tree; SIGKILL after a grace period), 10 s by default as in TROLL (arXiv 2510.03817, appendix
   C.2), plus ``RLIMIT_CPU`` as a backstop.
@@ -33,10 +34,19 @@ its process tree; clean environment, no file of ours readable by the program):
   number while the program runs: only by ``RLIMIT_FSIZE`` per file and the time limit).
 - network: a new, empty network namespace (and a new IPC namespace: System V objects and
   POSIX message queues die with it); the in-process socket guard of ``_sandbox_boot.py`` on top
-  (the only barrier in the fallback; WEAKER: ctypes or a subprocess bypasses it).
+  (in the fallback the only one as root, Landlock's TCP rules too when not; WEAKER: ctypes bypass it).
 - not root: a user namespace maps the trainer's uid to root of the namespaces above and the
-  program enters a nested one (no power over their mounts); no per-run uid, so no
-  ``RLIMIT_NPROC`` and, without namespaces, no protection of the trainer's own processes.
+  program enters a nested one (no power over their mounts, a process count of its own).
+- not root and no private file system (namespaces refused, or ``namespaces="off"``): the
+  program runs as the trainer's uid (a uid sweep would remove the trainer's files). Landlock
+  (Linux >= 5.13, unprivileged) confines it: it may create, write and remove files only in its
+  working directory (deleted after the run) and /dev/shm (POSIX semaphores: ``multiprocessing``),
+  elsewhere EACCES; what it left in /dev/shm is removed (entries of our uid, new since the start,
+  that no process of ours holds open or mapped: one the trainer or a concurrent program created
+  there meanwhile and closed would go too); from ABI 4 no TCP bind or connect, from ABI 6 no
+  signal outside the run. ``RLIMIT_NPROC`` is the uid's count at the start plus
+  ``max_processes``: a fork bomb is bounded, but concurrent programs share the count (one can
+  make another's ``fork`` fail). ``isolation()`` says what runs get (files, signals, process_limit).
 - trainer death: the supervisor and init die with their parent (PR_SET_PDEATHSIG), which ends
   the namespace; in the fallback, a uid slot left marked busy is swept by its next holder.
 
@@ -50,7 +60,9 @@ slows a concurrent one down; time limits are wall-clock); the total memory of on
 machine; unix sockets on the host file system that accept anyone (outside /tmp and friends).
 In the fallback: the number of files while the program runs, other world-writable directories
 than those listed above, System V IPC objects, seeing (not signalling) the host's processes,
-and processes of a run whose trainer was SIGKILLed until their uid slot is reused.
+and processes of a run whose trainer was SIGKILLed until their uid slot is reused. Not root, no
+namespaces and no Landlock (a kernel before 5.13, or one without it): files written outside the
+working directory stay, and the program can signal every process of the trainer's uid.
 
 Modes: ``stdin`` feeds ``stdin`` to the program and returns its stdout; ``call`` calls a function
 (``fn_name`` top-level or a ``Solution`` method) with JSON arguments and returns its JSON value.
@@ -78,6 +90,7 @@ from runners.data import _sandbox_uids
 
 _BOOT = Path(__file__).with_name("_sandbox_boot.py")
 _CLEAN_PATH = "/usr/local/bin:/usr/bin:/bin"
+_SHM = "/dev/shm"
 _GRACE_S = 5.0  # after SIGTERM, how long the supervisor gets to kill the tree before it is SIGKILLed
 STATUSES = ("ok", "error", "timeout", "memory", "output_limit")
 NAMESPACES = ("auto", "require", "off")
@@ -101,7 +114,8 @@ class SandboxConfig:
     scratch_mb: int = 64
     # files and directories it may create there (tmpfs inodes)
     max_files: int = 1024
-    # processes and threads of one run at once (RLIMIT_NPROC of its own uid; root only)
+    # processes and threads of one run at once (RLIMIT_NPROC of its own uid or user namespace; not
+    # root and without namespaces: this many more than the trainer's uid has at the start)
     max_processes: int = 64
     # interpreter for the program; None picks sys.executable or /usr/bin/python3 (see _pick_python)
     python: str | None = None
@@ -158,7 +172,7 @@ def isolation(config: SandboxConfig | None = None) -> dict[str, Any]:
         "python": python,
         "timeout_s": config.timeout_s,
         "memory_mb": config.memory_mb,
-        "max_processes": config.max_processes if os.geteuid() == 0 else None,
+        "max_processes": config.max_processes,
     }
 
 
@@ -260,6 +274,7 @@ def _run_as(
             "namespaces": config.namespaces,
             "scratch_bytes": config.scratch_mb << 20,
             "max_files": config.max_files,
+            "max_processes": config.max_processes,
             "shared_dirs": list(_shared_dirs()),
             "socket_guard": config.socket_guard,
             **extra,
@@ -267,6 +282,7 @@ def _run_as(
         cmd = [python, "-I", "-c", _BOOT.read_text(encoding="utf-8"), json.dumps(cfg)]
         env = {"PATH": _CLEAN_PATH, "LANG": "C.UTF-8", "PYTHONIOENCODING": "utf-8", "OMP_NUM_THREADS": "1"}
         out_path, err_path = control / "stdout.txt", control / "stderr.txt"
+        shm_before = _sandbox_uids.listing(_SHM) if uid is None else set()  # what a program as our uid may leave there
         start = time.monotonic()
         with open(control / "stdin.txt", "rb") as fin, open(out_path, "wb") as fout, open(err_path, "wb") as ferr:
             proc = subprocess.Popen(
@@ -275,10 +291,7 @@ def _run_as(
             timed_out = _wait(proc, config.timeout_s)
         wall = time.monotonic() - start
         report = _read_report(control / "report.json")
-        if uid is not None and "returncode" not in report:
-            _sandbox_uids.kill_processes(uid)  # the supervisor was killed before it could clean up
-        if uid is not None and not report.get("private_fs"):
-            _sandbox_uids.sweep_files(uid, list(_shared_dirs()))
+        _clean_up(uid, report, shm_before)
         if report.get("fatal"):
             raise SandboxUnavailable(f"the sandbox could not start: {report['fatal']} (see runners/data/sandbox.py)")
         stdout = _read_capped(out_path, config.max_output_bytes)
@@ -292,14 +305,44 @@ def _run_as(
         if not found:
             status = "error"
     names = report.get("namespaces", [])
+    landlock = report.get("landlock", 0)
     info = {
-        "network": "namespace" if "net" in names else "socket_guard",
+        "network": "namespace" if "net" in names else "landlock" if landlock >= 4 else "socket_guard",
         "namespaces": names,
         "processes": "pid_namespace" if "pid" in names else "subreaper",
-        "files": "private_tmpfs" if report.get("private_fs") else "uid_sweep" if uid is not None else "workdir_only",
+        # RLIMIT_NPROC of a uid or user namespace of the run's own, else shared with the trainer's uid
+        "process_limit": "per_run" if uid is not None or "user" in names else "shared",
+        # who the program may signal: its own uid's / pid namespace's processes, its Landlock domain, any of ours
+        "signals": "own_uid"
+        if uid is not None
+        else "pid_namespace"
+        if "pid" in names
+        else "landlock"
+        if landlock >= 6
+        else "trainer_uid",  # fmt: skip
+        "files": "private_tmpfs"
+        if report.get("private_fs")
+        else "uid_sweep"
+        if uid is not None
+        else "landlock"
+        if landlock
+        else "workdir_only",  # fmt: skip
+        "landlock": landlock,
         "uid": uid if uid is not None else os.getuid(),
     }
     return RunResult(status, returncode, stdout, stderr, wall, value, info)
+
+
+def _clean_up(uid: int | None, report: dict[str, Any], shm_before: set[str]) -> None:
+    """What the supervisor could not: the processes of a run's uid (the supervisor was killed), its
+    files in the world-writable directories (no private tmpfs), or, a program as our own uid
+    under Landlock, what it left in /dev/shm."""
+    if uid is not None and "returncode" not in report:
+        _sandbox_uids.kill_processes(uid)
+    if uid is not None and not report.get("private_fs"):
+        _sandbox_uids.sweep_files(uid, list(_shared_dirs()))
+    if uid is None and report.get("landlock"):
+        _sandbox_uids.sweep_new_files(_SHM, shm_before)
 
 
 def _wait(proc: subprocess.Popen, timeout_s: float) -> bool:

@@ -90,14 +90,16 @@ def launch(
             return jobs
         return _wait(p, jobs, order, poll_s, stream)
     finally:
-        if server is not None and server.started and not p.interrupted:
+        if server is not None and p.interrupted:  # jobs that outlive the sweep keep the server
+            server.detach()
+        elif server is not None:  # leave it: the last user stops a server trustbench started
             server.stop()
 
 
 def _connect(p: SweepPlan, stream):
     """Reach the tracking store as ``trustbench run`` does (``runners.tracking_server.connect``); a
     server started (or found) for ``tracking=server`` is handed to the jobs through
-    ``MLFLOW_TRACKING_URI``. Returns the server started here, if any (stopped after the jobs)."""
+    ``MLFLOW_TRACKING_URI``. Returns the server, held until the jobs are done (``stop`` or ``detach``)."""
     uri, server = tracking_server.connect(p.cells[0].config["tracking"])
     p.tracking_uri = uri
     if server is not None:

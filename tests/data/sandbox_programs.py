@@ -53,7 +53,10 @@ print(sorted(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) for pid in childre
 
 HOSTILE = """
 import os, signal, time
-open("/tmp/{marker}", "w").write("hostile")
+try:
+    open("/tmp/{marker}", "w").write("hostile")
+except OSError:  # refused under Landlock: go on with the rest
+    pass
 end = time.monotonic() + 2.5
 while time.monotonic() < end:
     for _ in range(100):  # fork to the process limit
@@ -90,14 +93,24 @@ print(seen, sorted(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) for pid in c
 
 
 FILES = """
-import os
+import errno, json, os
+outcome = {}
 for d in ("/tmp", "/var/tmp", "/dev/shm", "."):
-    with open(os.path.join(d, "{marker}"), "w") as f:
-        f.write("left behind")
-os.makedirs("/tmp/{marker}-dir/sub")
-open("/tmp/{marker}-dir/sub/f", "w").write("x")
-os.chmod("/tmp/{marker}-dir/sub", 0)
+    try:
+        with open(os.path.join(d, "{marker}"), "w") as f:
+            f.write("left behind")
+        outcome[d] = "written"
+    except OSError as e:  # refused where the sandbox confines writes to the working directory (Landlock)
+        outcome[d] = errno.errorcode[e.errno]
+try:
+    os.makedirs("/tmp/{marker}-dir/sub")
+    open("/tmp/{marker}-dir/sub/f", "w").write("x")
+    os.chmod("/tmp/{marker}-dir/sub", 0)
+    outcome["/tmp/-dir"] = "written"
+except OSError as e:
+    outcome["/tmp/-dir"] = errno.errorcode[e.errno]
 print(os.getcwd())
+print(json.dumps(outcome))
 """
 
 
@@ -125,13 +138,17 @@ ELSEWHERE = """
 import json, sys
 sys.path.insert(0, sys.argv[2])
 from runners.data.sandbox import SandboxConfig, isolation, run_python
-from tests.data.sandbox_programs import FILES, daemon_program
-marker = sys.argv[1]
-report = {"isolation": isolation()}
-report["daemon"] = run_python(daemon_program(marker, "timeout"), config=SandboxConfig(timeout_s=3.0)).stdout
-report["files"] = run_python(FILES.replace("{marker}", marker)).stdout.strip()
+from tests.data.sandbox_programs import FILES, HOSTILE, LEFTOVERS, daemon_program
+marker, mode = sys.argv[1], sys.argv[3]
+report = {"isolation": isolation(SandboxConfig(namespaces=mode))}
+def run(code, **limits):
+    return run_python(code.replace("{marker}", marker), config=SandboxConfig(namespaces=mode, **limits))
+report["daemon"] = run(daemon_program(marker, "timeout"), timeout_s=3.0).stdout
+report["files"], report["written"] = run(FILES).stdout.splitlines()
+report["hostile"] = run(HOSTILE, timeout_s=4.0).status  # kill(-1) and kill of every pid: this process must live
+report["bomb"] = run(LEFTOVERS, timeout_s=5.0).stdout.strip()
 umount = "import ctypes\\nprint(ctypes.CDLL(None, use_errno=True).umount2(b'/tmp', 2), ctypes.get_errno())"
-report["umount"] = run_python(umount).stdout.split()
+report["umount"] = run(umount).stdout.split()
 try:
     run_python("print(1)", config=SandboxConfig(namespaces="require"))
 except RuntimeError as exc:

@@ -9,6 +9,12 @@ so that the kernel refuses the namespaces):
   limit, /tmp);
 - files written to /tmp, /var/tmp, /dev/shm and the working directory must be gone after the
   run, and their number and size must be capped while it runs.
+
+A trainer that is not root gets no uid per run: without namespaces its programs are confined by
+Landlock (writes outside the working directory refused, no signal outside the run) and share the
+trainer uid's process count (runners/data/sandbox.py). Tests that need what such a machine cannot
+give are skipped with the reason; the root-only tests at the end run a trainer as ``nobody`` to
+check that path here.
 """
 
 from __future__ import annotations
@@ -45,6 +51,15 @@ MODES = ["auto", "off"]  # namespaces when the kernel allows them; the fallback,
 NAMESPACES = isolation()["namespaces"]
 needs_private_fs = pytest.mark.skipif("mount" not in NAMESPACES, reason="no mount namespace on this machine")
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="per-run uids need a root trainer")
+
+
+def _skip_without(namespaces: str, what: str) -> None:
+    """Skip (with the reason) where this machine's sandbox in ``namespaces`` mode cannot give ``what``."""
+    info = isolation(SandboxConfig(namespaces=namespaces))
+    if what == "file_cleanup" and info["files"] == "workdir_only":
+        pytest.skip("not root, no mount namespace, no Landlock: files outside the working directory stay (sandbox.py)")
+    if what == "separate_runs" and (info["process_limit"] == "shared" or info["signals"] == "trainer_uid"):
+        pytest.skip(f"not root, no namespaces: process count shared with the trainer's uid, signals: {info['signals']}")
 
 
 def _live_pids(match) -> list[int]:
@@ -104,8 +119,11 @@ def test_leftovers_of_a_fork_bomb_do_not_fail_the_next_program(namespaces):
     assert bomb.ok and int(bomb.stdout) >= 10, bomb.stderr  # it did fork, up to its process limit
     innocent = run_python(INNOCENT, config=config)
     assert (innocent.status, innocent.stdout) == ("ok", "[0, 1, 2, 3]\n"), innocent.stderr
+    # ... which exists: RLIMIT_NPROC of its own uid or user namespace; else max_processes more than
+    # the trainer's uid had (it tries 1000)
+    per_run = bomb.info["process_limit"] == "per_run"
+    assert int(bomb.stdout) < (1 if per_run else 2) * config.max_processes
     if os.geteuid() == 0:
-        assert int(bomb.stdout) < config.max_processes  # ... which exists (its own uid's RLIMIT_NPROC)
         assert _of_uid(bomb.info["uid"]) == []
 
 
@@ -113,6 +131,7 @@ def test_leftovers_of_a_fork_bomb_do_not_fail_the_next_program(namespaces):
 def test_concurrent_programs_do_not_affect_each_other(namespaces, marker):
     """A hostile program (fork bomb, kill(-1), kill of every pid it can see, a file in /tmp) and an
     innocent one run at the same time from two threads; the innocent one must get its own result."""
+    _skip_without(namespaces, "separate_runs")
     results = {}
 
     def run(name, code, timeout_s):
@@ -138,9 +157,15 @@ def test_concurrent_programs_do_not_affect_each_other(namespaces, marker):
 
 @pytest.mark.parametrize("namespaces", MODES)
 def test_files_are_gone_after_the_run(namespaces, marker):
+    """Written (private tmpfs, uid sweep) or refused (Landlock: only the working directory is
+    writable), nothing the program wrote is on the host after the run."""
+    _skip_without(namespaces, "file_cleanup")
     res = run_python(FILES.replace("{marker}", marker), config=SandboxConfig(namespaces=namespaces))
     assert res.ok, res.stderr
-    cwd = res.stdout.strip()
+    cwd, written = res.stdout.splitlines()
+    elsewhere = "EACCES" if res.info["files"] == "landlock" else "written"
+    expected = {".": "written", "/dev/shm": "written", **dict.fromkeys(["/tmp", "/var/tmp", "/tmp/-dir"], elsewhere)}
+    assert json.loads(written) == expected
     leftovers = [f"{d}/{marker}" for d in ("/tmp", "/var/tmp", "/dev/shm", cwd)] + [f"/tmp/{marker}-dir"]
     assert [path for path in leftovers if os.path.lexists(path)] == []
 
@@ -194,12 +219,14 @@ def test_a_slot_left_dirty_is_swept_before_reuse(monkeypatch, marker):
         _sandbox_uids.release(again)
 
 
-def run_elsewhere(prefix: list[str], python: str, marker: str) -> dict:
-    """Run the daemon and files programs from a trainer started as ``prefix python``; its report."""
+def run_elsewhere(prefix: list[str], python: str, marker: str, namespaces: str = "auto") -> dict:
+    """Run the daemon, files, hostile (kill -1) and fork-bomb programs from a trainer started as
+    ``prefix python``; its report. The trainer must survive (exit 0), no process or file remain."""
     out = subprocess.run(
-        [*prefix, python, "-c", ELSEWHERE, marker, str(REPO_ROOT)], cwd="/", capture_output=True, text=True, timeout=120
-    )
-    assert out.returncode == 0, out.stderr
+        [*prefix, python, "-c", ELSEWHERE, marker, str(REPO_ROOT), namespaces],
+        cwd="/", capture_output=True, text=True, timeout=180,
+    )  # fmt: skip
+    assert out.returncode == 0, (out.returncode, out.stderr)
     report = json.loads(out.stdout)
     assert report["daemon"].startswith("daemon started")
     assert _with_marker(marker) == []
@@ -220,6 +247,36 @@ def test_fallback_when_the_kernel_refuses_namespaces(marker):
 
 
 AS_NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+
+
+def _can_run_as_nobody() -> bool:
+    if os.geteuid() != 0 or shutil.which("setpriv") is None or not os.access("/usr/bin/python3", os.X_OK):
+        return False
+    return subprocess.run([*AS_NOBODY, "/usr/bin/python3", "-c", ""], capture_output=True).returncode == 0
+
+
+@pytest.mark.skipif(not _can_run_as_nobody(), reason="needs root, setpriv and /usr/bin/python3")
+def test_unprivileged_trainer_without_namespaces_is_confined_by_landlock(marker):
+    """A trainer running as ``nobody`` with ``namespaces="off"`` (the path of a non-root trainer on a
+    kernel that refuses namespaces): the daemon dies, writes outside the working directory and
+    /dev/shm are refused (EACCES), nothing written remains, a program's kill(-1) does not reach the trainer, and a fork
+    bomb is bounded near ``max_processes`` (64) although it tries 1000."""
+    import ctypes
+
+    abi = ctypes.CDLL(None, use_errno=True).syscall(ctypes.c_long(444), None, ctypes.c_long(0), ctypes.c_long(1))
+    if abi < 6:  # landlock_create_ruleset(NULL, 0, LANDLOCK_CREATE_RULESET_VERSION)
+        pytest.skip(f"Landlock ABI {abi} (< 6): files and signals of a non-root trainer unconfined (sandbox.py)")
+    report = run_elsewhere(AS_NOBODY, "/usr/bin/python3", marker, "off")
+    info = report["isolation"]
+    assert (info["files"], info["processes"], info["process_limit"]) == ("landlock", "subreaper", "shared")
+    written = json.loads(report["written"])
+    assert written == {
+        ".": "written",
+        "/dev/shm": "written",
+        **dict.fromkeys(["/tmp", "/var/tmp", "/tmp/-dir"], "EACCES"),
+    }
+    assert report["hostile"] in ("ok", "timeout") and 10 <= int(report["bomb"]) < 2 * 64
+    assert (info["landlock"], info["signals"]) == (abi, "landlock")
 
 
 def _unprivileged_user_namespaces() -> bool:
