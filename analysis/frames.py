@@ -117,6 +117,21 @@ class ExperimentData:
             out[col] = runs[col].to_numpy() if col in runs else None
         return out
 
+    def code_versions(self) -> list[tuple[str, int]]:
+        """The code the runs came from: (``metric_names.code_version_label``: package version @ git
+        revision, number of runs), most runs first; runs that recorded neither count as ``unrecorded``."""
+
+        def column(tag: str) -> list:
+            col = f"tags.{tag}"
+            return list(self.runs[col]) if col in self.runs else [None] * len(self.runs)
+
+        labels = [
+            metric_names.code_version_label(v if isinstance(v, str) else None, r if isinstance(r, str) else None)
+            for v, r in zip(column(metric_names.TAG_PACKAGE_VERSION), column(metric_names.TAG_GIT_REVISION))
+        ]
+        counts = pd.Series(labels, dtype="object").value_counts(sort=False)
+        return sorted(((str(k), int(n)) for k, n in counts.items()), key=lambda kv: (-kv[1], kv[0]))
+
     def tidy(self, params: bool | list[str] = False) -> pd.DataFrame:
         """The single long frame: labels of each run joined onto its metric points.
 

@@ -118,6 +118,12 @@ def _git_revision() -> str:
         return ""
 
 
+def code_versions_text(data: ExperimentData) -> str:
+    """The code versions of the report's runs, e.g. ``0.1.0 @ 1a2b3c4d5e6f (12 runs)``, most runs first."""
+    versions = data.code_versions()
+    return "; ".join(f"{label} ({n} run{'s' * (n != 1)})" for label, n in versions) or "no runs"
+
+
 def render_html(
     experiment: str, spec: ReportSpec, items: list[BuiltItem], data: ExperimentData, tracking_uri: str
 ) -> str:
@@ -167,6 +173,8 @@ def render_html(
         tracking_uri=tracking_uri,
         generated=_dt.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z"),
         git_revision=_git_revision(),
+        code_versions=code_versions_text(data),
+        mixed_code=len(data.code_versions()) > 1,
         synthetic=synthetic,
         failures=sum(1 for it in items if it.status == "failed"),
         provenance=provenance,
@@ -242,6 +250,7 @@ def _meta(experiment: str, data: ExperimentData, tracking_uri: str) -> list[tupl
         ("Experiment", experiment),
         ("Runs", f"{len(labels)} runs, {methods} methods" + (f", seeds {', '.join(map(str, seeds))}" if seeds else "")),
         ("Tracking store", tracking_uri),
+        ("Code of the runs", code_versions_text(data)),
         (
             "Generated",
             _dt.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z") + f" · trustbench {_git_revision()}",

@@ -4,6 +4,7 @@
     trustbench sweep NAME [OVERRIDES...]          run the grid of sweeps/NAME.yaml (skips finished cells)
         --dry-run                                 print the cells, what is done, the resources; submit nothing
         --rerun-failed / --force                  also rerun failed cells / rerun every cell from scratch
+        --rerun-stale                             rerun cells that finished with other code (from scratch)
         --no-wait                                 return once the jobs are queued (submitit launchers)
     trustbench report EXPERIMENT                  tables and figures of an experiment as HTML and PDF
     trustbench bounds --T 4096 --delta 1e-4       TRM error bounds (arXiv 2512.23075) printed and plotted
@@ -102,7 +103,13 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from runners import sweep
 
     try:
-        plan = sweep.plan(args.name, args.overrides, rerun_failed=args.rerun_failed, force=args.force)
+        plan = sweep.plan(
+            args.name,
+            args.overrides,
+            rerun_failed=args.rerun_failed,
+            rerun_stale=args.rerun_stale,
+            force=args.force,
+        )
     except _compose_errors() as err:
         return _config_error(err)
     print(sweep.format_plan(plan))
@@ -191,6 +198,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("overrides", nargs="*", help="extra Hydra overrides for every cell (sweep syntax a,b allowed)")
     p.add_argument("--dry-run", action="store_true", help="print the cells and resources; submit nothing")
     p.add_argument("--rerun-failed", action="store_true", help="also rerun cells whose MLflow run FAILED")
+    p.add_argument(
+        "--rerun-stale",
+        action="store_true",
+        help="also rerun, from scratch, cells that finished with other code (another git revision or version)",
+    )
     p.add_argument("--force", action="store_true", help="rerun every cell from scratch (new MLflow runs)")
     p.add_argument("--no-wait", action="store_true", help="return once Slurm/submitit jobs are queued")
     p.set_defaults(func=cmd_sweep)

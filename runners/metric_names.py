@@ -154,6 +154,14 @@ TAG_DATASET = "dataset"
 TAG_SEED = "seed"
 TAG_BACKEND = "backend"
 TAG_SWEEP = "sweep"
-TAG_GIT_REVISION = "git_revision"
+TAG_GIT_REVISION = "git_revision"  # the source tree's commit, "-dirty.<hash of the diff>" if edited
+TAG_PACKAGE_VERSION = "trustbench.version"  # the installed trustbench package's version
 TAG_HOST = "host"
 TAG_FAILURE = "trustbench.failure"  # reason a run FAILED
+
+
+def code_version_label(version: str | None, revision: str | None) -> str:
+    """How sweeps and reports name the code of a run: ``0.1.0 @ 1a2b3c4d5e6f`` (package version, git
+    revision), ``?`` for a part the run did not record, ``unrecorded`` when it recorded neither."""
+    known = [v if v and v != "unknown" else None for v in (version, revision)]
+    return "unrecorded" if not any(known) else f"{known[0] or '?'} @ {known[1] or '?'}"

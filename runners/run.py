@@ -92,7 +92,7 @@ def run_tags(cfg: DictConfig, label: str, choices: Mapping[str, str] | None) -> 
         metric_names.TAG_SEED: str(cfg.seed),
         metric_names.TAG_BACKEND: cfg.backend.name,
         metric_names.TAG_SWEEP: cfg.experiment,
-        metric_names.TAG_GIT_REVISION: tracking.git_revision(),
+        **tracking.code_version_tags(),
         "mlflow.note.content": f"trustbench cell {label} (run key {run_key(cfg)})",
     }
     tags.update(tracking.host_tags())

@@ -28,6 +28,8 @@ This module imports mlflow but not torch.
 
 from __future__ import annotations
 
+import hashlib
+import importlib.metadata
 import json
 import logging
 import os
@@ -151,7 +153,8 @@ def flatten(obj: Any, prefix: str = "") -> dict[str, Any]:
 
 
 def git_revision(path: Path | None = None) -> str:
-    """``git describe``-like revision of the source tree (with ``-dirty``), or ``unknown``."""
+    """The source tree's commit (12 hex digits), with ``-dirty.<8 hex digits of the diff>`` when tracked
+    files differ from it (two different edits of one commit differ), or ``unknown`` outside git."""
     cwd = path or paths.repo_root()
     try:
         rev = subprocess.run(
@@ -159,16 +162,30 @@ def git_revision(path: Path | None = None) -> str:
         )
         if rev.returncode != 0:
             return "unknown"
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=cwd,
-            capture_output=True,
-            text=True,
-            timeout=5,
+        diff = subprocess.run(
+            ["git", "diff", "HEAD", "--binary", "--no-ext-diff", "--no-color"], cwd=cwd, capture_output=True, timeout=20
         )
-        return rev.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+        if diff.returncode != 0:
+            return "unknown"
+        suffix = f"-dirty.{hashlib.sha256(diff.stdout).hexdigest()[:8]}" if diff.stdout.strip() else ""
+        return rev.stdout.strip() + suffix
     except (OSError, subprocess.SubprocessError):
         return "unknown"
+
+
+def package_version() -> str:
+    """The installed trustbench package's version (the source's own where it is not installed)."""
+    try:
+        return importlib.metadata.version("trustbench")
+    except importlib.metadata.PackageNotFoundError:
+        from runners import __version__
+
+        return __version__
+
+
+def code_version_tags() -> dict[str, str]:
+    """The tags every run records for the code it ran (``metric_names.code_version_label`` names them)."""
+    return {metric_names.TAG_GIT_REVISION: git_revision(), metric_names.TAG_PACKAGE_VERSION: package_version()}
 
 
 def host_tags() -> dict[str, str]:

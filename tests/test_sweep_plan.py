@@ -120,10 +120,16 @@ def test_cell_resources_from_plain_dict_and_dictconfig_agree():
 
 
 # -- MLflow: skipping what is done ---------------------------------------------------------------------------
+OLD_CODE = {"git_revision": "0123456789ab", "trustbench.version": "0.0.9"}  # a run from other code
+
+
 @pytest.fixture(scope="module")
 def done_store(tmp_path_factory):
-    """A sqlite MLflow store with runs of three demo cells: FINISHED, FAILED, and KILLED."""
+    """A sqlite MLflow store with runs of four demo cells: FINISHED (this checkout's code), FAILED,
+    KILLED, and FINISHED from other code (an older revision and version)."""
     from mlflow import MlflowClient
+
+    from runners import tracking
 
     home = tmp_path_factory.mktemp("home")
     os.environ["TRUSTBENCH_HOME"] = str(home)
@@ -134,10 +140,14 @@ def done_store(tmp_path_factory):
     uri = f"sqlite:///{home / 'mlflow.db'}"
     client = MlflowClient(uri)
     exp = client.create_experiment("demo")
-    for cell, status in zip(p.cells, ("FINISHED", "FAILED", "KILLED")):
-        run = client.create_run(exp, tags={"trustbench.run_key": cell.key})
+    current = tracking.code_version_tags()
+    for cell, status, code in zip(p.cells, ("FINISHED", "FAILED", "KILLED", "FINISHED"), (current, {}, {}, OLD_CODE)):
+        run = client.create_run(exp, tags={"trustbench.run_key": cell.key, **code})
         client.set_terminated(run.info.run_id, status)
     return home, uri, p
+
+
+DEMO4 = ("demo", ["+method=grpo,dapo,adapo,gtpo", "seed=0"])
 
 
 def test_plan_skips_finished_and_failed_cells(done_store, monkeypatch):
@@ -146,23 +156,110 @@ def test_plan_skips_finished_and_failed_cells(done_store, monkeypatch):
     home, _, _ = done_store
     monkeypatch.setenv("TRUSTBENCH_HOME", str(home))
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    args = ("demo", ["+method=grpo,dapo,adapo,gtpo", "seed=0"])
-    assert [c.action for c in sweep.plan(*args).cells] == ["skip-finished", "skip-failed", "run", "run"]
-    assert [c.action for c in sweep.plan(*args, rerun_failed=True).cells] == ["skip-finished", "run", "run", "run"]
-    assert [c.action for c in sweep.plan(*args, force=True).cells] == ["run"] * 4
-    assert "1 already finished in MLflow (skipped), 1 failed" in sweep.format_plan(sweep.plan(*args))
+    actions = ["skip-finished", "skip-failed", "run", "skip-finished"]
+    assert [c.action for c in sweep.plan(*DEMO4).cells] == actions
+    assert [c.action for c in sweep.plan(*DEMO4, rerun_failed=True).cells] == [
+        "skip-finished",
+        "run",
+        "run",
+        "skip-finished",
+    ]
+    assert [c.action for c in sweep.plan(*DEMO4, force=True).cells] == ["run"] * 4
+    assert "2 already finished in MLflow (skipped), 1 failed" in sweep.format_plan(sweep.plan(*DEMO4))
 
 
-def test_sql_reader_matches_mlflow_client(done_store):
-    """The dry run's one-query sqlite reader gives what MLflow's client gives."""
+def test_plan_names_cells_finished_with_other_code_and_reruns_them_on_request(done_store, monkeypatch):
+    """A FINISHED cell whose run recorded another git revision is named with that code, still skipped,
+    and with rerun_stale run from scratch; the one from this checkout's code is neither."""
+    home, _, _ = done_store
+    monkeypatch.setenv("TRUSTBENCH_HOME", str(home))
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    p = sweep.plan(*DEMO4)
+    assert [c.stale_code for c in p.cells] == [None, None, None, "0.0.9 @ 0123456789ab"]
+    lines = sweep.format_plan(p).splitlines()
+    assert "skip-finished" in lines[4] and lines[4].endswith("| finished with other code: 0.0.9 @ 0123456789ab")
+    assert "other code" not in lines[1]
+    assert f"1 finished cell(s) ran other code than this checkout ({p.code}): kept; --rerun-stale" in lines[-2]
+    p = sweep.plan(*DEMO4, rerun_stale=True)
+    assert [c.action for c in p.cells] == ["skip-finished", "skip-failed", "run", "run"]
+    assert [c.fresh for c in p.cells] == [False, False, False, True]
+    assert "1 rerun from scratch" in sweep.format_plan(p)
+    from runners.sweep.submission import _job_overrides
+
+    assert _job_overrides(p, p.cells[3], [])[-1] == "force=true"  # a new MLflow run, checkpoints removed
+    assert "force=true" not in _job_overrides(p, p.cells[2], [])  # a KILLED cell resumes
+
+
+@pytest.mark.parametrize(
+    "run, current, same",
+    [
+        (("0.1.0", "aaaaaaaaaaaa"), ("0.1.0", "aaaaaaaaaaaa"), True),
+        (("0.1.0", "aaaaaaaaaaaa"), ("0.1.0", "bbbbbbbbbbbb"), False),  # a new commit, same version
+        (("0.1.0", "aaaaaaaaaaaa-dirty.1234abcd"), ("0.1.0", "aaaaaaaaaaaa-dirty.5678ef90"), False),  # other edits
+        (("0.1.0", "aaaaaaaaaaaa"), ("0.1.0", "aaaaaaaaaaaa-dirty.5678ef90"), False),
+        ((None, "aaaaaaaaaaaa"), ("0.1.0", "aaaaaaaaaaaa"), True),  # a run from before the version tag
+        (("0.1.0", "unknown"), ("0.1.0", "aaaaaaaaaaaa"), True),  # no git where it ran: the version decides
+        (("0.0.9", "unknown"), ("0.1.0", "unknown"), False),
+        ((None, None), ("0.1.0", "aaaaaaaaaaaa"), False),  # recorded nothing: other code
+    ],
+)
+def test_same_code(run, current, same):
+    assert sweep.same_code(sweep.RunRecord("FINISHED", *run), sweep.RunRecord("", *current)) is same
+
+
+def test_git_revision_names_the_commit_and_hashes_edits(tmp_path):
+    """The dirty flag carries a hash of the diff: two different edits of one commit are two versions."""
+    import subprocess
+
+    from runners.tracking import git_revision
+
+    def git(*args):
+        subprocess.run(["git", *args], cwd=tmp_path, check=True, capture_output=True)
+
+    git("init", "-q")
+    (tmp_path / "a.py").write_text("x = 1\n")
+    git("add", "a.py")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "c")
+    head = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=tmp_path, capture_output=True, text=True)
+    clean = git_revision(tmp_path)
+    assert clean == head.stdout.strip()
+    (tmp_path / "a.py").write_text("x = 2\n")
+    first = git_revision(tmp_path)
+    (tmp_path / "a.py").write_text("x = 3\n")
+    second = git_revision(tmp_path)
+    assert first.startswith(clean + "-dirty.") and second.startswith(clean + "-dirty.") and first != second
+    assert git_revision(tmp_path / "..") in ("unknown", git_revision(tmp_path / ".."))  # outside a repo: no error
+
+
+def test_sweep_command_rerun_stale_flag(done_store, monkeypatch, capsys):
+    """`trustbench sweep ... --dry-run` names the stale cell; with --rerun-stale it is to run."""
+    from runners import cli
+
+    home, _, _ = done_store
+    monkeypatch.setenv("TRUSTBENCH_HOME", str(home))
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    for flags, action, summary in (
+        ([], "skip-finished", "--rerun-stale to rerun them"),
+        (["--rerun-stale"], "run", "1 rerun"),
+    ):
+        assert cli.main(["sweep", *DEMO4[0:1], "--dry-run", *DEMO4[1], *flags]) == 0
+        out = capsys.readouterr().out.splitlines()
+        stale = [ln for ln in out if "finished with other code: 0.0.9 @ 0123456789ab" in ln]
+        assert len(stale) == 1 and stale[0].split("]")[1].split()[0] == action, out
+        assert any(summary in ln for ln in out), out
+
+
+def test_sql_reader_matches_mlflow_client(done_store, monkeypatch):
+    """The dry run's one-query sqlite reader gives what MLflow's client gives (status and code version)."""
+    from runners.sweep import planning
+
     home, uri, p = done_store
     by_sql = sweep._existing_runs_sql(home / "mlflow.db", "demo")
-    from mlflow import MlflowClient
-
-    client = MlflowClient(uri)
-    exp = client.get_experiment_by_name("demo")
-    by_client = {r.data.tags["trustbench.run_key"]: r.info.status for r in client.search_runs([exp.experiment_id])}
-    assert by_sql == by_client and len(by_sql) == 3
+    monkeypatch.setattr(planning, "_sqlite_file", lambda uri: None)  # the path a tracking server takes
+    by_client = sweep._existing_runs(uri, "demo")
+    assert by_sql == by_client and len(by_sql) == 4
+    assert by_sql[p.cells[3].key] == sweep.RunRecord("FINISHED", "0.0.9", "0123456789ab")
+    assert by_sql[p.cells[1].key] == sweep.RunRecord("FAILED", None, None)
 
 
 # -- cluster limits ------------------------------------------------------------------------------------------
@@ -374,8 +471,8 @@ def test_tracking_server_start_reuse_stop_and_offline_reads(tmp_path, monkeypatc
         exp = client.create_experiment("srv")
         run = client.create_run(exp, tags={"trustbench.run_key": "k1"})
         client.set_terminated(run.info.run_id, "FINISHED")
-        assert sweep._existing_runs(server.url, "srv") == {"k1": "FINISHED"}
+        assert sweep._existing_runs(server.url, "srv") == {"k1": sweep.RunRecord("FINISHED")}
     finally:
         server.stop()
     assert not tracking_server.is_up(server.url)
-    assert sweep._existing_runs(server.url, "srv") == {"k1": "FINISHED"}
+    assert sweep._existing_runs(server.url, "srv") == {"k1": sweep.RunRecord("FINISHED")}

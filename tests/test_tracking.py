@@ -244,3 +244,27 @@ def test_metric_history_latest_is_mlflows_latest_metric(uri):
             history.add(m.key, m.step, m.value, m.timestamp)
     latest = {m.key: (m.step, m.timestamp, m.value) for m in client.get_run(run_id).data._metric_objs}
     assert latest == {k: history.latest(k) for k in history.keys()}
+
+
+def test_every_run_records_its_code_version():
+    """A run's tags name the code it ran: this checkout's git revision (with the dirty flag) and the
+    installed package's version, as ``git`` and ``importlib.metadata`` report them."""
+    import importlib.metadata
+    import subprocess
+
+    from runners import metric_names, paths
+    from runners.config import compose
+    from runners.run import run_tags
+
+    cfg, choices = compose(["algorithm=grpo"])
+    tags = run_tags(cfg, "GRPO", choices)
+    head = subprocess.run(
+        ["git", "rev-parse", "--short=12", "HEAD"], cwd=paths.repo_root(), capture_output=True, text=True
+    )
+    status = subprocess.run(
+        ["git", "status", "--porcelain", "--untracked-files=no"], cwd=paths.repo_root(), capture_output=True, text=True
+    )
+    revision = tags[metric_names.TAG_GIT_REVISION]
+    assert revision.split("-dirty.")[0] == head.stdout.strip()
+    assert ("-dirty." in revision) == bool(status.stdout.strip())
+    assert tags[metric_names.TAG_PACKAGE_VERSION] == importlib.metadata.version("trustbench")

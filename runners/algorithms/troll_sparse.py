@@ -65,29 +65,34 @@ def _check_sparse_params(vocab: int, k: int, delta: float, p_default: float) -> 
 _CPU_BLOCK_VALUES = 1 << 23
 
 
-def chunked_logsumexp(x: Tensor, rows: Tensor | None = None, chunk_size: int = 1024) -> Tensor:
-    """logsumexp over the last dim of x [N,V] (of ``rows`` [R] only if given) -> [N] or [R] float32.
+def chunked_logsumexp(
+    x: Tensor, rows: Tensor | None = None, chunk_size: int = 1024, dtype: torch.dtype = torch.float32
+) -> Tensor:
+    """logsumexp over the last dim of x [N,V] (of ``rows`` [R] only if given) -> [N] or [R] in ``dtype``.
 
     No grad. Works on contiguous row slices (no gathered copy of x), skips slices that hold none
     of ``rows`` and upcasts at most ``chunk_size`` rows (on CPU: one cache-sized block) at a time.
     On CPU a block is first summed without the max shift (one read of the block instead of two);
     rows whose sum overflowed or fell below 1e-30 (max logit above ~88 or below ~-69, where the
-    unshifted sum is inaccurate) are recomputed with the shift.
+    unshifted sum is inaccurate) are recomputed with the shift. ``dtype=torch.float64`` sums in float64:
+    about 3x the time, but a float32 result of a V = 49,152 row is off by up to ~1e-6 (its rounding
+    at |lse| ~ 10 and the float32 sum), an offset every log-prob taken from it shares.
     """
     n, vocab = x.shape
     cpu = x.device.type == "cpu"
-    step = max(1, min(chunk_size, _CPU_BLOCK_VALUES // max(1, vocab))) if cpu else max(1, chunk_size)
+    block_values = _CPU_BLOCK_VALUES * 4 // torch.empty((), dtype=dtype).element_size()
+    step = max(1, min(chunk_size, block_values // max(1, vocab))) if cpu else max(1, chunk_size)
     wanted = None
     if rows is not None:
         wanted = torch.zeros(n, dtype=torch.bool, device=x.device)
         wanted[rows] = True
-    out = torch.zeros(n, dtype=torch.float32, device=x.device)
+    out = torch.zeros(n, dtype=dtype, device=x.device)
     with torch.no_grad():
         for start in range(0, n, step):
             stop = min(start + step, n)
             if wanted is not None and not bool(wanted[start:stop].any()):
                 continue
-            block = x[start:stop].float()
+            block = x[start:stop].to(dtype)
             if cpu:
                 total = block.exp().sum(-1)
                 bad = ~((total > 1e-30) & (total < math.inf))
@@ -157,7 +162,11 @@ def _sparsify_chunk(
 ) -> tuple[Tensor, Tensor, Tensor]:
     """One chunk of ``sparsify``: x [C,V] (any float dtype), ids [C] -> index, logp [C,K+1], mass [C]."""
     vocab = x.shape[-1]
-    lse = chunked_logsumexp(x, chunk_size=x.shape[0] or 1).double()  # upcasts block by block
+    # true log-probs are kept in float64: a float32 normaliser shifts every one by up to ~1e-6
+    # (V = 49,152), which the missing mass 1 - sum p that TRM's rest bin reads would inherit; the
+    # renormalised form cancels any shift (gamma divides by the same kept mass), so float32 does there
+    dtype = torch.float32 if renormalize else torch.float64
+    lse = chunked_logsumexp(x, chunk_size=x.shape[0] or 1, dtype=dtype).double()
     top_val, top_idx = torch.topk(x, k, dim=-1)  # in the input dtype: no fp32 copy of the chunk
     top_lp = top_val.double() - lse.unsqueeze(-1)
     # keep the first n tokens with n = 1 + #{j < K-1 : cumsum_j < 1 - delta} (cut after reaching it)

@@ -11,7 +11,8 @@ themselves are ordinary Hydra jobs (``runners.main.task``).
 
 Three steps, one module each:
 
-- ``planning``: the cells and what to do with each. FINISHED -> skip; FAILED -> skip unless
+- ``planning``: the cells and what to do with each. FINISHED -> skip (named when its run came
+  from other code than this checkout's; ``rerun_stale`` reruns those from scratch); FAILED -> skip unless
   ``rerun_failed``; anything else (never started, RUNNING or KILLED from an interrupted attempt) ->
   run, resuming its checkpoint; ``force`` reruns everything from scratch (old checkpoints removed,
   a new MLflow run). Cells are composed with ``runners.config.grid.Composer`` (once per combination
@@ -35,6 +36,7 @@ from __future__ import annotations
 from runners.sweep.planning import (
     JOB_FILE,
     Cell,
+    RunRecord,
     SweepPlan,
     _existing_runs,
     _existing_runs_sql,
@@ -42,6 +44,7 @@ from runners.sweep.planning import (
     check_cluster_limits,
     format_plan,
     plan,
+    same_code,
 )
 from runners.sweep.results import outcomes, report_outcomes
 from runners.sweep.submission import SUBMITTED, launch, signal_delay
@@ -50,6 +53,7 @@ __all__ = [
     "JOB_FILE",
     "SUBMITTED",
     "Cell",
+    "RunRecord",
     "SweepPlan",
     "_existing_runs",
     "_existing_runs_sql",
@@ -60,5 +64,6 @@ __all__ = [
     "outcomes",
     "plan",
     "report_outcomes",
+    "same_code",
     "signal_delay",
 ]

@@ -14,7 +14,7 @@ import sqlite3
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from runners import metric_names, paths, tracking
 from runners.config import (
@@ -44,6 +44,8 @@ class Cell:
     resources: dict[str, Any]
     mlflow_status: str | None = None
     action: str = "run"  # run | attach | skip-finished | skip-failed | skip-duplicate
+    stale_code: str | None = None  # FINISHED with other code than this checkout's: that code's label
+    fresh: bool = False  # run from scratch (a new MLflow run): a stale cell rerun with rerun_stale
 
     @property
     def axes(self) -> str:
@@ -65,6 +67,7 @@ class SweepPlan:
     sweep_dir: Path | None = None
     interrupted: bool = False  # Ctrl-C while waiting: jobs (and a server started here) keep running
     queued_s: float | None = None  # how long queueing every job array took
+    code: str = ""  # this checkout's code version (``metric_names.code_version_label``)
 
     @property
     def to_run(self) -> list[Cell]:
@@ -92,8 +95,20 @@ def available_sweeps() -> list[str]:
 
 
 # -- MLflow: which cells are done ------------------------------------------------------------------------
-def _existing_runs(uri: str, experiment: str) -> dict[str, str]:
-    """run key -> MLflow status of the newest run with that key (one query for the experiment).
+class RunRecord(NamedTuple):
+    """The newest MLflow run of a cell: its status and the code it ran (``runners.tracking.code_version_tags``)."""
+
+    status: str
+    version: str | None = None
+    revision: str | None = None
+
+    @property
+    def code(self) -> str:
+        return metric_names.code_version_label(self.version, self.revision)
+
+
+def _existing_runs(uri: str, experiment: str) -> dict[str, RunRecord]:
+    """run key -> status and code version of the newest run with that key (one query for the experiment).
 
     A sqlite store is read with one SQL query (no mlflow import: the dry run stays fast); a server
     that does not answer is read through its sqlite file when that is this home's store."""
@@ -113,14 +128,18 @@ def _existing_runs(uri: str, experiment: str) -> dict[str, str]:
     exp = client.get_experiment_by_name(experiment)
     if exp is None:
         return {}
-    out: dict[str, tuple[int, str]] = {}
+    out: dict[str, tuple[int, RunRecord]] = {}
     token = None
     while True:
         page = client.search_runs([exp.experiment_id], max_results=5000, page_token=token)
         for r in page:
-            key = r.data.tags.get(metric_names.TAG_RUN_KEY)
+            tags = r.data.tags
+            key = tags.get(metric_names.TAG_RUN_KEY)
             if key and (key not in out or r.info.start_time > out[key][0]):
-                out[key] = (r.info.start_time, r.info.status)
+                record = RunRecord(
+                    r.info.status, tags.get(metric_names.TAG_PACKAGE_VERSION), tags.get(metric_names.TAG_GIT_REVISION)
+                )
+                out[key] = (r.info.start_time, record)
         token = page.token
         if not token:
             break
@@ -131,16 +150,34 @@ def _sqlite_file(uri: str) -> Path | None:
     return Path(uri[len("sqlite:///") :]) if uri.startswith("sqlite:///") else None
 
 
-def _existing_runs_sql(db: Path, experiment: str) -> dict[str, str]:
+def _existing_runs_sql(db: Path, experiment: str) -> dict[str, RunRecord]:
     query = """
-        SELECT t.value, r.status FROM runs r
+        SELECT t.value, r.status, v.value, g.value FROM runs r
         JOIN experiments e ON e.experiment_id = r.experiment_id
-        JOIN tags t ON t.run_uuid = r.run_uuid
-        WHERE e.name = ? AND t.key = ? AND r.lifecycle_stage = 'active'
+        JOIN tags t ON t.run_uuid = r.run_uuid AND t.key = ?
+        LEFT JOIN tags v ON v.run_uuid = r.run_uuid AND v.key = ?
+        LEFT JOIN tags g ON g.run_uuid = r.run_uuid AND g.key = ?
+        WHERE e.name = ? AND r.lifecycle_stage = 'active'
         ORDER BY r.start_time"""
+    keys = (metric_names.TAG_RUN_KEY, metric_names.TAG_PACKAGE_VERSION, metric_names.TAG_GIT_REVISION)
     with sqlite3.connect(f"{db.resolve().as_uri()}?mode=ro", uri=True) as con:
-        rows = con.execute(query, (experiment, metric_names.TAG_RUN_KEY)).fetchall()
-    return dict(rows)  # newest last wins
+        rows = con.execute(query, (*keys, experiment)).fetchall()
+    return {key: RunRecord(*rest) for key, *rest in rows}  # newest last wins
+
+
+def same_code(run: RunRecord, current: RunRecord) -> bool:
+    """Whether a run came from the code checked out here: the git revisions when both are known (a
+    dirty tree's revision carries a hash of its diff), else the package versions; a run that recorded
+    neither comparable part counts as other code."""
+
+    def known(v: str | None) -> bool:
+        return bool(v) and v != "unknown"
+
+    if known(run.revision) and known(current.revision):
+        return run.revision == current.revision
+    if known(run.version) and known(current.version):
+        return run.version == current.version
+    return False
 
 
 # -- planning ----------------------------------------------------------------------------------------------
@@ -149,19 +186,24 @@ def plan(
     overrides: Sequence[str] = (),
     *,
     rerun_failed: bool = False,
+    rerun_stale: bool = False,
     force: bool = False,
     check_mlflow: bool = True,
     check_cluster: bool = True,
 ) -> SweepPlan:
     """Compose and validate every cell of sweep ``name``; decide which ones to run.
 
-    With ``launcher=slurm`` every distinct resource request is checked against the cluster
-    (``check_cluster``; skipped with a note when there is no ``sbatch``)."""
+    A FINISHED cell whose run came from other code than this checkout's (``same_code``) is named in
+    the plan and skipped, or with ``rerun_stale`` run again from scratch. With ``launcher=slurm``
+    every distinct resource request is checked against the cluster (``check_cluster``; skipped with
+    a note when there is no ``sbatch``)."""
     if name not in available_sweeps():
         raise ConfigError("sweep", f"unknown sweep {name!r}; available: {', '.join(available_sweeps())}")
     p = _compose_cells(name, list(overrides))
     existing = _existing_runs(p.tracking_uri, p.experiment) if check_mlflow else {}
-    _decide(p.cells, existing, rerun_failed=rerun_failed, force=force)
+    current = RunRecord("", tracking.package_version(), tracking.git_revision())
+    p.code = current.code
+    _decide(p.cells, existing, rerun_failed=rerun_failed, force=force, rerun_stale=rerun_stale, current=current)
     if p.launcher == "slurm" and not force:
         _attach_active_jobs(p)
     if p.launcher == "slurm" and check_cluster:
@@ -220,17 +262,29 @@ def _compose_cells(name: str, user: list[str]) -> SweepPlan:
     )
 
 
-def _decide(cells: list[Cell], existing: dict[str, str], *, rerun_failed: bool, force: bool) -> None:
-    """Each cell's action from its MLflow status (module docstring of ``runners.sweep``)."""
+def _decide(
+    cells: list[Cell],
+    existing: dict[str, RunRecord],
+    *,
+    rerun_failed: bool,
+    force: bool,
+    rerun_stale: bool = False,
+    current: RunRecord | None = None,
+) -> None:
+    """Each cell's action from its MLflow status and code version (module docstring of ``runners.sweep``)."""
     seen: set[str] = set()
     for cell in cells:
-        cell.mlflow_status = existing.get(cell.key)
+        record = existing.get(cell.key)
+        cell.mlflow_status = record.status if record else None
+        if record and record.status == "FINISHED" and current and not same_code(record, current):
+            cell.stale_code = record.code
         if cell.key in seen:
             cell.action = "skip-duplicate"
         elif force:
             cell.action = "run"
         elif cell.mlflow_status == "FINISHED":
-            cell.action = "skip-finished"
+            cell.fresh = bool(cell.stale_code and rerun_stale)
+            cell.action = "run" if cell.fresh else "skip-finished"
         elif cell.mlflow_status == "FAILED" and not rerun_failed:
             cell.action = "skip-failed"
         seen.add(cell.key)
@@ -296,10 +350,17 @@ def format_plan(p: SweepPlan) -> str:
     for i, c in enumerate(p.cells):
         r = c.resources
         res = f"nodes={r['nodes']} gpus/node={r['gpus_per_node']} cpus={r['cpus_per_task']} mem={r['mem_gb']}G time={r['time_min']}m"
-        lines.append(f"  [{i:>3}] {c.action:<15} {c.label:<22} {c.axes or '<base>'}  | {res}")
+        stale = f"  | finished with other code: {c.stale_code}" if c.stale_code else ""
+        lines.append(f"  [{i:>3}] {c.action:<15} {c.label:<22} {c.axes or '<base>'}  | {res}{stale}")
         if c.action == "run":
             hours += gpu_hours(r)
     done = sum(c.action == "skip-finished" for c in p.cells)
+    stale, rerun = (sum(bool(c.stale_code) and c.action == a for c in p.cells) for a in ("skip-finished", "run"))
+    if stale or rerun:
+        lines.append(
+            f"{stale + rerun} finished cell(s) ran other code than this checkout ({p.code}): "
+            + (f"{rerun} rerun from scratch" if rerun else "kept; --rerun-stale to rerun them")
+        )
     failed = sum(c.action == "skip-failed" for c in p.cells)
     attached = sum(c.action == "attach" for c in p.cells)
     if attached:

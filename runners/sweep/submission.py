@@ -64,8 +64,8 @@ def launch(
     server = _connect(p, stream)
     tracking_server.open_store(p.tracking_uri)  # once, before any parallel writer
     tracking.get_or_create_experiment(p.tracking_uri, p.experiment)
-    if force:
-        for cell in cells:
+    for cell in cells:  # from scratch: every cell with --force, stale ones with --rerun-stale
+        if force or cell.fresh:
             shutil.rmtree(paths.run_dir(cell.key), ignore_errors=True)
     (sweep_dir / "multirun.yaml").write_text(redact(OmegaConf.to_yaml(master)))
     (sweep_dir / "cells.json").write_text(
@@ -124,7 +124,13 @@ def _instantiate(hydra, master: DictConfig):
 
 def _launch_in_process(p: SweepPlan, hydra, master, cells: list[Cell], extra: list[str]) -> list[Any]:
     launcher = _instantiate(hydra, master)
-    return list(launcher.launch([[*p.base_overrides, *c.overrides, *extra] for c in cells], initial_job_idx=0))
+    return list(launcher.launch([_job_overrides(p, c, extra) for c in cells], initial_job_idx=0))
+
+
+def _job_overrides(p: SweepPlan, cell: Cell, extra: list[str]) -> list[str]:
+    """The overrides one cell's job runs with (``force=true`` also for a stale cell rerun from scratch)."""
+    fresh = ["force=true"] if cell.fresh and "force=true" not in extra else []
+    return [*p.base_overrides, *cell.overrides, *extra, *fresh]
 
 
 def _group_master(master: DictConfig, p: SweepPlan, res: dict[str, Any]) -> DictConfig:
@@ -164,7 +170,7 @@ def _submit(p: SweepPlan, hydra, master: DictConfig, extra: list[str], stream) -
             kept = {k: v for k, v in (read_status(run_dir) or {}).items() if k in ("attempts", "run_id", "name")}
             write_status(run_dir, SUBMITTED, **kept)
         launcher = _instantiate(hydra, _group_master(master, p, group[0].resources))
-        submitted = submit_jobs(launcher, [[*p.base_overrides, *c.overrides, *extra] for c in group], len(jobs))
+        submitted = submit_jobs(launcher, [_job_overrides(p, c, extra) for c in group], len(jobs))
         for cell, job in zip(group, submitted):
             info = {"job_id": job.job_id, "folder": str(job.paths.folder), "submitted": time.time()}
             (paths.run_dir(cell.key) / JOB_FILE).write_text(json.dumps(info))

@@ -4,7 +4,10 @@ The embedded model's 28-token vocabulary makes every sparse path exact (top-64 k
 tiny random Llama over SmolLM2's tokenizer (``model=tiny_llama_v49k``) trains 2 iterations of every
 algorithm preset through ``runners.run.run``, off-policy (2 epochs x 2 mini-batches per rollout) and with
 a shaped reward that varies within groups (``char_coverage``; a random model scores 0 on every
-verifiable reward, so nothing would update).
+verifiable reward, so nothing would update). So do the objectives and masks no preset uses
+(``troll_seq``, ``cispo``, ``dual_clip``; ``trm_avg``, ``trm_max_avg``, ``trm_avg_k3``,
+``trm_max_avg_sample``, ``ln_trm``, ``ser``), and Qwen's output size (V = 151,936,
+``tiny_qwen2_v152k`` with TROLL, ``tiny_qwen3_v152k`` with PPO and exact-KL TRM).
 
 For the method metrics, the trainer's old-log-prob pass and micro-batch losses are recorded (their
 dense logits included) and each metric of the last off-policy micro-batch is recomputed here from the
@@ -16,6 +19,10 @@ dense [T, V] distributions, independently of the library's sparse code:
 - ``trm/max_kl``, ``trm/mean_kl``, ``trm/accept_rate`` (exact-KL TRM-Max) from the dense coarse-grained
   KL (kept tokens plus one rest bin; at most the dense KL, also checked);
 - ``trm/max_kl`` / ``trm/mean_kl`` of the sample-based TRM-Max (k2 / k3 of the sampled tokens);
+- for every mask, each sequence's keep decision from its definition and the monitoring metrics:
+  ``trm/accept_rate`` overall and by length (``trm/accept_rate/len_*``), ``trm/ppl_gap`` (eq. 52) and,
+  with stored distributions, ``trm/tv/pos_*`` (the Adaptive bound's Dbar by position, dense TV);
+- ``gtpo/filtered_frac`` (eq. 6, dense entropies) with H_ini below ln 2;
 - ``gtpo/conflict_frac`` from a plain loop over each group's aligned tokens (GTPO, arXiv 2508.03772,
   section 5.1).
 """
@@ -46,16 +53,24 @@ BASE = [
     "trainer.checkpoint_every=0",
     "rollout.max_response_length=12",
     "rollout.temperature=0.5",
+    "dataset.train_limit=64",  # encoding every training prompt cost more than the training
+    "dataset.eval_limit=4",
     "progress=false",
     "experiment=real_vocab",
 ]
 
 
+EDGES = [0, 4, 8, 13]  # trainer.length_buckets (responses have at most 12 tokens): three buckets
+BUCKETS = f"trainer.length_buckets=[{','.join(map(str, EDGES))}]"
+
+
 class Recorder:
     """Records the trainer's old-pass logits and every micro-batch's inputs and metrics."""
 
-    def __init__(self, monkeypatch):
+    def __init__(self, monkeypatch, keep_last: bool = False):
         from runners.backends.local import actor, trainer
+
+        self.keep_last = keep_last  # V = 151,936: the dense logits of every micro-batch would take GBs
 
         self.old_logits: list[torch.Tensor] = []
         self.calls: list[dict] = []
@@ -74,6 +89,8 @@ class Recorder:
 
         def micro_batch_loss(loss_fn, logits, data, old, advantages, mask, rows, **kw):
             out = real_micro(loss_fn, logits, data, old, advantages, mask, rows, **kw)
+            if self.keep_last:
+                self.calls.clear()
             self.calls.append(
                 {
                     "logits": logits.detach().double(),
@@ -87,6 +104,7 @@ class Recorder:
                     "topk_logp": old["old_topk_logp"][rows] if "old_topk_logp" in old else None,
                     "rollout_logp": data["rollout_logp"][rows],
                     "method": loss_fn.method,
+                    "h_ini": kw.get("h_ini"),
                     "metrics": dict(out.metrics),
                 }
             )
@@ -106,12 +124,13 @@ def home(tmp_path_factory):
     return tmp_path_factory.mktemp("real_vocab")
 
 
-def _train(overrides, home, monkeypatch, record=False):
+def _train(overrides, home, monkeypatch, record=False, keep_last=False):
     from runners.run import run
 
     monkeypatch.setenv("TRUSTBENCH_HOME", str(home))
-    recorder = Recorder(monkeypatch) if record else None
-    cfg, choices = compose([*BASE, *overrides])
+    recorder = Recorder(monkeypatch, keep_last) if record else None
+    changed = {o.split("=")[0].lstrip("+") for o in overrides}
+    cfg, choices = compose([*(b for b in BASE if b.split("=")[0] not in changed), *overrides])
     result = run(cfg, choices)
     assert result["status"] == "FINISHED"
     metrics = result["metrics"]
@@ -134,8 +153,8 @@ def _flat(call: dict, key: str) -> torch.Tensor:
     return value.reshape(-1, *value.shape[2:])[real]
 
 
-def _kept(index: torch.Tensor, topk_logp: torch.Tensor) -> torch.Tensor:
-    kept = torch.zeros(index.shape[0], V, dtype=torch.bool)
+def _kept(index: torch.Tensor, topk_logp: torch.Tensor, vocab: int = V) -> torch.Tensor:
+    kept = torch.zeros(index.shape[0], vocab, dtype=torch.bool)
     for row in range(index.shape[0]):
         kept[row, index[row][topk_logp[row] > -math.inf]] = True
     return kept
@@ -143,7 +162,7 @@ def _kept(index: torch.Tensor, topk_logp: torch.Tensor) -> torch.Tensor:
 
 def _explicit_sparse(logp: torch.Tensor, kept: torch.Tensor, p_default: float) -> torch.Tensor:
     """Definition A.1: kept tokens renormalised to 1 - (V - |S|) p_d, every other token p_d (log-probs)."""
-    rest = (V - kept.sum(-1, keepdim=True)).double() * p_default
+    rest = (kept.shape[-1] - kept.sum(-1, keepdim=True)).double() * p_default
     on_s = torch.where(kept, logp, -math.inf)
     on_s = on_s - torch.logsumexp(on_s, -1, keepdim=True) + torch.log1p(-rest)
     return torch.where(kept, on_s, math.log(p_default))
@@ -173,7 +192,7 @@ def _check_troll_call(call: dict) -> float:
     eps = call["method"].objective_kw["eps"]
     q = torch.log_softmax(_flat(call, "logits"), -1)
     old = torch.log_softmax(_flat(call, "old_logits"), -1)
-    kept = _kept(_flat(call, "index"), _flat(call, "topk_logp"))
+    kept = _kept(_flat(call, "index"), _flat(call, "topk_logp"), q.shape[-1])
     assert float(old.exp().masked_fill(~kept, 0).sum(-1).median()) < 0.9  # top-64 misses real mass
     lq, lo = _explicit_sparse(q, kept, p_d), _explicit_sparse(old, kept, p_d)
     kl_before = _kl(lq, lo)
@@ -199,7 +218,7 @@ def test_troll_metrics_equal_dense_references(home, monkeypatch):
 def _check_exact_trm_call(call: dict, delta: float) -> float:
     q = torch.log_softmax(_flat(call, "logits"), -1)
     p = torch.log_softmax(_flat(call, "old_logits"), -1)
-    kept = _kept(_flat(call, "index"), _flat(call, "topk_logp"))
+    kept = _kept(_flat(call, "index"), _flat(call, "topk_logp"), q.shape[-1])
     p_rest = p.exp().masked_fill(kept, 0).sum(-1)
     q_rest = q.exp().masked_fill(kept, 0).sum(-1)
     coarse = (p.exp() * (p - q)).masked_fill(~kept, 0).sum(-1) + p_rest * (p_rest.log() - q_rest.log())
@@ -215,13 +234,17 @@ def _check_exact_trm_call(call: dict, delta: float) -> float:
 
 
 def test_exact_trm_metrics_equal_dense_references(home, monkeypatch):
-    _, rec = _train(["algorithm=grpo", "mask=trm_max", "mask.delta=0.001"], home, monkeypatch, record=True)
+    _, rec = _train(["algorithm=grpo", "mask=trm_max", "mask.delta=0.001", BUCKETS], home, monkeypatch, record=True)
     rates = [_check_exact_trm_call(call, 0.001) for call in rec.calls]
+    for call in rec.calls:  # the monitoring: by length, by position (TV), PPL gap
+        _check_trm_monitoring("trm_max", {"delta": 0.001}, call)
     assert min(rates) < 1 and max(rates) > 0, f"the mask must reject some sequences and keep others: {rates}"
 
 
 def test_sample_trm_metrics_equal_their_definition(home, monkeypatch):
-    _, rec = _train(["algorithm=grpo", "mask=trm_max_k2", "mask.delta=0.05"], home, monkeypatch, record=True)
+    _, rec = _train(["algorithm=grpo", "mask=trm_max_k2", "mask.delta=0.05", BUCKETS], home, monkeypatch, record=True)
+    for each in rec.calls:
+        _check_trm_monitoring("trm_max_k2", {"delta": 0.05}, each)
     call = rec.last_off_policy()
     real = call["mask"] > 0
     logp = torch.log_softmax(call["logits"], -1).gather(-1, call["responses"][..., None])[..., 0]
@@ -262,13 +285,189 @@ def _conflict_fraction(call: dict) -> float:
     return in_span / max(1, int(mask.sum()))
 
 
+def _filtered_fraction(call: dict) -> float:
+    """GTPO (arXiv 2508.03772) eq. 6 by hand: with H_ini < ln 2, a response whose mean token entropy
+    (dense, over the whole vocabulary) exceeds the threshold (ln 2 in the paper; ``entropy_threshold``)
+    is filtered; the fraction of non-empty responses."""
+    h_ini = call["h_ini"]
+    threshold = call["method"].objective_kw.get("entropy_threshold", math.log(2))
+    mask = call["mask"] > 0
+    logp = torch.log_softmax(call["logits"], -1)
+    entropy = -(logp.exp() * logp).sum(-1)
+    rows = [i for i in range(mask.shape[0]) if mask[i].any()]
+    if h_ini is None or h_ini >= math.log(2):
+        return 0.0
+    return sum(float(entropy[i][mask[i]].mean()) > threshold for i in rows) / len(rows)
+
+
 def test_gtpo_conflicts_equal_a_plain_loop(home, monkeypatch):
-    # a larger initialisation makes the random model's distributions peaked: responses of a group share
-    # tokens at aligned positions, which is what GTPO's conflict spans look for
-    _, rec = _train(["algorithm=gtpo", "+model.options.initializer_range=0.3"], home, monkeypatch, record=True)
-    fractions = []
+    """gtpo/conflict_frac and gtpo/filtered_frac from plain loops over the dense distributions. A larger
+    initialisation and a low temperature make the random model's distributions peaked: responses of a
+    group share tokens at aligned positions (what GTPO's conflict spans look for), and H_ini falls below
+    ln 2, which turns eq. 6's entropy filter on; its response threshold sits inside their spread."""
+    overrides = [
+        "algorithm=gtpo",
+        "+model.options.initializer_range=1.0",
+        "rollout.temperature=0.25",
+        "trainer.eval_temperature=0.25",  # H_ini is measured like the evaluation samples
+        "objective.entropy_threshold=0.2",
+    ]
+    _, rec = _train(overrides, home, monkeypatch, record=True)
+    fractions, filtered = [], []
     for call in rec.calls:
         expected = _conflict_fraction(call)
         assert call["metrics"]["gtpo/conflict_frac"] == pytest.approx(expected, abs=1e-9)
         fractions.append(expected)
+        filtered.append(_filtered_fraction(call))
+        assert call["metrics"]["gtpo/filtered_frac"] == pytest.approx(filtered[-1], abs=1e-9)
     assert max(fractions) > 0, "some micro-batch must hold conflict tokens"
+    assert rec.calls[0]["h_ini"] < math.log(2) and any(0 < f < 1 for f in filtered), (rec.calls[0]["h_ini"], filtered)
+
+
+# -- objectives and masks no preset trains -------------------------------------------------------------
+@pytest.mark.slow
+@pytest.mark.parametrize("objective", ["troll_seq", "cispo", "dual_clip"])
+def test_objectives_train_with_a_real_vocabulary(objective, home, monkeypatch):
+    result, _ = _train(["algorithm=grpo", f"objective={objective}"], home, monkeypatch)
+    assert result["metrics"]["actor/grad_norm"] > 0, "the update must move the policy"
+
+
+def _dense_token_divergences(call: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token KL and TV [B,T] of the coarse-grained pair (stored support + one rest bin), from the dense
+    distributions of the rollout (old) and current policy."""
+    q = torch.log_softmax(call["logits"], -1)
+    p = torch.log_softmax(call["old_logits"], -1)
+    B, T, vocab = q.shape
+    kept = _kept(call["index"].reshape(B * T, -1), call["topk_logp"].reshape(B * T, -1), vocab).reshape(B, T, vocab)
+    p_rest = p.exp().masked_fill(kept, 0).sum(-1)
+    q_rest = q.exp().masked_fill(kept, 0).sum(-1)
+    kl = (p.exp() * (p - q)).masked_fill(~kept, 0).sum(-1) + p_rest * (p_rest.log() - q_rest.log())
+    tv = 0.5 * ((p.exp() - q.exp()).abs().masked_fill(~kept, 0).sum(-1) + (p_rest - q_rest).abs())
+    return kl, tv
+
+
+def _ln_trm_score(dev: list[float], delta: float) -> float:
+    """TRM (arXiv 2512.23075) eq. 76-77 by hand: w_t = min(1, sqrt((T - t) delta / 2)), t = 1..T."""
+    T = len(dev)
+    w = [min(1.0, math.sqrt((T - t) * delta / 2)) for t in range(1, T + 1)]
+    return sum(d * x for d, x in zip(dev, w)) / sum(w) if sum(w) > 0 else sum(dev) / T
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values)
+
+
+# keep rules of the masks (TRM, arXiv 2512.23075, sections 6-7, appendices B and D), from one sequence's
+# exact token KLs, k2 = 0.5 (log r)^2, k3 = r - 1 - log r and |r - 1|
+KEEP_RULES = {
+    "trm_max": lambda p, kl, k2, k3, dev: max(kl) <= p["delta"],
+    "trm_avg": lambda p, kl, k2, k3, dev: _mean(kl) <= p["delta_avg"],
+    "trm_max_avg": lambda p, kl, k2, k3, dev: max(kl) <= p["delta"] and _mean(kl) <= p["delta_avg"],
+    "trm_max_k2": lambda p, kl, k2, k3, dev: max(k2) <= p["delta"],
+    "trm_avg_k3": lambda p, kl, k2, k3, dev: _mean(k3) <= p["delta_avg"],
+    "trm_max_avg_sample": lambda p, kl, k2, k3, dev: max(k2) <= p["delta"] and _mean(k3) <= p["delta_avg"],
+    "ln_trm": lambda p, kl, k2, k3, dev: _ln_trm_score(dev, p["delta"]) <= p["delta_w"],
+    "ser": lambda p, kl, k2, k3, dev: _mean(dev) <= p["delta_ser"],
+}
+
+
+def _dense_keep(name: str, params: dict, call: dict, kl, log_ratio) -> list[float]:
+    """Each sequence's keep decision from the mask's definition (all-padding rows keep)."""
+    real = call["mask"] > 0
+    keep = []
+    for row in range(real.shape[0]):
+        lr = log_ratio[row][real[row]].tolist()
+        if not lr:
+            keep.append(1.0)
+            continue
+        exact = kl[row][real[row]].tolist() if kl is not None else None
+        k2 = [0.5 * x * x for x in lr]
+        k3 = [math.expm1(x) - x for x in lr]
+        dev = [abs(math.expm1(x)) for x in lr]
+        keep.append(float(KEEP_RULES[name](params, exact, k2, k3, dev)))
+    return keep
+
+
+def _check_trm_monitoring(name: str, params: dict, call: dict) -> float:
+    """Every trm/* metric of one micro-batch against the dense reference; returns its acceptance rate."""
+    from runners import metric_names as mn
+
+    real = call["mask"] > 0
+    lengths = real.sum(-1)
+    logp = torch.log_softmax(call["logits"], -1).gather(-1, call["responses"][..., None])[..., 0]
+    log_ratio = torch.nan_to_num(logp - call["rollout_logp"].double(), nan=20.0).clamp(-20, 20)
+    exact = call["index"] is not None
+    kl, tv = _dense_token_divergences(call) if exact else (None, None)
+    keep = _dense_keep(name, params, call, kl, log_ratio)
+    m = call["metrics"]
+    rows = [i for i in range(len(keep)) if lengths[i] > 0]
+    assert m[mn.TRM_ACCEPT_RATE] == pytest.approx(sum(keep[i] for i in rows) / len(rows))
+    gaps = [abs(float(log_ratio[i][real[i]].mean())) for i in rows]
+    assert m[mn.TRM_PPL_GAP] == pytest.approx(sum(gaps) / len(gaps), rel=1e-4, abs=1e-6)
+    if exact:
+        max_src, mean_src = kl, kl
+    else:
+        max_src, mean_src = 0.5 * log_ratio**2, torch.expm1(log_ratio) - log_ratio
+    assert m[mn.TRM_MAX_KL] == pytest.approx(float(max_src[real].max()), rel=1e-4, abs=1e-6)
+    assert m[mn.TRM_MEAN_KL] == pytest.approx(float(mean_src[real].mean()), rel=1e-4, abs=1e-6)
+    for lo, hi in zip(EDGES, EDGES[1:]):
+        sel = [i for i in rows if max(lo, 1) <= lengths[i] < hi]
+        key = mn.trm_accept_rate_bucket(lo, hi)
+        assert (key in m) == bool(sel), key
+        if sel:
+            assert m[key] == pytest.approx(sum(keep[i] for i in sel) / len(sel)), key
+        if exact:  # Dbar_k: mean over the sequences of TV at k (0 after a sequence ended), bucket mean over k
+            width = real.shape[1]
+            dbar = [sum(float(tv[i, k]) for i in rows if real[i, k]) / len(rows) for k in range(width)]
+            expected = sum(dbar[k] for k in range(lo, min(hi, width))) / (hi - lo)
+            assert m[mn.trm_tv_position_bucket(lo, hi)] == pytest.approx(expected, rel=1e-4, abs=1e-7)
+        else:
+            assert mn.trm_tv_position_bucket(lo, hi) not in m
+    return m[mn.TRM_ACCEPT_RATE]
+
+
+MASKS = {  # thresholds inside the spread of the second micro-batch's sequences (after one update)
+    "trm_avg": {"delta_avg": 0.0015},
+    "trm_max_avg": {"delta": 0.0021, "delta_avg": 0.0015},
+    "trm_avg_k3": {"delta_avg": 0.08},
+    "trm_max_avg_sample": {"delta": 0.35, "delta_avg": 0.1},
+    "ln_trm": {"delta": 1e-4, "delta_w": 0.3},
+    "ser": {"delta_ser": 0.3},
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(MASKS))
+def test_masks_and_their_monitoring_equal_dense_references(name, home, monkeypatch):
+    """The masks no preset trains, with V >> K: each micro-batch's keep decisions and trm/* metrics
+    (acceptance overall and by length, max / mean KL, PPL gap, TV by position) from the definitions."""
+    params = MASKS[name]
+    overrides = [f"mask={name}", *(f"mask.{k}={v}" for k, v in params.items())]
+    _, rec = _train(["algorithm=grpo", *overrides, BUCKETS], home, monkeypatch, record=True)
+    rates = [_check_trm_monitoring(name, params, call) for call in rec.calls]
+    assert any(0 < r < 1 for r in rates), f"some micro-batch must keep part of its sequences: {rates}"
+
+
+# -- Qwen's output size --------------------------------------------------------------------------------
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["model=tiny_qwen2_v152k", "algorithm=grpo", "objective=troll", "objective.eps=0.075"],
+        ["model=tiny_qwen3_v152k", "algorithm=ppo", "mask=trm_max", "mask.delta=0.001", BUCKETS],
+    ],
+    ids=["qwen2_v152k-grpo-troll", "qwen3_v152k-ppo-trm_max"],
+)
+def test_qwen_vocabulary(overrides, home, monkeypatch):
+    """V = 151,936 (Qwen2/Qwen3 output size): TROLL and exact-KL TRM (with PPO's critic) train, and the
+    last off-policy micro-batch's method metrics equal the dense references (only that one is kept:
+    the dense logits of all of them would take gigabytes)."""
+    result, rec = _train(overrides, home, monkeypatch, record=True, keep_last=True)
+    assert result["metrics"]["actor/grad_norm"] > 0
+    call = rec.last_off_policy()
+    assert call["logits"].shape[-1] == 151936
+    if "objective=troll" in overrides:
+        _check_troll_call(call)
+    else:
+        _check_exact_trm_call(call, 0.001)
+        _check_trm_monitoring("trm_max", {"delta": 0.001}, call)

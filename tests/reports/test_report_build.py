@@ -118,3 +118,44 @@ def test_a_failing_item_does_not_hide_the_rest(tmp_path, monkeypatch):
 
 def test_skip_item_is_an_exception_with_a_message():
     assert str(SkipItem("no run logs x")) == "no run logs x"
+
+
+def _with_code(data, codes):
+    """``data`` with its runs' code-version tags set from ``codes`` (version, revision) in turn; None: not recorded."""
+    from runners import metric_names
+
+    runs = data.runs.copy()
+    for column, i in ((f"tags.{metric_names.TAG_PACKAGE_VERSION}", 0), (f"tags.{metric_names.TAG_GIT_REVISION}", 1)):
+        runs[column] = [codes[j % len(codes)][i] if codes[j % len(codes)] else None for j in range(len(runs))]
+    return replace(data, runs=runs)
+
+
+def test_report_shows_the_code_versions_of_its_runs(tmp_path):
+    """The header (and the PDF's metadata) list the code each run came from, with counts, most runs
+    first; runs from more than one code version get a banner that says how to rerun the old ones."""
+    from reports.build import _meta
+
+    data, _ = synthetic_data(_without_trm(profile("demo", steps=6, seeds=(0, 1, 2))))
+    n = len(data.runs)
+    assert n >= 3
+    mixed = _with_code(
+        data, [("0.1.0", "aaaaaaaaaaaa"), ("0.1.0", "aaaaaaaaaaaa"), ("0.0.9", "bbbbbbbbbbbb-dirty.1234abcd")]
+    )
+    old = sum(1 for j in range(n) if j % 3 == 2)
+    expected = (
+        f"0.1.0 @ aaaaaaaaaaaa ({n - old} runs); 0.0.9 @ bbbbbbbbbbbb-dirty.1234abcd ({old} run{'s' * (old != 1)})"
+    )
+    assert mixed.code_versions() == [("0.1.0 @ aaaaaaaaaaaa", n - old), ("0.0.9 @ bbbbbbbbbbbb-dirty.1234abcd", old)]
+    kwargs = dict(tracking_uri="sqlite:///unused.db", pdf=False, log_to_mlflow=False)
+    html = build_report("demo", out_dir=tmp_path / "mixed", data=mixed, **kwargs).html.read_text()
+    assert f'<dd class="code-versions">{expected}</dd>' in html
+    assert "Runs from different code." in html and "--rerun-stale" in html
+    assert ("Code of the runs", expected) in _meta("demo", mixed, "sqlite:///unused.db")
+
+    same = _with_code(data, [("0.1.0", "aaaaaaaaaaaa")])
+    html = build_report("demo", out_dir=tmp_path / "same", data=same, **kwargs).html.read_text()
+    assert f'<dd class="code-versions">0.1.0 @ aaaaaaaaaaaa ({n} runs)</dd>' in html
+    assert "Runs from different code." not in html
+    partial = _with_code(data, [None, ("0.1.0", None)])
+    labels = dict(partial.code_versions())
+    assert labels == {"unrecorded": (n + 1) // 2, "0.1.0 @ ?": n // 2}

@@ -276,6 +276,41 @@ def test_step_end_honours_the_backend_stop_file(monkeypatch, tmp_path):
     assert (tmp_path / ("STOP" + backend.STOPPED_SUFFIX)).read_text() == "3"
 
 
+def test_no_checkpoint_once_a_metric_is_not_finite(monkeypatch, tmp_path):
+    """verl's loop checkpoints a step before it logs its metrics, so the trustbench backend (which fails
+    the run on a logged NaN) would find the NaN step's checkpoint written and resume from it. The hook
+    refuses the checkpoint of a step whose iteration metrics hold a NaN or infinity, and every later one
+    (their weights descend from it); verl's diagnostics that read NaN when unused do not count."""
+    import inspect
+    import math
+
+    trainer_mod, trainer = _trainer(monkeypatch, {"loss_mode": "trustbench_clip", "entropy_control": "repo_r"})
+    fit = inspect.getsource(trainer_mod.trainer_base.PPOTrainer.fit)
+    assert fit.index("self._save_checkpoint()") < fit.index("self.logger.log(data=metrics")  # why the hook exists
+    trainer.config.trainer.default_local_dir = str(tmp_path)
+    trainer.config.trainer.critic_warmup = 0
+    steps = {
+        1: {"actor/pg_loss": 0.5, "variance_proxy/proxy1_signal_strength": math.nan},
+        2: {"actor/pg_loss": 0.4, "actor/grad_norm": math.inf},
+        3: {"actor/pg_loss": 0.3},
+    }
+    saved = []
+
+    def step_once(self, metrics, timing_raw, sample_batch_size):
+        metrics.update(steps[self.global_steps])
+        return _meta(2)
+
+    monkeypatch.setattr(trainer_mod.PPOTrainerSync, "_step_once", step_once)
+    monkeypatch.setattr(trainer_mod.PPOTrainerSync, "_save_checkpoint", lambda self: saved.append(self.global_steps))
+    for step in steps:  # verl's order: the step, then its checkpoint, then its metrics are logged
+        trainer.global_steps = step
+        trainer._step_once({}, {}, 2)
+        trainer._save_checkpoint()
+    assert saved == [1]
+    assert trainer_mod.non_finite(steps[2], 2) == "metric 'actor/grad_norm' is inf at step 2"
+    assert trainer_mod.non_finite(steps[1], 1) is None
+
+
 def test_trainer_rejects_configs_it_cannot_serve(monkeypatch):
     trainer_mod, trainer = _trainer(
         monkeypatch,

@@ -1,4 +1,4 @@
-"""How the built-in trainer cuts one iteration's batch: device tensors, mini-batches, micro-batches.
+"""How the built-in trainer cuts one iteration's batch: its device, device tensors, mini-batches, micro-batches.
 
 Mini-batches are whole prompt groups, shuffled with a seeded generator (GTPO compares the responses
 of a group, and group estimators normalise within it); a mini-batch is one optimiser step.
@@ -16,6 +16,14 @@ import torch
 from torch import Tensor
 
 from runners.backends.local.rollout import RolloutBatch
+from runners.config.validate import ConfigError
+
+
+def resolve_device(setting: str) -> torch.device:
+    """The device ``backend.device`` names: ``cuda``, ``cpu``, or ``auto`` (CUDA where there is one)."""
+    if setting == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("backend.device", "cuda, but this machine has no CUDA device: use auto or cpu")
+    return torch.device("cuda" if setting == "cuda" or (setting == "auto" and torch.cuda.is_available()) else "cpu")
 
 
 def to_device(batch: RolloutBatch, device: torch.device) -> dict[str, Tensor | int]:

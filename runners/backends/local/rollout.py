@@ -183,15 +183,16 @@ class RolloutManager:
         budget = torch.tensor([self.max_response_length - len(s.response_ids) for s in slots])
         max_new = int(min(self.window, int(budget.max())))
         out = generate(ctx, ctx_mask, max_new)
-
-        responses = out.responses.clone()
-        mask = out.response_mask.float().clone()
+        # the sampler's outputs sit on the model's device; the batch is built (and returned) on the CPU
+        responses = out.responses.to("cpu", copy=True)
+        generated = out.response_mask.to("cpu")
+        mask = generated.to(torch.float32, copy=True)
         R = responses.shape[1]
         # slots whose remaining budget is below the window stop at their budget
         over = torch.arange(R)[None, :] >= budget[:, None]
         mask[over] = 0.0
         lengths = mask.sum(-1).long()
-        hit_eos = out.finished & (lengths == out.response_mask.sum(-1).long())
+        hit_eos = out.finished.to("cpu") & (lengths == generated.sum(-1).long())
         finished = hit_eos | (torch.tensor([len(s.response_ids) for s in slots]) + lengths >= self.max_response_length)
         if self.mode == "full":
             finished = torch.ones(len(slots), dtype=torch.bool)
@@ -218,7 +219,7 @@ class RolloutManager:
             context_length=ctx_len,
             responses=responses,
             response_mask=mask,
-            rollout_logp=out.logp.float() * mask,
+            rollout_logp=out.logp.to("cpu").float() * mask,
             group_index=torch.tensor([s.group for s in slots], dtype=torch.long),
             finished=finished,
             scores=scores,

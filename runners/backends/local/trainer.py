@@ -40,7 +40,7 @@ from runners.algorithms.types import AdvantageInputs
 from runners.backends.base import StopRequested, check_finite, pause
 from runners.backends.local import checkpoint as ckpt
 from runners.backends.local.actor import UpdateSettings, old_pass, update_actor
-from runners.backends.local.batching import micro_rows, policy_mask, to_device
+from runners.backends.local.batching import micro_rows, policy_mask, resolve_device, to_device
 from runners.backends.local.critic import CriticSettings, update_critic
 from runners.backends.local.diagnostics import post_update_metrics
 from runners.backends.local.evaluate import Evaluator
@@ -75,13 +75,7 @@ class LocalTrainer:
         self.stop_requested = False
         t = cfg.trainer
         torch.set_num_threads(cfg.backend.num_threads or default_threads())
-        if cfg.backend.device == "cuda" and not torch.cuda.is_available():
-            raise ConfigError("backend.device", "cuda, but this machine has no CUDA device: use auto or cpu")
-        self.device = torch.device(
-            "cuda"
-            if cfg.backend.device == "cuda" or (cfg.backend.device == "auto" and torch.cuda.is_available())
-            else "cpu"
-        )
+        self.device = resolve_device(cfg.backend.device)
         _seed_everything(cfg.seed)
         self.method = Method.from_config(cfg)
         self._build_models(cfg)

@@ -19,7 +19,9 @@ everywhere verl tests the mode) plus a few overrides, each a thin wrapper around
   needed, asks the engine for the logits (``sparse_old.KEEP_LOGITS_KEY``); moves the method
   metrics verl prefixed with ``actor/`` back to their schema names (``troll/...``, ``trm/...``);
 - ``_save_checkpoint`` / ``_load_checkpoint``: the controller state as JSON in verl's
-  ``global_step_<n>`` folder;
+  ``global_step_<n>`` folder; no checkpoint once an iteration's metrics held a NaN or infinity
+  (verl checkpoints a step before it logs it: without this the trustbench backend, which fails the run
+  on the logged NaN, would find that step's checkpoint already written and resume from it);
 - ``on_step_end``: after verl's weight sync, ``backend.check_stop_request`` (the trustbench
   backend's stop file: checkpoint this step and make it the last).
 
@@ -53,6 +55,7 @@ from runners.algorithms.trm import DEFAULT_EDGES
 from runners.backends.verl import METHOD_METRIC_PREFIXES, TRAINER_MODE
 from runners.backends.verl.controllers import IterationControl
 from runners.backends.verl.cpu_mode import POLL_INTERVAL_KEY
+from runners.backends.verl.metrics import map_metrics
 from runners.backends.verl.monitor import MONITOR_KEY, iteration_metrics
 from runners.backends.verl.plugins_advantages import VALUE_ESTIMATORS
 from runners.backends.verl.plugins_config import is_trustbench_loss, loss_settings
@@ -77,6 +80,14 @@ def strip_actor_prefix(metrics: dict[str, Any]) -> dict[str, Any]:
         if key.startswith("actor/") and key[len("actor/") :].startswith(METHOD_METRIC_PREFIXES):
             metrics[key[len("actor/") :]] = metrics.pop(key)
     return metrics
+
+
+def non_finite(metrics: dict[str, Any], step: int) -> str | None:
+    """Why a step must not be checkpointed: its first NaN or infinite metric, among those the trustbench
+    backend logs (``metrics.map_metrics``: not verl's diagnostics that read NaN when unused); else None."""
+    mapped = map_metrics(metrics)
+    bad = sorted(k for k, v in mapped.items() if not np.isfinite(v))
+    return f"metric {bad[0]!r} is {mapped[bad[0]]} at step {step}" if bad else None
 
 
 def _uids(data: TensorDict) -> list:
@@ -249,6 +260,8 @@ class TrustbenchPPOTrainer(PPOTrainerSync):
         if self._monitor().get("post_update") and sparse and self.config.trainer.critic_warmup <= self.global_steps:
             with trainer_base.marked_timer(POST_UPDATE_PHASE, timing_raw):  # the CPU-timed wrapper
                 metrics.update(post_update_pass(self, batch, int(sparse["chunk_size"])))
+        if getattr(self, "_non_finite", None) is None:  # the first one stays: later weights descend from it
+            self._non_finite = non_finite(metrics, self.global_steps)
         return batch
 
     def _update_actor(self, batch, metrics: dict):
@@ -292,6 +305,12 @@ class TrustbenchPPOTrainer(PPOTrainerSync):
         return folder if os.path.isabs(folder) else os.path.join(os.getcwd(), folder)
 
     def _save_checkpoint(self):
+        reason = getattr(self, "_non_finite", None)
+        if reason is not None:
+            logger.error(
+                "no checkpoint at step %s: %s (the last checkpoint stays the last good step)", self.global_steps, reason
+            )
+            return None
         if self.control is not None:  # before verl writes latest_checkpointed_iteration.txt
             self.control.save(os.path.join(self.config.trainer.default_local_dir, f"global_step_{self.global_steps}"))
         return super()._save_checkpoint()
