@@ -321,6 +321,9 @@ COMMANDS: dict[str, Case] = {
         "runs the suite (collecting all of it imports every module)",
         _pytest_collect,
     ),
+    ".venv/bin/pytest tests/test_reliability.py tests/test_reliability_messages.py tests/data/test_sandbox_escapes.py": Case(
+        "its paths checked", "the reliability scenarios take minutes (the suite runs them)", _pytest_selection
+    ),
     ".venv/bin/pytest tests/algorithms": Case(
         "its path checked", "runs an area of the suite; collecting it imports torch", _pytest_selection
     ),
