@@ -216,7 +216,9 @@ def _pytest_selection(env: Env, argv: list[str]) -> None:
         for m in tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]["markers"]
     }
     assert markers <= registered, (markers, registered)
-    files = [f for a in (args or ["tests"]) for f in (ROOT / a).rglob("test_*.py")]
+    paths = [ROOT / a for a in (args or ["tests"])]
+    files = [f for p in paths for f in ([p] if p.is_file() else p.rglob("test_*.py"))]
+    assert all(p.exists() for p in paths), [str(p) for p in paths if not p.exists()]
     assert files, args
     for marker in markers:
         assert any(f"mark.{marker}" in f.read_text() for f in files), marker
