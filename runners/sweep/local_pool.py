@@ -59,14 +59,27 @@ class LocalJob:
     def job_id(self) -> str:
         return f"pid {self.proc.pid}" if self.proc is not None else "not started"
 
+    def result(self) -> dict:
+        """What the cell's task returned (``child_main`` writes it beside the log), or {}."""
+        try:
+            return json.loads(result_path(self.log).read_text())
+        except (OSError, ValueError):
+            return {}
+
     def describe(self) -> str:
         if self.proc is None:
             return f"not started; log {self.log}"
-        return f"process {self.proc.pid} exited with code {self.returncode}; log {self.log}"
+        got = self.result()
+        said = f": {got.get('status')}" + (f" ({got['error']})" if got.get("error") else "") if got else ""
+        return f"process {self.proc.pid} exited with code {self.returncode}{said}; log {self.log}"
 
 
 def log_path(sweep_dir: Path, index: int) -> Path:
     return sweep_dir / "logs" / f"cell-{index}.log"
+
+
+def result_path(log: Path) -> Path:
+    return log.with_suffix(".result.json")
 
 
 def master_overrides(p: SweepPlan) -> list[str]:
@@ -87,7 +100,10 @@ def run_parallel(
     (sweep_dir / "logs").mkdir(parents=True, exist_ok=True)
     # the sweep directory as an override: each job's Hydra config is composed again from the overrides
     # (a ``${now:...}`` in hydra.sweep.dir would give each child its own directory)
-    spec = {"master_overrides": [*master_overrides(p), f"hydra.sweep.dir={_quoted(str(sweep_dir))}"]}
+    spec = {
+        "master_overrides": [*master_overrides(p), f"hydra.sweep.dir={_quoted(str(sweep_dir))}"],
+        "sweep_dir": str(sweep_dir),
+    }
     print(
         f"running {len(jobs)} cells, {parallel} at a time, each in its own process; "
         f"logs in {sweep_dir / 'logs'} (Ctrl-C stops them after their current step)",
@@ -166,8 +182,8 @@ def _print_done(job: LocalJob, done: int, total: int, left: int, stream: TextIO)
     from runners.run import read_status
 
     status = (read_status(paths.run_dir(job.cell.key)) or {}).get("status", "MISSING")
-    if status not in ("FINISHED", "FAILED") and job.returncode != 0:
-        status = "LOST"
+    if status not in ("FINISHED", "FAILED"):  # no final marker: what the task returned, else LOST
+        status = str(job.result().get("status") or "LOST")
     note = "" if status == "FINISHED" else f"  see {job.log}"
     print(
         f"  [{done}/{total}] {status:<9} {job.cell.name}  {job.cell.axes}  "
@@ -229,10 +245,15 @@ def child_main() -> int:
     try:
         outcome = ret.return_value  # raises what the task raised (the marker may not say it)
     except BaseException as err:  # noqa: BLE001 - reported in the log and by the exit code
-        print(f"trustbench: cell {spec['index']} raised {type(err).__name__}: {err}", file=sys.stderr)
-        return 1
-    print(f"trustbench: cell {spec['index']} ended {outcome.get('status') if isinstance(outcome, dict) else outcome}")
-    return 0
+        outcome = {"status": "RAISED", "error": f"{type(err).__name__}: {err}"}
+    outcome = outcome if isinstance(outcome, dict) else {"status": str(outcome)}
+    said = {k: str(outcome[k]) for k in ("status", "error") if outcome.get(k) is not None}
+    result_path(log_path(Path(spec["sweep_dir"]), int(spec["index"]))).write_text(json.dumps(said))
+    print(
+        f"trustbench: cell {spec['index']} ended {said.get('status')}"
+        + (f": {said['error']}" if "error" in said else "")
+    )
+    return 1 if said.get("status") == "RAISED" else 0
 
 
 if __name__ == "__main__":  # pragma: no cover - a child of run_parallel
