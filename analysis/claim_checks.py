@@ -88,7 +88,11 @@ def _troll_eps(data: ExperimentData, runs: pd.Series, default: float) -> tuple[f
 def troll_kl_bound(data: ExperimentData, opts: Mapping) -> list[CheckResult]:
     """TROLL bounds the KL of every token (eq. 3), so the statistic is per token: the share of response
     tokens whose KL(pi_new || pi_old) after the update exceeds eps (``actor/post_update_kl_frac_above_<eps>``,
-    mean over steps), at most ``tolerance`` for TROLL and above it for Clip with TROLL's eps."""
+    mean over steps), at most ``tolerance`` for TROLL and above it for Clip with TROLL's eps. Shown beside
+    them, not counted: TROLL's share minus Clip's, paired by seed (how much of Clip's excess TROLL removes).
+
+    pi_old of the statistic is the policy before the update; TROLL's region is centred on the sampling
+    policy. They are the same on-policy; with stale rollouts (``rollout.staleness`` > 0) the note says so."""
     tol = float(opts["tolerance"])
     part_troll = f"TROLL keeps the post-update token KL at or below eps (all but {tol:.0%} of tokens)"
     part_clip = f"Clip leaves eps on more than {tol:.0%} of tokens"
@@ -111,12 +115,35 @@ def troll_kl_bound(data: ExperimentData, opts: Mapping) -> list[CheckResult]:
             checks += [not_checked(part_troll, why, arm), not_checked(part_clip, why, clip or "–")]
             continue
         share = per_seed(data, metric, "mean", labels=labels)
-        checks.append(CheckResult(part_troll, arm, stat, share.get(arm, {}), Rule("less", tol), note=eps_note))
+        note = "; ".join(filter(None, [eps_note, _stale_note(data, runs)]))
+        checks.append(CheckResult(part_troll, arm, stat, share.get(arm, {}), Rule("less", tol), note=note))
         if clip is None:
             checks.append(not_checked(part_clip, f"no Clip run with the recipe of {arm}"))
-        else:
-            checks.append(CheckResult(part_clip, clip, stat, share.get(clip, {}), Rule("greater", tol)))
+            continue
+        checks.append(CheckResult(part_clip, clip, stat, share.get(clip, {}), Rule("greater", tol)))
+        diff = _paired(share.get(arm, {}), share.get(clip, {}))
+        checks.append(
+            CheckResult(
+                "TROLL leaves eps on fewer tokens than Clip (not counted)",
+                f"{arm} − {clip}",
+                "difference of the shares above, paired by seed",
+                diff,
+                Rule("less", 0.0),
+                counts=False,
+            )
+        )
     return checks
+
+
+def _stale_note(data: ExperimentData, runs: pd.Series) -> str:
+    stale = {r: v for r, v in run_params(data, "rollout.staleness").items() if r in set(runs)}
+    k = max((int(float(v)) for v in stale.values()), default=0)
+    if k <= 0:
+        return ""
+    return (
+        f"rollouts {k} iteration(s) stale: TROLL's region is centred on the sampling policy, the statistic's "
+        "pi_old is the policy before the update"
+    )
 
 
 # -- TRM -------------------------------------------------------------------------------------------
