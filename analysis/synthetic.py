@@ -340,7 +340,7 @@ def _m(label: str, algorithm: str, objective: str = "clip", estimator: str | Non
     tags[metric_names.TAG_ESTIMATOR] = estimator or {"ppo": "gae", "tppo": "egae", "gspo": "grpo"}.get(
         algorithm, algorithm
     )
-    for key in (metric_names.TAG_MASK, metric_names.TAG_ENTROPY_CONTROL):
+    for key in (metric_names.TAG_MASK, metric_names.TAG_ENTROPY_CONTROL, metric_names.TAG_ROLLOUT_CORRECTION):
         if key in kw:
             tags[key] = kw.pop(key)
     return SyntheticMethod(label, tags, **kw)
@@ -421,6 +421,7 @@ def profile(experiment: str, steps: int = 60, seeds: tuple[int, ...] = (0, 1, 2)
                 _m("PPO-Clip", "grpo", "clip", mask="none", violation_p=1e-3),
                 _m("TRM-Max", "grpo", "token_is", mask="trm_max", violation_p=1e-4),
                 _m("TRM-Avg", "grpo", "token_is", mask="trm_avg", violation_p=2e-4),
+                _m("PPO-Clip + TIS", "grpo", "clip", mask="none", rollout_correction="token_tis", violation_p=1e-3),
             ],
             eval_sets=("aime25",),
             model="qwen3-8b-base",

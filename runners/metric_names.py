@@ -159,6 +159,7 @@ TAG_OBJECTIVE = "objective"
 TAG_ESTIMATOR = "estimator"
 TAG_MASK = "mask"
 TAG_ENTROPY_CONTROL = "entropy_control"
+TAG_ROLLOUT_CORRECTION = "rollout_correction"  # verl's training-inference mismatch correction (none, token_tis, ...)
 TAG_MODEL = "model"
 TAG_DATASET = "dataset"
 TAG_SEED = "seed"
