@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -83,3 +84,40 @@ def test_a_stale_run_resumes_to_the_same_numbers(tmp_path, monkeypatch):
     resumed = run(cfg, choices)["metrics"]
     for key in ("critic/score/mean", "actor/pg_loss", "rollout_corr/k3_kl", "actor/entropy"):
         assert resumed[key] == straight[key], key
+
+
+# -- the demo's regime: every method shown acts ---------------------------------------------------------
+def _demo_histories(method: str, tmp_path, monkeypatch, steps: int = 3) -> dict[str, list[float]]:
+    """The metric histories of one demo cell (sweeps/demo.yaml, seed 0) cut to ``steps`` steps."""
+    from mlflow import MlflowClient
+
+    from runners.run import run
+
+    home = tmp_path / method
+    monkeypatch.setenv("TRUSTBENCH_HOME", str(home))
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    overrides = ["+sweeps=demo", f"+method={method}", "seed=0", f"trainer.total_steps={steps}"]
+    cfg, choices = compose([*overrides, "trainer.eval_every=0", "trainer.checkpoint_every=0", "progress=false"])
+    run_id = run(cfg, choices)["run_id"]
+    client = MlflowClient(f"sqlite:///{home / 'mlflow.db'}")
+    return {
+        key: [m.value for m in sorted(client.get_metric_history(run_id, key), key=lambda m: m.step)]
+        for key in client.get_run(run_id).data.metrics
+    }
+
+
+@pytest.mark.slow
+def test_in_the_demo_regime_troll_projects_trm_rejects_and_adapo_departs_from_dapo(tmp_path, monkeypatch):
+    """At the demo's settings (stale rollouts, two epochs of two mini-batches) the methods the demo shows
+    act within a few steps: TROLL projects tokens, TRM-Max rejects sequences, and ADAPO's moving eps_high
+    changes DAPO's update (on-policy the first two were idle and ADAPO's run was DAPO's, bit for bit)."""
+    troll = _demo_histories("grpo_troll", tmp_path, monkeypatch)
+    assert float(np.mean(troll["troll/projected_frac"])) > 0.0
+    trm = _demo_histories("grpo_trm", tmp_path, monkeypatch)
+    assert float(np.mean(trm["trm/accept_rate"])) < 1.0
+    dapo = _demo_histories("dapo", tmp_path, monkeypatch)
+    adapo = _demo_histories("adapo", tmp_path, monkeypatch)
+    assert adapo["entropy/eps_high"][-1] != adapo["entropy/eps_high"][0]
+    # the same first step (eps_high starts at DAPO's 0.28), then a different update
+    assert adapo["actor/pg_loss"][0] == pytest.approx(dapo["actor/pg_loss"][0], rel=1e-6)
+    assert adapo["actor/pg_loss"][1:] != dapo["actor/pg_loss"][1:]
