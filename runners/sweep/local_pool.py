@@ -9,9 +9,10 @@ credential in a command-line override appears in no file and no process list).
 
 The store is opened once by the parent before any child starts (``tracking_server.open_store``);
 children log into it side by side. Each child's stdout and stderr go to ``<sweep dir>/logs/cell-<index>.log``
-and the parent prints one line per finished cell (its status marker, its wall time, and the log of a
-cell that did not finish). A child that exits without a final marker is reported LOST with its exit
-code (``runners.sweep.results``).
+and what its task returned (status, error) to ``cell-<index>.result.json``; the parent prints one line
+per finished cell (its status marker, its wall time, and the log of a cell that did not finish). A
+child that exits without a final marker is reported LOST with its exit code and what it returned, e.g.
+a configuration error (``runners.sweep.results``).
 
 Ctrl-C: the children run in their own sessions, so the terminal's SIGINT reaches only the parent,
 which starts nothing more and sends each running child SIGTERM (SIGTERM or SIGHUP to the parent do the same): the trainer checkpoints after its
