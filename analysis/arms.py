@@ -5,7 +5,8 @@ Why: comparisons are paired by seed, so every statistic is first reduced to ``{a
 A sweep's baseline is a set of run tags (``Baseline.tags``, e.g. ``algorithm=grpo, objective=clip``)
 plus the tags a method shares with its baseline (``Baseline.match``: ``("algorithm",)`` pairs
 "GRPO+TROLL" with "GRPO" and "GSPO+TROLL" with "GSPO"); model and data set always match. Tags a run
-lacks take the configuration default (objective clip, mask none, entropy_control none).
+lacks take the configuration default (objective clip, mask none, entropy_control none, rollout_correction
+none).
 
 Arms are ordered deterministically (baselines first, then by label), never by the order MLflow
 returned the runs in, so the same sweep prints the same table on every machine.
@@ -31,6 +32,7 @@ TAG_DEFAULTS = {
     metric_names.TAG_OBJECTIVE: "clip",
     metric_names.TAG_MASK: "none",
     metric_names.TAG_ENTROPY_CONTROL: "none",
+    metric_names.TAG_ROLLOUT_CORRECTION: "none",
 }
 MATCH_ALWAYS = (metric_names.TAG_MODEL, metric_names.TAG_DATASET)
 
@@ -63,6 +65,7 @@ DEFAULT_BASELINE = Baseline(
         metric_names.TAG_OBJECTIVE: "clip",
         metric_names.TAG_MASK: "none",
         metric_names.TAG_ENTROPY_CONTROL: "none",
+        metric_names.TAG_ROLLOUT_CORRECTION: "none",
     }
 )
 

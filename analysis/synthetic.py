@@ -45,6 +45,10 @@ class SyntheticMethod:
     # "claims" family: post-update token KL (None: 0.5 eps for TROLL, 2 eps otherwise), conflict-token
     # log-prob change (None: GTPO +0.002, GRPO -0.02, others not logged), ADAPO's eps_high drift over the run
     post_update_kl: float | None = None
+    # share of tokens with post-update KL above TROLL's eps (None: 0.002 for TROLL, 0.04 otherwise), and the
+    # across-seed spread of that share (log-normal sd)
+    kl_over_eps: float | None = None
+    kl_over_eps_seed_sd: float = 0.15
     conflict_delta: float | None = None
     eps_high_drift: float = 0.03
     # "timing" family: CPU seconds per uncontended wall second, wall-time inflation by other load, machine load
@@ -192,7 +196,7 @@ def _claim_metrics(out: dict, spec: SyntheticSpec, method: SyntheticMethod, step
     """Post-update KL, GTPO conflict-token log-prob change and ADAPO's eps_high (the paper-claim metrics).
 
     Defaults: post-update KL at 0.5 eps (TROLL's eps 0.05) for TROLL, 2 eps otherwise, log-normal
-    10% step noise; conflict log-prob change +0.002 for GTPO, -0.02 for GRPO (sd 0.005 per step),
+    10% step noise; the share of tokens above eps (``_kl_shares``); conflict log-prob change +0.002 for GTPO, -0.02 for GRPO (sd 0.005 per step),
     not logged by other methods; eps_high of ADAPO from 0.28 drifting by ``eps_high_drift`` (+-10% per
     seed) within [0.2, 0.32], not logged by methods without ADAPO.
     """
@@ -205,6 +209,7 @@ def _claim_metrics(out: dict, spec: SyntheticSpec, method: SyntheticMethod, step
     out[metric_names.POST_UPDATE_KL] = (steps, kl)
     if troll:
         out[metric_names.TROLL_KL_AFTER] = (steps, np.minimum(kl, eps))
+    _kl_shares(out, method, steps, rng, eps, troll)
     algorithm = tags.get(metric_names.TAG_ALGORITHM)
     delta = method.conflict_delta
     if delta is None and algorithm in ("gtpo", "grpo"):
@@ -214,6 +219,17 @@ def _claim_metrics(out: dict, spec: SyntheticSpec, method: SyntheticMethod, step
     if tags.get(metric_names.TAG_ENTROPY_CONTROL) == "adapo" or algorithm == "adapo":
         drift = method.eps_high_drift * (1.0 + 0.1 * float(rng.normal()))
         out[metric_names.ENTROPY_EPS_HIGH] = (steps, np.clip(0.28 + drift * t / spec.steps, 0.2, 0.32))
+
+
+def _kl_shares(out: dict, method: SyntheticMethod, steps: np.ndarray, rng, eps: float, troll: bool) -> None:
+    """``actor/post_update_kl_frac_above_<e>``: the share above ``eps`` (``kl_over_eps`` times a per-seed
+    log-normal factor and 10% step noise), and share(e) = share(eps) ** (e / eps) at the other thresholds
+    (an exponential tail: larger thresholds, smaller shares)."""
+    share = method.kl_over_eps if method.kl_over_eps is not None else (0.002 if troll else 0.04)
+    share *= float(np.exp(rng.normal(0.0, method.kl_over_eps_seed_sd)))
+    at_eps = np.clip(share * np.exp(rng.normal(0.0, 0.1, size=steps.shape)), 1e-9, 1.0)
+    for e in metric_names.POST_UPDATE_KL_THRESHOLDS:
+        out[metric_names.post_update_kl_frac_above(e)] = (steps, at_eps ** (e / eps))
 
 
 def run_params(spec: SyntheticSpec, method: SyntheticMethod, seed: int) -> dict[str, object]:
@@ -324,7 +340,7 @@ def _m(label: str, algorithm: str, objective: str = "clip", estimator: str | Non
     tags[metric_names.TAG_ESTIMATOR] = estimator or {"ppo": "gae", "tppo": "egae", "gspo": "grpo"}.get(
         algorithm, algorithm
     )
-    for key in (metric_names.TAG_MASK, metric_names.TAG_ENTROPY_CONTROL):
+    for key in (metric_names.TAG_MASK, metric_names.TAG_ENTROPY_CONTROL, metric_names.TAG_ROLLOUT_CORRECTION):
         if key in kw:
             tags[key] = kw.pop(key)
     return SyntheticMethod(label, tags, **kw)
@@ -405,6 +421,7 @@ def profile(experiment: str, steps: int = 60, seeds: tuple[int, ...] = (0, 1, 2)
                 _m("PPO-Clip", "grpo", "clip", mask="none", violation_p=1e-3),
                 _m("TRM-Max", "grpo", "token_is", mask="trm_max", violation_p=1e-4),
                 _m("TRM-Avg", "grpo", "token_is", mask="trm_avg", violation_p=2e-4),
+                _m("PPO-Clip + TIS", "grpo", "clip", mask="none", rollout_correction="token_tis", violation_p=1e-3),
             ],
             eval_sets=("aime25",),
             model="qwen3-8b-base",

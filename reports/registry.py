@@ -243,7 +243,7 @@ register_report(
             _claims("trm_length"),
             _t("trm:trm_bounds_table", uses_data=False),
             _t("trm:trm_run_bounds_table"),
-            _compare({"mask": "none"}, ("algorithm",)),
+            _compare({"mask": "none", "rollout_correction": "none"}, ("algorithm",)),
             _f("trm:acceptance_figure"),
             _f("trm:acceptance_by_length_figure"),
             _f("bounds:bounds_figure"),

@@ -41,6 +41,16 @@ LR = "actor/lr"
 # be compared with what Clip actually does (claim checks).
 POST_UPDATE_KL = "actor/post_update_kl"
 POST_UPDATE_KL_MAX = "actor/post_update_kl_max"
+# the fraction of response tokens whose post-update KL(pi_new || pi_old) exceeds eps, for each eps below: how
+# often a per-token trust region of that size (TROLL, arXiv 2510.03817, eq. 3) is left after the update
+POST_UPDATE_KL_THRESHOLDS = (0.01, 0.02, 0.05, 0.1, 0.2)
+POST_UPDATE_KL_FRAC_PREFIX = "actor/post_update_kl_frac_above_"
+
+
+def post_update_kl_frac_above(eps: float) -> str:
+    """``actor/post_update_kl_frac_above_0.05``: the share of tokens with post-update KL above ``eps``."""
+    return f"{POST_UPDATE_KL_FRAC_PREFIX}{eps:g}"
+
 
 # -- timing and throughput -------------------------------------------------------------------
 TIMING_GEN = "timing_s/gen"
@@ -149,6 +159,7 @@ TAG_OBJECTIVE = "objective"
 TAG_ESTIMATOR = "estimator"
 TAG_MASK = "mask"
 TAG_ENTROPY_CONTROL = "entropy_control"
+TAG_ROLLOUT_CORRECTION = "rollout_correction"  # verl's training-inference mismatch correction (none, token_tis, ...)
 TAG_MODEL = "model"
 TAG_DATASET = "dataset"
 TAG_SEED = "seed"

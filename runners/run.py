@@ -87,6 +87,7 @@ def run_tags(cfg: DictConfig, label: str, choices: Mapping[str, str] | None) -> 
         metric_names.TAG_ESTIMATOR: choices.get("estimator", cfg.estimator.name),
         metric_names.TAG_MASK: choices.get("mask", cfg.mask.name),
         metric_names.TAG_ENTROPY_CONTROL: choices.get("entropy_control", cfg.entropy_control.name),
+        metric_names.TAG_ROLLOUT_CORRECTION: choices.get("rollout_correction", cfg.rollout_correction.name),
         metric_names.TAG_MODEL: cfg.model.name,
         metric_names.TAG_DATASET: cfg.dataset.name,
         metric_names.TAG_SEED: str(cfg.seed),

@@ -160,6 +160,7 @@ BAD = [
     (["objective=troll", "objective.eps=0"], "objective.eps"),
     (["objective=troll", "objective.eps=-0.1"], "objective.eps"),
     (["objective=troll", "objective.top_k=0"], "objective.top_k"),
+    (["launcher.parallel=0"], "launcher.parallel"),
     (["objective=troll", "objective.tail_mass=1.5"], "objective.tail_mass"),
     (["objective.clip_ratio_low=1.2"], "objective.clip_ratio_low"),
     (["objective.clip_ratio_high=0"], "objective.clip_ratio_high"),

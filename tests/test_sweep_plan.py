@@ -439,6 +439,7 @@ def test_local_sweep_reports_the_failed_cell(tmp_path, monkeypatch):
             "trainer.total_steps=3,1",
             "debug.fail_at_step=2",
             "experiment=local",
+            "launcher.parallel=1",  # in this process: the test's reward is registered here only
         ],
     )
     sweep.launch(p)

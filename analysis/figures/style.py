@@ -93,6 +93,7 @@ def method_styles(labels: pd.DataFrame) -> dict[str, dict]:
         metric_names.TAG_ESTIMATOR,
         metric_names.TAG_MASK,
         metric_names.TAG_ENTROPY_CONTROL,
+        metric_names.TAG_ROLLOUT_CORRECTION,
         metric_names.TAG_MODEL,
     ]
     groups: dict[tuple, dict[str, list[str]]] = {}

@@ -3,12 +3,15 @@
 - ``coarse_reverse_kl``: KL(pi_new || pi_old) per token on pi_old's stored top-K plus one rest bin, the
   divergence TROLL's trust region bounds (TROLL, arXiv 2510.03817, eq. 4): exact when the kept tokens
   cover the vocabulary, a lower bound otherwise (coarse-graining never increases a KL);
+- ``kl_exceedance``: the share of tokens whose KL exceeds each of ``POST_UPDATE_KL_THRESHOLDS`` (a
+  per-token trust region of that size left: TROLL bounds each token, not the mean);
 - ``conflict_tokens``: the tokens on GTPO's conflict spans (GTPO, arXiv 2508.03772, section 5.1: the same
   token at the same forward or backward position of a positive and a negative response of a group).
 
 The built-in trainer (``runners.backends.local.diagnostics``) and the verl trainer
-(``runners.backends.verl.trainer_diagnostics``) log ``actor/post_update_kl(_max)`` and
-``gtpo/conflict_prob_delta`` with them. Tests: ``pytest tests/backends tests/verl``.
+(``runners.backends.verl.trainer_diagnostics``) log ``actor/post_update_kl(_max)``,
+``actor/post_update_kl_frac_above_<eps>`` and ``gtpo/conflict_prob_delta`` with them.
+Tests: ``pytest tests/algorithms/test_diagnostics.py tests/backends tests/verl``.
 """
 
 from __future__ import annotations
@@ -31,6 +34,17 @@ def coarse_reverse_kl(new_logits: Tensor, index: Tensor, old_topk_logp: Tensor) 
     return (on_kept + rest).clamp(min=0.0)
 
 
+def kl_exceedance(kl: Tensor) -> dict[str, float]:
+    """{``actor/post_update_kl_frac_above_<eps>``: share of the tokens ``kl`` [n] (n > 0) above eps} for each
+    eps of ``metric_names.POST_UPDATE_KL_THRESHOLDS``."""
+    from runners import metric_names
+
+    return {
+        metric_names.post_update_kl_frac_above(eps): float((kl > eps).double().mean())
+        for eps in metric_names.POST_UPDATE_KL_THRESHOLDS
+    }
+
+
 def conflict_tokens(data: dict, advantages: Tensor, mask: Tensor) -> Tensor:
     """[B,T] bool: tokens on a forward or backward conflict span of their group (GTPO's rule)."""
     from runners.algorithms.gtpo import conflict_spans
@@ -41,4 +55,4 @@ def conflict_tokens(data: dict, advantages: Tensor, mask: Tensor) -> Tensor:
     return (forward | backward) & (mask > 0)
 
 
-__all__ = ["coarse_reverse_kl", "conflict_tokens"]
+__all__ = ["coarse_reverse_kl", "conflict_tokens", "kl_exceedance"]

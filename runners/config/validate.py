@@ -298,6 +298,7 @@ def _check_infrastructure(c: _Checker, cfg: DictConfig) -> None:
     c.one_of("launcher.name", LAUNCHERS)
     c.non_negative("launcher.max_requeues")
     c.at_least("launcher.time_min", 1)
+    c.at_least("launcher.parallel", 1)
     c.non_negative("debug.step_delay_s")
     for key in ("debug.delay_steps_below", "debug.fail_at_step"):
         if c.get(key) is not None:

@@ -230,7 +230,8 @@ def load_examples(
 
     ``limit``: a ``seed``-dependent random subset of the training split (kept in source order), the
     first ``limit`` examples of an evaluation split. ``options`` go to the embedded generator
-    (``digits``, ``ops``, ``test_fraction``, ``train_size``, ``test_size``, ``eval_seed``) or set
+    (``digits``, ``ops``, ``test_fraction``, ``train_size``, ``test_size``, ``eval_seed``,
+    ``long_fraction``, ``long_digits``) or set
     ``holdout`` (DAPO-Math); options a preset does not list are rejected.
     """
     p = get_preset(preset)
@@ -289,4 +290,6 @@ def _generate(p: DatasetPreset, split: str, limit: int | None, seed: int, opts: 
         digits=int(opts["digits"]),
         ops=str(opts["ops"]),
         test_fraction=float(opts["test_fraction"]),
+        long_fraction=float(opts["long_fraction"]),
+        long_digits=int(opts["long_digits"]),
     )

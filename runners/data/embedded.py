@@ -18,6 +18,12 @@ Difficulty knob: ``digits`` (operands have 1..digits digits, each length equally
 ``ops`` (which operations appear). Subtraction keeps ``a >= b`` (answers are non-negative);
 multiplication uses a single digit ``b`` in 2..9.
 
+Long-tailed lengths (T-PPO's setting, arXiv 2506.15050 section 1: a few long responses hold up a
+synchronous batch): with ``long_fraction`` > 0 that share of the problems has operands of
+``digits + 1 .. long_digits`` digits, one column line per digit, so their responses are several times
+longer (``long_digits=10``: ~100 characters against 15-45). With ``long_fraction=0`` (the default) the
+generator draws exactly the problems it drew before the option existed.
+
 Splits are disjoint by construction: a problem belongs to ``test`` when a hash of its canonical
 form (operands sorted for the commutative ``+`` and ``*``) falls below ``test_fraction``, so
 ``b+a`` never leaks the test problem ``a+b`` into training. Generation is deterministic in
@@ -120,12 +126,23 @@ def _sample_operand(rng: random.Random, digits: int) -> int:
     return rng.randint(0 if k == 1 else 10 ** (k - 1), 10**k - 1)
 
 
-def _sample_problem(rng: random.Random, digits: int, ops: str) -> tuple[int, str, int]:
+def _sample_long_operand(rng: random.Random, digits: int, long_digits: int) -> int:
+    k = rng.randint(digits + 1, long_digits)
+    return rng.randint(10 ** (k - 1), 10**k - 1)
+
+
+def _sample_problem(
+    rng: random.Random, digits: int, ops: str, long_fraction: float = 0.0, long_digits: int = 0
+) -> tuple[int, str, int]:
     op = rng.choice(ops)
-    a = _sample_operand(rng, digits)
+    long_ = long_fraction > 0 and rng.random() < long_fraction  # no extra draw without the long mix
+    if long_:
+        a = _sample_long_operand(rng, digits, long_digits)
+    else:
+        a = _sample_operand(rng, digits)
     if op == "*":
         return a, op, rng.randint(2, 9)
-    b = _sample_operand(rng, digits)
+    b = _sample_long_operand(rng, digits, long_digits) if long_ else _sample_operand(rng, digits)
     if op == "-" and a < b:
         a, b = b, a
     return a, op, b
@@ -155,8 +172,11 @@ def generate_embedded(
     digits: int = 3,
     ops: str = OPS,
     test_fraction: float = 0.1,
+    long_fraction: float = 0.0,
+    long_digits: int = 0,
 ) -> list[Example]:
-    """``n`` distinct problems of ``split``, deterministic in ``(seed, split, digits, ops)``.
+    """``n`` distinct problems of ``split``, deterministic in ``(seed, split, digits, ops)`` (and the long
+    mix: ``long_fraction`` of the problems with ``digits + 1 .. long_digits``-digit operands).
 
     ``split`` is ``train`` or ``test`` (``validation``/``val`` are aliases of ``test``). Raises
     ``ValueError`` naming the knob when the problem space of the split is too small for ``n``.
@@ -172,7 +192,14 @@ def generate_embedded(
         raise ValueError(f"embedded test_fraction must be in (0, 1), got {test_fraction!r}")
     if n < 0:
         raise ValueError(f"embedded n must be >= 0, got {n!r}")
-    rng = random.Random(f"trustbench-embedded:{seed}:{split}:{digits}:{''.join(sorted(set(ops)))}")
+    if not 0.0 <= long_fraction < 1.0:
+        raise ValueError(f"embedded long_fraction must be in [0, 1), got {long_fraction!r}")
+    if long_fraction > 0 and (not isinstance(long_digits, int) or long_digits <= digits):
+        raise ValueError(
+            f"embedded long_digits must be an integer > digits={digits} with long_fraction > 0, got {long_digits!r}"
+        )
+    key = f"trustbench-embedded:{seed}:{split}:{digits}:{''.join(sorted(set(ops)))}"
+    rng = random.Random(key + (f":long:{long_fraction}:{long_digits}" if long_fraction > 0 else ""))
     examples: list[Example] = []
     seen: set[tuple[int, str, int]] = set()
     attempts, max_attempts = 0, 100 * n + 10_000
@@ -183,7 +210,7 @@ def generate_embedded(
                 f"embedded {split} split with digits={digits}, ops={ops!r} has fewer than n={n} distinct "
                 f"problems (found {len(examples)}); raise digits or ask for fewer"
             )
-        problem = _sample_problem(rng, digits, ops)
+        problem = _sample_problem(rng, digits, ops, long_fraction, long_digits)
         if problem in seen or problem_split(*problem, test_fraction) != split:
             continue
         seen.add(problem)

@@ -134,6 +134,9 @@ register_preset(
             "train_size": 20000,
             "test_size": 512,
             "eval_seed": 0,
+            # long-tailed response lengths: this share of problems with digits+1..long_digits-digit operands
+            "long_fraction": 0.0,
+            "long_digits": 0,
         },
     )
 )

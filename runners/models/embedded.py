@@ -52,6 +52,9 @@ class EmbeddedRecipe:
     digits: int = 3
     ops: str = "+-*"
     n_train: int = 30_000
+    # long-tailed lengths (a T-PPO task): this share of the problems with digits+1..long_digits digits
+    long_fraction: float = 0.0
+    long_digits: int = 0
     # architecture: a transformers config of this family, shrunk (runners.models.tiny)
     arch: str = "llama"
     hidden_size: int = 64
@@ -74,9 +77,16 @@ class EmbeddedRecipe:
     version: int = RECIPE_VERSION
 
     def key(self) -> str:
-        """16 hex digits of a hash of every field (the cache folder name)."""
-        blob = json.dumps(asdict(self), sort_keys=True).encode()
+        """16 hex digits of a hash of every field (the cache folder name); the fields added later
+        (``ADDED_FIELDS``) enter only when they differ from their default, so recipes that existed
+        before keep their key (and their cached model)."""
+        data = {k: v for k, v in asdict(self).items() if k not in ADDED_FIELDS or v != ADDED_FIELDS[k]}
+        blob = json.dumps(data, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
+
+
+# fields added after the first recipes were cached, with their defaults (left out of the key at the default)
+ADDED_FIELDS = {"long_fraction": 0.0, "long_digits": 0}
 
 
 def make_recipe(**overrides: Any) -> EmbeddedRecipe:
@@ -161,7 +171,15 @@ def train_embedded_model(recipe: EmbeddedRecipe, *, progress: bool = True):
 
     started, started_cpu = time.perf_counter(), time.process_time()
     tokenizer = build_char_tokenizer(EMBEDDED_ALPHABET)
-    examples = generate_embedded(recipe.n_train, split="train", seed=recipe.seed, digits=recipe.digits, ops=recipe.ops)
+    examples = generate_embedded(
+        recipe.n_train,
+        split="train",
+        seed=recipe.seed,
+        digits=recipe.digits,
+        ops=recipe.ops,
+        long_fraction=recipe.long_fraction,
+        long_digits=recipe.long_digits,
+    )
     input_ids, attention_mask, labels = encode_sft_batch(examples, tokenizer)
     lengths = attention_mask.sum(dim=1)
     data_s = time.perf_counter() - started
@@ -293,7 +311,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     for temperature in (0.0, 1.0):
         result = evaluate_embedded(
-            model, tokenizer, n=args.n, temperature=temperature, digits=recipe.digits, ops=recipe.ops
+            model,
+            tokenizer,
+            n=args.n,
+            temperature=temperature,
+            digits=recipe.digits,
+            ops=recipe.ops,
+            long_fraction=recipe.long_fraction,
+            long_digits=recipe.long_digits,
+            max_new_tokens=96 if not recipe.long_fraction else 16 * recipe.long_digits,
         )
         print(
             f"temperature {temperature}: accuracy {result['accuracy']:.3f}, mean response length "

@@ -26,6 +26,8 @@ def evaluate_embedded(
     ops: str = "+-*",
     max_new_tokens: int = 96,
     batch_size: int = 256,
+    long_fraction: float = 0.0,
+    long_digits: int = 0,
 ) -> dict[str, Any]:
     """Mean reward over ``n`` test problems, one sample each (``temperature=0``: greedy).
 
@@ -37,7 +39,9 @@ def evaluate_embedded(
     from runners.data.rewards import REWARDS
     from runners.models.sampler import generate, make_generator
 
-    examples = generate_embedded(n, split="test", seed=seed, digits=digits, ops=ops)
+    examples = generate_embedded(
+        n, split="test", seed=seed, digits=digits, ops=ops, long_fraction=long_fraction, long_digits=long_digits
+    )
     generator = make_generator(next(model.parameters()).device, seed)
     rewards: list[float] = []
     lengths: list[float] = []

@@ -20,7 +20,8 @@ Three steps, one module each:
 - ``submission`` (``launch``): Hydra's submitit launcher takes one set of resources per launch, so
   cells are grouped by the resources they request (``runners.resources``: model size, backend,
   ``launcher.*``), every group is checked against the cluster before anything is queued, each group
-  is queued as one job array, and the command then waits for all jobs.
+  is queued as one job array, and the command then waits for all jobs. ``launcher=local`` runs the cells
+  in this process, or with ``launcher.parallel=N`` N at a time in child processes (``local_pool``).
 - ``results``: every cell's status marker read back (Hydra and submitit report a failed cell as a
   completed job), one line per cell.
 

@@ -1,7 +1,8 @@
 """Launching a planned sweep (``runners.sweep``): queue the cells, wait for them, keep how each ended.
 
 ``launch`` runs the plan's cells through the configured Hydra launcher: in this process
-(``launcher=local``, Hydra's basic launcher) or as submitit jobs, one job array per group of cells
+(``launcher=local``, Hydra's basic launcher; ``launcher.parallel=N``: N cells at a time, each in its
+own process, ``runners.sweep.local_pool``) or as submitit jobs, one job array per group of cells
 requesting the same resources (``_submit``); with ``tracking=server`` it first starts (or reuses)
 the MLflow server the jobs log to.
 """
@@ -79,7 +80,7 @@ def launch(
     extra = ["force=true"] if force else []
     try:
         if p.launcher == "local":
-            return _launch_in_process(p, hydra, master, cells, extra)
+            return _launch_local(p, hydra, master, cells, extra, stream)
         jobs, order = _submit(p, hydra, master, extra, stream)
         for cell in cells:
             if cell.action == "attach":
@@ -122,7 +123,14 @@ def _instantiate(hydra, master: DictConfig):
     )
 
 
-def _launch_in_process(p: SweepPlan, hydra, master, cells: list[Cell], extra: list[str]) -> list[Any]:
+def _launch_local(p: SweepPlan, hydra, master, cells: list[Cell], extra: list[str], stream) -> list[Any]:
+    """``launcher=local``: the cells one after another in this process, or with ``launcher.parallel=N``
+    up to N at a time, each in its own process (``runners.sweep.local_pool``)."""
+    parallel = int(p.cells[0].config["launcher"].get("parallel", 1))
+    if parallel > 1 and len(cells) > 1:
+        from runners.sweep.local_pool import run_parallel
+
+        return run_parallel(p, cells, extra, Path(str(master.hydra.sweep.dir)), parallel, stream)
     launcher = _instantiate(hydra, master)
     return list(launcher.launch([_job_overrides(p, c, extra) for c in cells], initial_job_idx=0))
 

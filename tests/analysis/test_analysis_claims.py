@@ -63,31 +63,74 @@ def test_every_registered_claim_is_offered_to_the_reports():
     assert set(ALL_CLAIMS) == set(REGISTRY_CLAIMS) == set(claim_keys())
 
 
-def _troll_methods(troll_kl=None):
-    return [_m("GRPO", "grpo"), _m("GRPO+TROLL", "grpo", "troll", post_update_kl=troll_kl)]
+def _troll_methods(troll_share=None, clip_share=None):
+    return [
+        _m("GRPO", "grpo", kl_over_eps=clip_share),
+        _m("GRPO+TROLL", "grpo", "troll", kl_over_eps=troll_share),
+    ]
 
 
-def test_troll_claim_passes_with_the_statistic_recomputed_from_the_curves():
+SHARE = metric_names.post_update_kl_frac_above(0.05)
+
+
+def _shares(spec, truth, label):
+    """Per seed: the mean over steps of the share of tokens above eps = 0.05, from the logged curves."""
+    return [truth[(label, s)]["curves"][SHARE][1].mean() for s in spec.seeds]
+
+
+def test_troll_claim_passes_with_the_per_token_statistic_recomputed_from_the_curves():
+    """TROLL leaves eps on 0.2% of tokens, Clip on 4%: both checks pass against the 1% tolerance."""
     spec, data, truth = _data(_troll_methods())
     outcome = _outcome(data, "troll_kl_bound")
     assert outcome.verdict == PASS
-    troll, clip = outcome.checks
+    troll, clip, diff = outcome.checks
     for check, label in ((troll, "GRPO+TROLL"), (clip, "GRPO")):
-        per_seed = [truth[(label, s)]["curves"][metric_names.POST_UPDATE_KL][1].max() / 0.05 for s in spec.seeds]
-        assert (check.ci.lo, check.ci.mean, check.ci.hi) == pytest.approx(_ci(per_seed), rel=1e-9)
-    assert troll.verdict == PASS and troll.ci.hi < 1 and clip.verdict == PASS and clip.ci.lo > 1
+        assert (check.ci.lo, check.ci.mean, check.ci.hi) == pytest.approx(_ci(_shares(spec, truth, label)), rel=1e-9)
+        assert SHARE in check.statistic and "KL(π_new ‖ π_old)" in check.statistic
+    assert troll.verdict == PASS and troll.ci.hi < 0.01 and clip.verdict == PASS and clip.ci.lo > 0.01
+    assert "KL(π_new ‖ π_old)" in outcome.claim.statement
+    paired = np.array(_shares(spec, truth, "GRPO+TROLL")) - np.array(_shares(spec, truth, "GRPO"))
+    assert (diff.ci.lo, diff.ci.mean, diff.ci.hi) == pytest.approx(_ci(paired), rel=1e-9)
+    assert not diff.counts and diff.verdict == PASS and "stale" not in troll.note
 
 
-def test_troll_claim_fails_when_troll_exceeds_eps_and_is_inconclusive_on_the_edge():
-    _, data, _ = _data(_troll_methods(troll_kl=0.1))  # twice eps = 0.05
-    assert _outcome(data, "troll_kl_bound").verdict == FAIL
-    spec, data, truth = _data(_troll_methods(troll_kl=0.04), seeds=(0, 1))  # max over steps near eps
+def test_troll_claim_fails_when_troll_leaves_eps_and_is_inconclusive_on_the_edge():
+    spec, data, truth = _data(_troll_methods(troll_share=0.1))  # TROLL looser than Clip: fail
     troll = _outcome(data, "troll_kl_bound").checks[0]
-    per_seed = [truth[("GRPO+TROLL", s)]["curves"][metric_names.POST_UPDATE_KL][1].max() / 0.05 for s in spec.seeds]
-    lo, _, hi = _ci(per_seed)
-    assert lo < 1 < hi and troll.verdict == INCONCLUSIVE
+    assert troll.verdict == FAIL and _ci(_shares(spec, truth, "GRPO+TROLL"))[0] > 0.01
+    assert _outcome(data, "troll_kl_bound").verdict == FAIL
+    _, data, _ = _data(_troll_methods(clip_share=0.001))  # Clip inside the region as well: its check fails
+    assert [c.verdict for c in _outcome(data, "troll_kl_bound").checks][:2] == [PASS, FAIL]
+    spec, data, truth = _data(_troll_methods(troll_share=0.01), seeds=(0, 1))  # at the tolerance: undecided
+    troll = _outcome(data, "troll_kl_bound").checks[0]
+    lo, _, hi = _ci(_shares(spec, truth, "GRPO+TROLL"))
+    assert lo < 0.01 < hi and troll.verdict == INCONCLUSIVE
+    assert _outcome(data, "troll_kl_bound").verdict == INCONCLUSIVE
     _, data, _ = _data(_troll_methods(), seeds=(0,))
     assert _outcome(data, "troll_kl_bound").verdict == INCONCLUSIVE  # one seed: no interval
+
+
+def test_troll_claim_uses_the_runs_eps_and_says_when_its_share_is_not_logged():
+    spec, data, truth = _data([_m("GRPO", "grpo"), _m("GRPO+TROLL", "grpo", "troll", params={"objective.eps": 0.1})])
+    troll, clip, _ = _outcome(data, "troll_kl_bound").checks
+    at_01 = metric_names.post_update_kl_frac_above(0.1)
+    assert troll.note == "" and clip.note == ""
+    assert at_01 in troll.statistic and at_01 in clip.statistic
+    per_seed = [truth[("GRPO", s)]["curves"][at_01][1].mean() for s in spec.seeds]
+    assert clip.ci.mean == pytest.approx(np.mean(per_seed), rel=1e-9)
+    _, data, _ = _data([_m("GRPO", "grpo"), _m("GRPO+TROLL", "grpo", "troll", params={"objective.eps": 0.03})])
+    outcome = _outcome(data, "troll_kl_bound")
+    assert outcome.verdict == NOT_CHECKED
+    assert all(c.verdict == NOT_CHECKED and "actor/post_update_kl_frac_above_0.03" in c.note for c in outcome.checks)
+
+
+def test_troll_claim_says_when_rollouts_are_stale():
+    """With stale rollouts TROLL's region (around the sampler) and the statistic's pi_old (the policy before
+    the update) differ: the check says so."""
+    stale = {"rollout.staleness": 1}
+    _, data, _ = _data([_m("GRPO", "grpo", params=stale), _m("GRPO+TROLL", "grpo", "troll", params=stale)])
+    troll = _outcome(data, "troll_kl_bound").checks[0]
+    assert "1 iteration(s) stale" in troll.note and "sampling policy" in troll.note
 
 
 def test_claims_without_their_runs_are_not_checked_and_say_why():
@@ -184,7 +227,7 @@ def test_claims_table_shows_verdicts_with_classes():
     _, data, _ = _data(_troll_methods())
     table = claims_table(data, claims=("troll_kl_bound", "tppo_time"))
     verdicts = list(table.display["verdict"])
-    assert verdicts == [PASS, PASS, PASS, NOT_CHECKED, NOT_CHECKED]
+    assert verdicts == [PASS, PASS, PASS, PASS, NOT_CHECKED, NOT_CHECKED]
     assert 'class="verdict-pass"' in table.to_html() and 'class="verdict-not-checked"' in table.to_html()
     only = claims_table(data, claims=("troll_kl_bound", "tppo_time"), show_unchecked=False)
-    assert len(only.display) == 3
+    assert len(only.display) == 4

@@ -103,3 +103,19 @@ def test_unknown_baseline_falls_back_with_a_note():
     table = comparison_table(data)
     assert any("no run matches the baseline" in n for n in table.notes)
     assert table.values.loc[(LABEL, "Better"), "verdict"] == "baseline"  # first label alphabetically
+
+
+def test_rollout_corrections_are_compared_with_the_uncorrected_run():
+    """verl's corrections (tag rollout_correction) are arms of their own, compared with the run without one,
+    both by the TRM report's baseline and by the default one; runs without the tag count as 'none'."""
+    data, _ = synthetic_data(profile("trm_acceptance", steps=20, seeds=(0, 1)))
+    trm = comparison_table(
+        data, baseline={"tags": {"mask": "none", "rollout_correction": "none"}, "match": ("algorithm",)}
+    )
+    base = trm.values.xs(LABEL, level="metric")["baseline"]
+    assert base["PPO-Clip + TIS"] == "PPO-Clip" and base["PPO-Clip"] == "PPO-Clip" and base["TRM-Max"] == "PPO-Clip"
+    default = comparison_table(data).values.xs(LABEL, level="metric")["baseline"]
+    assert default["PPO-Clip + TIS"] == "PPO-Clip"
+    runs = data.runs.drop(columns=[f"tags.{metric_names.TAG_ROLLOUT_CORRECTION}"])  # runs logged before the tag
+    old = comparison_table(ExperimentData(runs=runs, metrics=data.metrics)).values.xs(LABEL, level="metric")
+    assert old["baseline"]["PPO-Clip"] == "PPO-Clip"

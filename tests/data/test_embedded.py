@@ -124,3 +124,61 @@ def test_ops_knob_and_clear_errors():
         generate_embedded(5, split="dev")
     with pytest.raises(ValueError, match="ops"):
         generate_embedded(5, ops="/")
+
+
+def test_long_mix_gives_long_tailed_responses():
+    """long_fraction of the problems get digits+1..long_digits-digit operands (a binomial share), one column
+    line per digit: their responses are several times longer than the others; every answer is still
+    Python's, splits stay disjoint, and the mix is deterministic."""
+    n, p = 2000, 0.1
+    examples = generate_embedded(n, seed=3, digits=3, long_fraction=p, long_digits=10)
+    long_ = [e for e in examples if e.meta["columns"] > 3]
+    share = len(long_) / n
+    assert abs(share - p) < 4 * (p * (1 - p) / n) ** 0.5  # within 4 binomial standard deviations
+    assert all(4 <= e.meta["columns"] <= 10 and max(e.meta["a"], e.meta["b"]) < 10**10 for e in long_)
+    assert all(int(e.answer) == PY_OPS[e.meta["op"]](e.meta["a"], e.meta["b"]) for e in examples)
+    short = [len(e.solution) for e in examples if e.meta["columns"] <= 3]
+    assert sum(len(e.solution) for e in long_) / len(long_) > 2.5 * sum(short) / len(short)
+    assert max(len(e.solution) for e in long_) > 3 * max(short) - 10
+    again = generate_embedded(n, seed=3, digits=3, long_fraction=p, long_digits=10)
+    assert [e.prompt for e in again] == [e.prompt for e in examples]
+    test = {e.prompt for e in generate_embedded(300, split="test", long_fraction=p, long_digits=10)}
+    assert not test & {e.prompt for e in examples}
+
+
+def test_without_the_long_mix_the_generator_draws_what_it_drew_before():
+    """long_fraction=0 consumes no extra random draw: the problems are those of the generator without the
+    option (re-implemented here from the documented sampling rule: op, then the operands)."""
+    import random
+
+    rng = random.Random("trustbench-embedded:5:train:3:*+-")
+    expected = []
+    while len(expected) < 30:
+        op = rng.choice("+-*")
+        k = rng.randint(1, 3)
+        a = rng.randint(0 if k == 1 else 10 ** (k - 1), 10**k - 1)
+        if op == "*":
+            b = rng.randint(2, 9)
+        else:
+            k = rng.randint(1, 3)
+            b = rng.randint(0 if k == 1 else 10 ** (k - 1), 10**k - 1)
+            a, b = (b, a) if op == "-" and a < b else (a, b)
+        if problem_split(a, op, b) == "train" and f"{a}{op}{b}=?\n" not in expected:
+            expected.append(f"{a}{op}{b}=?\n")
+    assert [e.prompt for e in generate_embedded(30, seed=5, long_fraction=0.0)] == expected
+
+
+def test_long_mix_errors_name_the_knob():
+    with pytest.raises(ValueError, match="long_fraction"):
+        generate_embedded(5, long_fraction=1.0, long_digits=6)
+    with pytest.raises(ValueError, match="long_digits"):
+        generate_embedded(5, digits=3, long_fraction=0.1, long_digits=3)
+
+
+def test_dataset_options_reach_the_long_mix():
+    from runners.data.datasets import load_examples
+
+    plain = load_examples("embedded", split="train", limit=300)
+    mixed = load_examples("embedded", split="train", limit=300, long_fraction=0.2, long_digits=8)
+    assert max(e.meta["columns"] for e in plain) == 3
+    assert 20 < sum(e.meta["columns"] > 3 for e in mixed) < 100 and max(e.meta["columns"] for e in mixed) <= 8

@@ -119,3 +119,14 @@ def test_built_model_is_saved_with_a_portable_tokenizer(tmp_path):
     tokenizer = AutoTokenizer.from_pretrained(folder)
     text = "5*7=?\n5*7=35\n\\boxed{35}"
     assert tokenizer.decode(tokenizer(text).input_ids, skip_special_tokens=True) == text
+
+
+def test_recipe_fields_added_later_keep_the_old_key_at_their_default():
+    """The long-mix fields enter the cache key only when set: the default recipe's key is the hash of the
+    fields it had before them (recomputed here), so an existing cached model is still found."""
+    import dataclasses
+    import hashlib
+
+    old = {k: v for k, v in dataclasses.asdict(make_recipe()).items() if k not in ("long_fraction", "long_digits")}
+    assert make_recipe().key() == hashlib.sha256(json.dumps(old, sort_keys=True).encode()).hexdigest()[:16]
+    assert make_recipe(long_fraction=0.1, long_digits=10).key() != make_recipe().key()

@@ -42,6 +42,8 @@ def demo_report(tmp_path_factory):
 
         fast = [o for o in TINY if not o.startswith(("trainer.total_steps", "trainer.eval_every"))]
         fast += ["trainer.total_steps=3", "trainer.eval_every=3", "trainer.mini_batch_prompts=1"]
+        # in this process: the test's reward (tests.backends._tiny) is registered here, not in child processes
+        fast += ["launcher.parallel=1"]
         plan = sweep.plan("demo", fast)
         assert len(plan.cells) >= 6
         sweep.launch(plan)

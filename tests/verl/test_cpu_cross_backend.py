@@ -16,7 +16,7 @@ gradient.
 The post-update diagnostics too: iteration 2's last update left the weights of verl's final
 checkpoint, so the built-in backend's ``post_update_metrics`` with that model on iteration 2's
 dumped batch (its pi_old top-K and old log-probs) must give verl's ``actor/post_update_kl``,
-``actor/post_update_kl_max`` and ``gtpo/conflict_prob_delta`` of step 2.
+``actor/post_update_kl_max``, ``actor/post_update_kl_frac_above_<eps>`` and ``gtpo/conflict_prob_delta`` of step 2.
 
 Run: ``pytest -m verl_cpu tests/verl/test_cpu_cross_backend.py`` (uses the stage's runs).
 """
@@ -196,6 +196,11 @@ def test_post_update_diagnostics_equal_builtin(cpu_stage, name):
     for key, value in expected.items():
         got = dict(cpu_stage.history(cell.result["run_id"], key))[step]
         assert got == pytest.approx(value, rel=REL, abs=1e-7), (key, got, value)
-    diagnostics = (metric_names.POST_UPDATE_KL, metric_names.POST_UPDATE_KL_MAX, metric_names.GTPO_CONFLICT_PROB_DELTA)
+    diagnostics = (
+        metric_names.POST_UPDATE_KL,
+        metric_names.POST_UPDATE_KL_MAX,
+        metric_names.GTPO_CONFLICT_PROB_DELTA,
+        *map(metric_names.post_update_kl_frac_above, metric_names.POST_UPDATE_KL_THRESHOLDS),
+    )
     at_step = {key for key in diagnostics if step in dict(cpu_stage.history(cell.result["run_id"], key))}
     assert at_step == set(expected)  # verl logged exactly what the built-in path computes for this batch

@@ -6,7 +6,7 @@ One no-grad forward of the updated model over the batch gives, against pi_old (t
   KL(pi_new || pi_old) per token, the divergence TROLL's trust region bounds (TROLL, arXiv 2510.03817,
   eq. 4), on pi_old's top-K plus one rest bin: exact when the kept tokens cover the vocabulary, a lower
   bound otherwise (coarse-graining never increases a KL). Every method logs it, so TROLL's region can be
-  compared with what clipping does;
+  compared with what clipping does; ``actor/post_update_kl_frac_above_<eps>``: the share of tokens above eps;
 - ``gtpo/conflict_prob_delta``: the mean change of log pi of the sampled tokens on conflict spans
   (GTPO, arXiv 2508.03772, section 5.1: the same token at the same forward or backward position of a
   positive and a negative response of a group), for every method with prompt groups, so GTPO's
@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 
 from runners import metric_names as names
-from runners.algorithms.diagnostics import coarse_reverse_kl, conflict_tokens
+from runners.algorithms.diagnostics import coarse_reverse_kl, conflict_tokens, kl_exceedance
 from runners.algorithms.numerics import token_logprobs
 
 
@@ -44,6 +44,7 @@ def post_update_metrics(forward, data: dict, old: dict, advantages: Tensor, *, c
         kl = torch.cat(kls)[real]
         out[names.POST_UPDATE_KL] = float(kl.mean())
         out[names.POST_UPDATE_KL_MAX] = float(kl.max())
+        out.update(kl_exceedance(kl))
     if data["group_index"] is not None and data["group_index"].unique().numel() < mask.shape[0]:
         conflicts = conflict_tokens(data, advantages, mask)
         if bool(conflicts.any()):

@@ -2,7 +2,7 @@
 
 Design: the built-in trainer logs for every method (``runners.backends.local``)
 
-- ``actor/post_update_kl`` / ``_max`` and ``gtpo/conflict_prob_delta`` from one no-grad forward of the
+- ``actor/post_update_kl`` / ``_max`` / ``_frac_above_<eps>`` and ``gtpo/conflict_prob_delta`` from one no-grad forward of the
   updated policy (phase ``post_update``; switch: ``trainer.post_update_diagnostics``);
 - ``timing_cpu_s/<phase>``: CPU seconds beside each wall-time phase;
 - ``perf/load_avg_1m`` and ``perf/cpu_count_available``.
@@ -100,7 +100,7 @@ def _group_ids(uids: list) -> Any:
 def post_update_metrics(data: dict) -> dict[str, float]:
     """The post-update metrics from [B,T] tensors of the real rows: ``kl`` (per token), ``new_logp``,
     ``old_logp``, ``advantages``, ``mask``, ``responses`` and the prompt ``uids`` (list)."""
-    from runners.algorithms.diagnostics import conflict_tokens
+    from runners.algorithms.diagnostics import conflict_tokens, kl_exceedance
 
     mask = data["mask"]
     real = mask > 0
@@ -109,6 +109,7 @@ def post_update_metrics(data: dict) -> dict[str, float]:
         kl = data["kl"][real]
         out[metric_names.POST_UPDATE_KL] = float(kl.double().mean())
         out[metric_names.POST_UPDATE_KL_MAX] = float(kl.max())
+        out.update(kl_exceedance(kl))
     groups = _group_ids(data["uids"])
     if groups.unique().numel() < mask.shape[0]:
         spans = {"responses": data["responses"], "mask": mask, "group_index": groups}
