@@ -21,14 +21,13 @@ the MLflow run and hands this class a ``RunTracker``.
 
 from __future__ import annotations
 
-import copy
 import random
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from runners import metric_names as names
 from runners.algorithms import ESTIMATORS, ROLLOUT_CORRECTIONS
@@ -43,10 +42,9 @@ from runners.backends.local.actor import UpdateSettings, old_pass, update_actor
 from runners.backends.local.batching import micro_rows, policy_mask, to_device
 from runners.backends.local.critic import CriticSettings, update_critic
 from runners.backends.local.diagnostics import post_update_metrics
-from runners.backends.local.evaluate import Evaluator
-from runners.backends.local.policy import ValueModel, segment_logits
-from runners.backends.local.rollout import RolloutManager
+from runners.backends.local.policy import segment_logits
 from runners.backends.local.rollout_policy import RolloutPolicy
+from runners.backends.local.setup import Codec, build_data, build_models, select_device
 from runners.backends.local.step_metrics import (
     PhaseTimer,
     acceptance_metrics,
@@ -57,9 +55,6 @@ from runners.backends.local.step_metrics import (
     progress,
     throughput_metrics,
 )
-from runners.config.validate import ConfigError
-from runners.data.prompts import encode_prompt
-from runners.data.rewards import compute_reward
 from runners.models.sampler import generate, make_generator
 from runners.resources import default_threads
 
@@ -75,16 +70,13 @@ class LocalTrainer:
         self.stop_requested = False
         t = cfg.trainer
         torch.set_num_threads(cfg.backend.num_threads or default_threads())
-        if cfg.backend.device == "cuda" and not torch.cuda.is_available():
-            raise ConfigError("backend.device", "cuda, but this machine has no CUDA device: use auto or cpu")
-        self.device = torch.device(
-            "cuda"
-            if cfg.backend.device == "cuda" or (cfg.backend.device == "auto" and torch.cuda.is_available())
-            else "cpu"
-        )
+        self.device = select_device(cfg.backend.device)
         _seed_everything(cfg.seed)
         self.method = Method.from_config(cfg)
-        self._build_models(cfg)
+        m = build_models(cfg, needs_critic=self.method.requires("critic"), device=self.device)
+        self.model, self.tokenizer, self.ref_model, self.critic = m.model, m.tokenizer, m.ref_model, m.critic
+        self.optimizer, self.scheduler, self.critic_optimizer = m.optimizer, m.scheduler, m.critic_optimizer
+        self.pad_id, self.eos_id = self.tokenizer.pad_token_id, self.tokenizer.eos_token_id
         self.rollout_policy = RolloutPolicy(self.model, staleness=cfg.rollout.staleness, dtype=cfg.rollout.dtype)
         self._sampler = self.model
         self.estimator = ESTIMATORS.get(self.method.estimator)
@@ -98,7 +90,8 @@ class LocalTrainer:
             grad_clip=t.grad_clip,
             logprob_precision=t.logprob_precision,
         )
-        self._build_data(cfg)
+        self.codec = Codec(cfg, self.tokenizer)
+        self.rollout, self.evaluator = build_data(cfg, self.codec, pad_id=self.pad_id, eos_id=self.eos_id)
         # sampling draws on the model's device; the mini-batch order is drawn on the CPU (randperm)
         self.sample_generator = make_generator(self.device, cfg.seed + 1)
         self.shuffle_generator = torch.Generator(device="cpu").manual_seed(cfg.seed + 2)
@@ -106,90 +99,6 @@ class LocalTrainer:
     @classmethod
     def discard_checkpoints(cls, run_dir: str | Path) -> None:
         ckpt.discard(run_dir)
-
-    # -- construction -----------------------------------------------------------------------------
-    def _build_models(self, cfg: DictConfig) -> None:
-        from runners.models.loader import load_model
-
-        t = cfg.trainer
-        self.model, self.tokenizer = load_model(
-            cfg.model.kind,
-            path=cfg.model.path,
-            arch=cfg.model.arch,
-            dtype=cfg.model.dtype,
-            **OmegaConf.to_container(cfg.model.options, resolve=True),
-        )
-        self.model.to(self.device)
-        self.pad_id = self.tokenizer.pad_token_id
-        self.eos_id = self.tokenizer.eos_token_id
-        self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False) if t.kl_coef > 0 else None
-        self.critic = ValueModel(self.model).to(self.device) if self.method.requires("critic") else None
-        betas = (t.adam_beta1, t.adam_beta2)
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=t.lr, betas=betas, weight_decay=t.weight_decay)
-        warm = max(int(t.warmup_steps), 0)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda s: min(1.0, (s + 1) / warm) if warm else 1.0
-        )
-        self.critic_optimizer = (
-            torch.optim.AdamW(self.critic.parameters(), lr=t.critic_lr, betas=betas)
-            if self.critic is not None
-            else None
-        )
-
-    def _build_data(self, cfg: DictConfig) -> None:
-        from runners.data.splits import eval_examples, train_examples
-
-        t = cfg.trainer
-        tokens = dict(pad_token_id=self.pad_id, eos_token_id=self.eos_id)
-        self.rollout = RolloutManager(
-            examples=self._fit_prompts(train_examples(cfg), "train"),
-            encode_prompt=self._encode,
-            decode=self._decode,
-            reward=self._reward,
-            prompts_per_step=t.prompts_per_step,
-            n=t.n,
-            max_response_length=cfg.rollout.max_response_length,
-            mode=cfg.rollout.mode,
-            window=cfg.rollout.window,
-            seed=cfg.seed,
-            **tokens,
-        )
-        self.evaluator = Evaluator(
-            examples=self._fit_prompts(eval_examples(cfg), "eval"),
-            encode=self._encode,
-            decode=self._decode,
-            reward=self._reward,
-            n=t.eval_n,
-            temperature=t.eval_temperature,
-            top_p=cfg.rollout.top_p,
-            max_new_tokens=cfg.rollout.max_response_length,
-            batch_size=max(t.prompts_per_step * t.n, 32),
-            **tokens,
-        )
-
-    # -- data helpers ------------------------------------------------------------------------------
-    def _encode(self, example) -> list[int]:
-        return encode_prompt(example, self.tokenizer, chat=self.cfg.model.chat_template)
-
-    def _decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=True)
-
-    def _reward(self, example, response: str) -> float:
-        return compute_reward(example.reward_fn, response, example.answer, prompt=example.prompt_text())
-
-    def _fit_prompts(self, examples: list, split: str) -> list:
-        limit = self.cfg.rollout.max_prompt_length
-        if not examples:
-            raise ConfigError("dataset.name", f"the {split} split of dataset {self.cfg.dataset.name!r} is empty")
-        lengths = [len(self._encode(e)) for e in examples]
-        kept = [e for e, n in zip(examples, lengths) if n <= limit]
-        if not kept:
-            raise ConfigError(
-                "rollout.max_prompt_length",
-                f"no {split} prompt of dataset {self.cfg.dataset.name!r} fits in {limit} tokens "
-                f"(the shortest of its {len(examples)} has {min(lengths)} tokens)",
-            )
-        return kept
 
     def _generate(self, input_ids, attention_mask, max_new_tokens):
         return generate(
@@ -357,16 +266,7 @@ class LocalTrainer:
         return metrics
 
     def _update_critic(self, batch, data, values, returns) -> dict[str, float]:
-        t = self.cfg.trainer
-        settings = CriticSettings(
-            ppo_epochs=t.ppo_epochs,
-            micro_batch_size=t.micro_batch_size,
-            grad_clip=t.grad_clip,
-            value_clip_low=t.value_clip_low,
-            value_clip_high=t.value_clip_high,
-            gamma=float(self.method.estimator_kw.get("gamma", 1.0)),
-            truncated=self.cfg.rollout.mode == "truncated",
-        )
+        settings = CriticSettings.from_config(self.cfg, self.method)
         return update_critic(
             self.critic, self.critic_optimizer, batch, data, values, returns, settings=settings, pad_id=self.pad_id
         )
