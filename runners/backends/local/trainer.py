@@ -6,8 +6,10 @@ One iteration (``LocalTrainer.step``), with the metric names' phases:
    T-PPO window) with the KV-cache sampler (``runners.models.sampler``) and scores finished ones.
 2. ``timing_s/old_log_prob``: a no-grad forward gives log pi_old, token entropy and, when the method
    needs it (``Method.requires("sparse_old")``: TROLL, exact-KL TRM), its sparse top-K form
-   (``actor.old_pass``). Reference log-probs (``kl_coef > 0``) and critic values follow
-   (``timing_s/ref``, ``timing_s/values``).
+   (``actor.old_pass``). Where that forward would repeat the update's (``_old_from_update``: on-policy
+   sampler, one epoch of one mini-batch, nothing needs pi_old before the update) the update fills the
+   same entries from its own forward instead. Reference log-probs (``kl_coef > 0``) and critic values
+   follow (``timing_s/ref``, ``timing_s/values``).
 3. ``timing_s/adv``: the estimator turns rewards (and values) into advantages.
 4. The entropy controller updates once per iteration from the batch entropy, before the update.
 5. ``timing_s/update_actor``: epochs x mini-batches of whole prompt groups (``batching``), each
@@ -34,15 +36,15 @@ from runners.algorithms import ESTIMATORS, ROLLOUT_CORRECTIONS
 from runners.algorithms.method import Method
 from runners.algorithms.numerics import token_logprobs
 from runners.algorithms.policy_loss import PolicyLoss
-from runners.algorithms.rollout_correction import offpolicy_metrics, prefixed
+from runners.algorithms.rollout_correction import no_correction, offpolicy_metrics, prefixed
 from runners.algorithms.types import AdvantageInputs
 from runners.backends.base import StopRequested, check_finite, pause
 from runners.backends.local import checkpoint as ckpt
-from runners.backends.local.actor import UpdateSettings, old_pass, update_actor
+from runners.backends.local.actor import OldFromUpdate, UpdateSettings, old_pass, update_actor
 from runners.backends.local.batching import micro_rows, policy_mask, to_device
 from runners.backends.local.critic import CriticSettings, update_critic
 from runners.backends.local.diagnostics import post_update_metrics
-from runners.backends.local.policy import segment_logits
+from runners.backends.local.policy import dropout_free, segment_logits
 from runners.backends.local.rollout_policy import RolloutPolicy
 from runners.backends.local.setup import Codec, build_data, build_models, select_device
 from runners.backends.local.step_metrics import (
@@ -161,11 +163,12 @@ class LocalTrainer:
         with timer("gen"), torch.inference_mode():
             batch = self.rollout.step(self._generate)
         data = to_device(batch, self.device)
+        fused = self._old_from_update()  # None: a separate old-log-prob pass
         with timer("old_log_prob"):
-            old = self._old_pass(data)
+            old = {} if fused else self._old_pass(data)
         values, advantages, returns = self._advantages(timer, batch, data, old)
         correction = ROLLOUT_CORRECTIONS.get(self.method.rollout_correction)(
-            old["logp"], data["rollout_logp"], data["mask"], **self.method.rollout_correction_kw
+            old.get("logp"), data["rollout_logp"], data["mask"], **self.method.rollout_correction_kw
         )
         mask = policy_mask(
             correction.response_mask,
@@ -173,8 +176,7 @@ class LocalTrainer:
             truncated=cfg.rollout.mode == "truncated",
             drop_last_k=cfg.rollout.drop_last_k,
         )
-        entropy = float(masked_mean(old["entropy"], data["mask"]))
-        controller_metrics = self.controller.update(entropy)  # once per iteration, before the update
+        entropy, controller_metrics = (None, {}) if fused else self._update_controller(old, data)
         with timer("update_actor"):
             metrics, seq_masks = update_actor(
                 self.model,
@@ -189,7 +191,10 @@ class LocalTrainer:
                 shuffle=self.shuffle_generator,
                 h_ini=self.h_ini,
                 is_weights=correction.is_weights,
+                fill_old=fused,
             )
+        if fused:  # a controller that needs no batch entropy ends in the same state either side of the update
+            entropy, controller_metrics = self._update_controller(old, data)
         self.rollout_policy.after_update()
         if t.post_update_diagnostics:
             with timer("post_update"):
@@ -208,6 +213,27 @@ class LocalTrainer:
             )
         )
         return self._finish_step(metrics, timer, batch)
+
+    def _update_controller(self, old: dict, data: dict) -> tuple[float, dict[str, float]]:
+        """The batch's token-mean entropy under pi_old and the entropy controller's update from it."""
+        entropy = float(masked_mean(old["entropy"], data["mask"]))
+        return entropy, self.controller.update(entropy)
+
+    def _old_from_update(self) -> OldFromUpdate | None:
+        """What the update fills in for the old-log-prob pass, when that pass would repeat its first forward.
+
+        pi_old is then the policy of the update's forward of every row: the trained model sampled the batch
+        (``rollout.staleness=0``, the model's dtype), one epoch of one mini-batch, no dropout in training mode.
+        Its consumers before the update must not need it: no batch-entropy controller, no rollout correction.
+        """
+        t, method = self.cfg.trainer, self.method
+        on_policy = self._sampler is self.model and t.ppo_epochs == 1 and self.update_settings.mini_batch_share >= 1
+        before_update = (
+            method.requires("batch_entropy") or ROLLOUT_CORRECTIONS.get(method.rollout_correction) is not no_correction
+        )
+        if not on_policy or before_update or not dropout_free(self.model):
+            return None
+        return OldFromUpdate(method, t.logprob_precision, bool(t.post_update_diagnostics))
 
     def _old_pass(self, data: dict) -> dict:
         """log pi_old with the trained model; the sampling policy's sparse distribution with the copy it sampled with."""
