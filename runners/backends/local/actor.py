@@ -5,8 +5,8 @@ method needs it (TROLL, exact-KL TRM: ``Method.requires("sparse_old")``), the ol
 sparse top-K form (``old_entries`` per chunk of rows). Where that forward would repeat the update's
 first one (``OldFromUpdate``: on-policy, one epoch of one mini-batch) ``update_actor`` stores the same
 entries from each micro-batch's own logits, detached, before its loss reads them, and the pass is
-skipped (TRL skips it in the same case). ``update_actor`` runs the epochs and mini-batches; every micro-batch goes through
-``micro_batch_loss``, which builds ``PolicyInputs`` from the trainer's tensors and calls the shared
+skipped (TRL skips it in the same case). ``update_actor`` runs the epochs and mini-batches; every
+micro-batch goes through ``micro_batch_loss``, which builds ``PolicyInputs`` from the trainer's tensors and calls the shared
 ``runners.algorithms.policy_loss.PolicyLoss`` (the function the verl plugins call too). Sample-based
 masks compare with ``rollout_logp``, the sampler's own log-probs of the drawn tokens.
 """

@@ -15,6 +15,7 @@ One iteration (``LocalTrainer.step``), with the metric names' phases:
 5. ``timing_s/update_actor``: epochs x mini-batches of whole prompt groups (``batching``), each
    micro-batch's loss from the shared ``runners.algorithms.policy_loss.PolicyLoss`` (``actor``).
 6. ``timing_s/update_critic``: clipped value regression (PPO, T-PPO: ``critic``).
+7. ``perf/mfu/actor`` and Roofline points per phase from model FLOPs (``perf``, ``flops``, ``hardware``).
 
 What the method needs is read from its registry declarations (``runners.algorithms.method``),
 never from component names. Run it through ``trustbench run`` (see README); ``runners.run.run`` opens
@@ -44,6 +45,8 @@ from runners.backends.local.actor import OldFromUpdate, UpdateSettings, old_pass
 from runners.backends.local.batching import micro_rows, policy_mask, to_device
 from runners.backends.local.critic import CriticSettings, update_critic
 from runners.backends.local.diagnostics import post_update_metrics
+from runners.backends.local.hardware import machine_ceiling
+from runners.backends.local.perf import model_shape, perf_metrics
 from runners.backends.local.policy import dropout_free, segment_logits
 from runners.backends.local.rollout_policy import RolloutPolicy
 from runners.backends.local.setup import Codec, build_data, build_models, select_device
@@ -79,6 +82,7 @@ class LocalTrainer:
         self.model, self.tokenizer, self.ref_model, self.critic = m.model, m.tokenizer, m.ref_model, m.critic
         self.optimizer, self.scheduler, self.critic_optimizer = m.optimizer, m.scheduler, m.critic_optimizer
         self.pad_id, self.eos_id = self.tokenizer.pad_token_id, self.tokenizer.eos_token_id
+        self.shape, self.ceiling = model_shape(self.model), machine_ceiling(self.device)  # MFU, Roofline
         self.rollout_policy = RolloutPolicy(self.model, staleness=cfg.rollout.staleness, dtype=cfg.rollout.dtype)
         self._sampler = self.model
         self.estimator = ESTIMATORS.get(self.method.estimator)
@@ -212,7 +216,7 @@ class LocalTrainer:
                 batch, data["mask"], old["logp"], advantages, returns, values, entropy, cfg.rollout.max_response_length
             )
         )
-        return self._finish_step(metrics, timer, batch)
+        return self._finish_step(metrics, timer, batch, old_pass=not fused)
 
     def _update_controller(self, old: dict, data: dict) -> tuple[float, dict[str, float]]:
         """The batch's token-mean entropy under pi_old and the entropy controller's update from it."""
@@ -279,11 +283,13 @@ class LocalTrainer:
             precision=self.cfg.trainer.logprob_precision,
         )
 
-    def _finish_step(self, metrics: dict[str, float], timer: PhaseTimer, batch) -> dict[str, float]:
-        """Timing (wall and CPU), throughput, memory, load and learning rate; advances the schedule."""
+    def _finish_step(self, metrics: dict[str, float], timer: PhaseTimer, batch, old_pass: bool) -> dict[str, float]:
+        """Timing (wall and CPU), throughput, MFU and Roofline points, memory, load, learning rate; advances the schedule."""
         timing = timer.metrics()
         metrics.update(timing)
         metrics.update(throughput_metrics(batch, timing))
+        settings = self.update_settings
+        metrics.update(perf_metrics(self.shape, self.ceiling, batch, timing, old_pass=old_pass, settings=settings))
         metrics.update(load_metrics())
         if self.device.type == "cuda":
             metrics[names.MAX_MEMORY_ALLOCATED_GB] = torch.cuda.max_memory_allocated() / 2**30
