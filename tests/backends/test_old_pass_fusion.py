@@ -138,5 +138,19 @@ def test_update_refuses_to_fill_the_old_pass_after_an_optimiser_step():
             torch.ones(2, 2),
             settings=UpdateSettings(2, 1.0, 0, 1.0, "fp32"),
             shuffle=torch.Generator(),
-            fill_old=OldFromUpdate(None, "fp32", False),
+            fill_old=OldFromUpdate(None, False),
         )
+
+
+def test_the_old_pass_entropy_is_the_guarded_entropy():
+    from runners.algorithms.numerics import entropy_from_logits
+    from runners.backends.local.actor import pi_old_entropy
+
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(3, 5, 1000, generator=g) * 4
+    assert torch.equal(pi_old_entropy(logits), entropy_from_logits(logits))  # the same arithmetic, bitwise
+    masked = logits.clone()
+    masked[0, 1, :990] = float("-inf")  # a filtered vocabulary: the guarded version's case
+    masked[1, 2, :] = float("-inf")  # no distribution at all: entropy 0
+    assert torch.equal(pi_old_entropy(masked), entropy_from_logits(masked))
+    assert not torch.isnan(pi_old_entropy(masked)).any()

@@ -6,9 +6,10 @@ sparse top-K form (``old_entries`` per chunk of rows). Where that forward would 
 first one (``OldFromUpdate``: on-policy, one epoch of one mini-batch) ``update_actor`` stores the same
 entries from each micro-batch's own logits, detached, before its loss reads them, and the pass is
 skipped (TRL skips it in the same case). ``update_actor`` runs the epochs and mini-batches; every
-micro-batch goes through ``micro_batch_loss``, which builds ``PolicyInputs`` from the trainer's tensors and calls the shared
-``runners.algorithms.policy_loss.PolicyLoss`` (the function the verl plugins call too). Sample-based
-masks compare with ``rollout_logp``, the sampler's own log-probs of the drawn tokens.
+micro-batch goes through ``micro_batch_loss``, which builds ``PolicyInputs`` from the trainer's
+tensors and calls the shared ``runners.algorithms.policy_loss.PolicyLoss`` (the function the verl
+plugins call too). Sample-based masks compare with ``rollout_logp``, the sampler's own log-probs of
+the drawn tokens.
 """
 
 from __future__ import annotations
@@ -54,6 +55,18 @@ def _sparse(logits: Tensor, responses: Tensor, sparse: dict) -> tuple[Tensor, Te
     return idx.reshape(shape).long(), lp.reshape(shape)
 
 
+def pi_old_entropy(logits: Tensor) -> Tensor:
+    """``entropy_from_logits`` without its guards for ``-inf`` logits, for no-grad use: the same arithmetic
+    (``-sum exp(logp) logp``, ``logp = x - logsumexp(x)``) in 3 passes over [rows,T,V] instead of ~10;
+    rows it cannot handle (a NaN result: ``-inf`` or non-finite logits) fall back to the guarded version."""
+    x = logits.float()
+    logp = x - torch.logsumexp(x, dim=-1, keepdim=True)
+    entropy = -(logp.exp() * logp).sum(-1)
+    if bool(torch.isnan(entropy).any()):
+        return entropy_from_logits(logits)
+    return entropy
+
+
 def old_entries(
     logits: Tensor,
     responses: Tensor,
@@ -62,16 +75,17 @@ def old_entries(
     precision: str,
     diagnostics: bool = False,
     rollout_logits: Tensor | None = None,
+    logp: Tensor | None = None,
 ) -> dict[str, Tensor]:
     """The old pass's entries for one chunk of rows from pi_old's logits [rows,T,V] (call without grad).
 
-    ``logp`` and ``entropy`` [rows,T]; ``pi_old_topk_index/logp`` (``diagnostics``) and, when the method
-    needs them, ``old_topk_index/logp``: the sampling policy's top-K, from ``rollout_logits`` when it
-    is a separate copy, else from ``logits``.
+    ``logp`` (given: already computed from these logits) and ``entropy`` [rows,T]; ``pi_old_topk_index/logp``
+    (``diagnostics``) and, when the method needs them, ``old_topk_index/logp``: the sampling policy's
+    top-K, from ``rollout_logits`` when it is a separate copy, else from ``logits``.
     """
     out = {
-        "logp": token_logprobs(logits, responses, precision=precision),
-        "entropy": entropy_from_logits(logits),
+        "logp": token_logprobs(logits, responses, precision=precision) if logp is None else logp,
+        "entropy": pi_old_entropy(logits),
     }
     needs_sparse = method.requires("sparse_old")
     own = _sparse(logits, responses, method.sparse) if (needs_sparse or diagnostics) else None
@@ -130,8 +144,25 @@ class OldFromUpdate:
     """
 
     method: object  # runners.algorithms.method.Method
-    precision: str
-    diagnostics: bool
+    diagnostics: bool  # also pi_old's own top-K (post-update KL)
+
+
+def _fill_old(fill: OldFromUpdate, old: dict, logits: Tensor, data: dict, rows: Tensor, settings, batch: int) -> dict:
+    """Store micro-batch ``rows``' old-pass entries from its own logits; returns its differentiable log-probs
+    for the loss (one log-softmax serves both)."""
+    responses = data["responses"][rows]
+    logp = token_logprobs(logits, responses, precision=settings.logprob_precision)
+    with torch.no_grad():
+        entries = old_entries(
+            logits.detach(),
+            responses,
+            method=fill.method,
+            precision=settings.logprob_precision,
+            diagnostics=fill.diagnostics,
+            logp=logp.detach(),
+        )
+    _store(old, rows, entries, batch)
+    return {"logp": logp}
 
 
 def _store(old: dict[str, Tensor], rows: Tensor, entries: dict[str, Tensor], batch: int) -> None:
@@ -156,13 +187,16 @@ def micro_batch_loss(
     precision: str = "fp32",
     h_ini: float | None = None,
     is_weights: Tensor | None = None,
+    logp: Tensor | None = None,
 ) -> PolicyLossOutput:
     """The policy loss of micro-batch ``rows`` from its current ``logits`` [rows,T,V] (differentiable).
 
     ``data``/``old``/``advantages``/``mask`` hold the whole batch ([B,...]); ``mask`` is the policy
-    mask. ``num_tokens``/``num_seqs`` count the mini-batch.
+    mask. ``num_tokens``/``num_seqs`` count the mini-batch. ``logp``: the log-probs already computed
+    from ``logits`` (differentiable), else computed here.
     """
-    logp = token_logprobs(logits, data["responses"][rows], precision=precision)
+    if logp is None:
+        logp = token_logprobs(logits, data["responses"][rows], precision=precision)
     entropy = entropy_from_logits(logits) if loss_fn.needs_entropy else None
     inp = PolicyInputs(
         logp=logp,
@@ -218,16 +252,7 @@ def update_actor(
             step_loss = 0.0
             for micro in micro_batches(rows, data["group_index"], settings.micro_batch_size):
                 logits = forward(data, micro)
-                if fill_old is not None:
-                    with torch.no_grad():
-                        entries = old_entries(
-                            logits.detach(),
-                            data["responses"][micro],
-                            method=fill_old.method,
-                            precision=fill_old.precision,
-                            diagnostics=fill_old.diagnostics,
-                        )
-                    _store(old, micro, entries, len(mask))
+                shared = {} if fill_old is None else _fill_old(fill_old, old, logits, data, micro, settings, len(mask))
                 out = micro_batch_loss(
                     loss_fn,
                     logits,
@@ -241,6 +266,7 @@ def update_actor(
                     precision=settings.logprob_precision,
                     h_ini=h_ini,
                     is_weights=is_weights,
+                    **shared,
                 )
                 out.loss.backward()
                 step_loss += float(out.loss.detach())

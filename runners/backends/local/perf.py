@@ -53,7 +53,7 @@ def perf_metrics(
     old_pass: bool,
     settings,
 ) -> dict[str, float]:
-    """``roofline_metrics`` of the step (none for a model ``model_shape`` cannot read); ``settings``: ``UpdateSettings``."""
+    """``roofline_metrics`` of the step; none for a model ``model_shape`` cannot read. ``settings``: UpdateSettings."""
     if shape is None:
         return {}
     work = phase_work(

@@ -94,7 +94,7 @@ class Codec:
 
 
 def fit_prompts(examples: list, split: str, cfg: DictConfig, encode: Callable[[Any], list[int]]) -> list:
-    """The examples whose prompt fits ``rollout.max_prompt_length`` tokens; a config error when none (or no example) does."""
+    """The examples whose prompt fits ``rollout.max_prompt_length`` tokens; a config error when none does."""
     limit = cfg.rollout.max_prompt_length
     if not examples:
         raise ConfigError("dataset.name", f"the {split} split of dataset {cfg.dataset.name!r} is empty")

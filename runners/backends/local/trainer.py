@@ -237,7 +237,7 @@ class LocalTrainer:
         )
         if not on_policy or before_update or not dropout_free(self.model):
             return None
-        return OldFromUpdate(method, t.logprob_precision, bool(t.post_update_diagnostics))
+        return OldFromUpdate(method, bool(t.post_update_diagnostics))
 
     def _old_pass(self, data: dict) -> dict:
         """log pi_old with the trained model; the sampling policy's sparse distribution with the copy it sampled with."""
@@ -284,7 +284,7 @@ class LocalTrainer:
         )
 
     def _finish_step(self, metrics: dict[str, float], timer: PhaseTimer, batch, old_pass: bool) -> dict[str, float]:
-        """Timing (wall and CPU), throughput, MFU and Roofline points, memory, load, learning rate; advances the schedule."""
+        """Timing (wall, CPU), throughput, MFU, Roofline points, memory, load, learning rate; advances the schedule."""
         timing = timer.metrics()
         metrics.update(timing)
         metrics.update(throughput_metrics(batch, timing))
