@@ -160,6 +160,20 @@ def test_cpu_ceiling_is_measured_once_per_cpu_and_thread_count(tmp_path, monkeyp
     assert json.loads(path.read_text())["tflops"] == 0.05
 
 
+def test_an_unwritable_cache_measures_again(tmp_path, monkeypatch):
+    blocker = tmp_path / "not_a_directory"
+    blocker.write_text("")
+    monkeypatch.setenv("TRUSTBENCH_CACHE", str(blocker))
+    measured = []
+
+    def measure(threads):
+        measured.append(threads)
+        return hardware.Ceiling(0.05, 0.02, "fake")
+
+    assert hardware.cpu_ceiling(1, measure=measure) == hardware.cpu_ceiling(1, measure=measure)
+    assert measured == [1, 1]
+
+
 def test_cpu_measurement_gives_rates():
     ceiling = hardware.measure_cpu(1)
     assert 0 < ceiling.tflops < math.inf and 0 < ceiling.mem_bw_tbs < math.inf

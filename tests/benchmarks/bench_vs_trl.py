@@ -22,6 +22,7 @@ one to trust on a loaded machine. TRL's ``model.generate`` is wrapped to time it
     python tests/benchmarks/bench_vs_trl.py                              # embedded model, 8 x 8 x 48, 6 pairs
     python tests/benchmarks/bench_vs_trl.py --model smollm2_135m --steps 3   # SmolLM2-135M, shorter
     python tests/benchmarks/bench_vs_trl.py --diagnostics               # keep the post-update diagnostics pass
+    python tests/benchmarks/bench_vs_trl.py --profile 3                 # then a torch.profiler table of 3 steps
 """
 
 from __future__ import annotations
@@ -158,15 +159,15 @@ def trl_trainer(args, builtin, examples: list, callbacks: list, out_dir: Path):
 
 
 def _timed_generate(model, log: list):
-    """Wrap ``model.generate`` (what TRL calls) to record its wall seconds."""
+    """Wrap ``model.generate`` (what TRL calls) to record its (wall, CPU) seconds."""
     real = model.generate
 
     def generate(*a, **kw):
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         try:
             return real(*a, **kw)
         finally:
-            log.append(time.perf_counter() - start)
+            log.append((time.perf_counter() - start, time.process_time() - cpu))
 
     model.generate = generate
 
@@ -204,13 +205,15 @@ def run(args) -> dict:
                     "trl_wall": trl_wall,
                     "trl_cpu": trl_cpu,
                     "trl_tokens": trl_tokens,
-                    "trl_gen": sum(self.gen),
+                    "trl_gen": sum(w for w, _ in self.gen),
+                    "trl_gen_cpu": sum(c for _, c in self.gen),
                     "ours_wall": ours_wall,
                     "ours_cpu": ours_cpu,
                     "ours_tokens": metrics[names.TOTAL_NUM_TOKENS],
                     "ours_gen": metrics[names.TIMING_GEN],
-                    "ours_old": metrics.get(names.TIMING_OLD_LOG_PROB, 0.0),
-                    "ours_update": metrics[names.TIMING_UPDATE_ACTOR],
+                    "ours_gen_cpu": metrics[names.TIMING_CPU_GEN],
+                    "ours_old_cpu": metrics.get(names.TIMING_CPU_OLD_LOG_PROB, 0.0),
+                    "ours_update_cpu": metrics[names.TIMING_CPU_UPDATE_ACTOR],
                     "ours_mfu": metrics.get(getattr(names, "MFU_ACTOR", ""), float("nan")),
                 }
             )
@@ -228,7 +231,21 @@ def run(args) -> dict:
     _timed_generate(trl.model, alternate.gen)
     torch.set_num_threads(args.threads)
     trl.train()
-    return summarise(args, rows[args.warmup :])
+    out = summarise(args, rows[args.warmup :])
+    if args.profile:
+        profile_builtin(builtin, args.profile, start=len(rows))
+    return out
+
+
+def profile_builtin(builtin, steps: int, start: int) -> None:
+    """torch.profiler table (self CPU time per op) of ``steps`` more built-in steps, after the timed pairs."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for step in range(start, start + steps):
+            builtin.step(step)
+    print(f"\nbuilt-in trainer, {steps} step(s) under torch.profiler (op times are wall-clock, profiler included):")
+    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=20))
 
 
 def summarise(args, rows: list[dict]) -> dict:
@@ -246,7 +263,9 @@ def summarise(args, rows: list[dict]) -> dict:
     }
     pair_ratios = [(r["ours_tokens"] / r["ours_cpu"]) / (r["trl_tokens"] / r["trl_cpu"]) for r in rows]
     gen_ratio = [
-        (r["ours_tokens"] / r["ours_gen"]) / (r["trl_tokens"] / r["trl_gen"]) for r in rows if r["trl_gen"] > 0
+        (r["ours_tokens"] / r["ours_gen_cpu"]) / (r["trl_tokens"] / r["trl_gen_cpu"])
+        for r in rows
+        if r["trl_gen_cpu"] > 0
     ]
     print(
         f"\n{args.model}: {args.prompts} prompts x {args.n} samples, <= {args.max_new} new tokens, "
@@ -258,9 +277,10 @@ def summarise(args, rows: list[dict]) -> dict:
     print(f"{'tokens/step (median)':28s}{med('trl_tokens'):18.0f}{med('ours_tokens'):14.0f}")
     print(f"{'tokens/s wall':28s}{out['trl_tok_s_wall']:18.1f}{out['ours_tok_s_wall']:14.1f}")
     print(f"{'tokens/s CPU':28s}{out['trl_tok_s_cpu']:18.1f}{out['ours_tok_s_cpu']:14.1f}")
-    print(f"{'generation s (median)':28s}{med('trl_gen'):18.3f}{med('ours_gen'):14.3f}")
-    print(f"built-in phases (median s): gen {med('ours_gen'):.3f}, old_log_prob {med('ours_old'):.3f}, "
-          f"update_actor {med('ours_update'):.3f}")  # fmt: skip
+    print(f"{'generation s wall (median)':28s}{med('trl_gen'):18.3f}{med('ours_gen'):14.3f}")
+    print(f"{'generation s CPU (median)':28s}{med('trl_gen_cpu'):18.3f}{med('ours_gen_cpu'):14.3f}")
+    print(f"built-in phases (median CPU s): gen {med('ours_gen_cpu'):.3f}, old_log_prob {med('ours_old_cpu'):.3f}, "
+          f"update_actor {med('ours_update_cpu'):.3f}")  # fmt: skip
     if not all(r["ours_mfu"] != r["ours_mfu"] for r in rows):
         print(f"built-in perf/mfu/actor (median): {med('ours_mfu'):.4f}")
     ratio_wall = out["ours_tok_s_wall"] / out["trl_tok_s_wall"]
@@ -270,7 +290,7 @@ def summarise(args, rows: list[dict]) -> dict:
         f"(per pair, CPU: {min(pair_ratios):.2f}-{max(pair_ratios):.2f}x); target >= 2x"
     )
     if gen_ratio:
-        print(f"generation tokens/s ratio (per pair, wall): {min(gen_ratio):.2f}-{max(gen_ratio):.2f}x")
+        print(f"generation tokens/s ratio (per pair, CPU): {min(gen_ratio):.2f}-{max(gen_ratio):.2f}x")
     out.update(ratio_wall=ratio_wall, ratio_cpu=ratio_cpu)
     return out
 
@@ -287,6 +307,7 @@ def main(argv=None) -> None:
     p.add_argument("--lr", type=float, default=1e-4)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--diagnostics", action="store_true", help="keep the built-in post-update diagnostics pass")
+    p.add_argument("--profile", type=int, default=0, help="then profile this many built-in steps (torch.profiler)")
     run(p.parse_args(argv))
 
 

@@ -104,10 +104,13 @@ def cpu_ceiling(threads: int, *, measure=None) -> Ceiling:
     except (OSError, ValueError, TypeError):
         pass
     ceiling = (measure or measure_cpu)(threads)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(asdict(ceiling)))
-    os.replace(tmp, path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(asdict(ceiling)))
+        os.replace(tmp, path)
+    except OSError:  # a read-only cache: measure again next time
+        pass
     return ceiling
 
 
