@@ -1,4 +1,4 @@
-"""Roofline of the rollout and training phases (T-PPO, arXiv 2506.15050, Figure 5) and the analytical decode arithmetic intensity.
+"""Roofline of the rollout and training phases (T-PPO, arXiv 2506.15050, Figure 5), analytical decode intensity.
 
 Left: ceilings ``min(peak, AI x bandwidth)`` of every accelerator in ``analysis/data/hardware.csv``,
 the paper's two points (T-PPO 249, PPO 84 FLOP/byte on an H800) and, when logged, our runs' measured
