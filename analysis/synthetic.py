@@ -70,6 +70,8 @@ class SyntheticSpec:
     dataset: str = "dapo_math"
     families: frozenset[str] = frozenset({"core", "timing", "perf", "claims"})  # + "trm", "roofline"
     noise: float = 0.02
+    # "roofline" family: the machine's (peak TFLOP/s, memory TB/s) the runs log; default an H100's BF16 row
+    ceiling: tuple[float, float] = (989.4, 3.35)
 
 
 def _rng(*keys: object) -> np.random.Generator:
@@ -97,9 +99,7 @@ def generate_run(spec: SyntheticSpec, method: SyntheticMethod, seed: int) -> dic
         base = 25.0 + (1.8 if objective == "troll" else 0.0) + (-0.6 if "chunk" in method.label.lower() else 0.0)
         out[metric_names.MAX_MEMORY_ALLOCATED_GB] = (steps, noisy(np.full_like(t, base), 0.2, lo=0.1))
     if "roofline" in spec.families:
-        ai = 250.0 if method.tags.get(metric_names.TAG_ALGORITHM) == "tppo" else 85.0
-        out[metric_names.ROLLOUT_ARITHMETIC_INTENSITY] = (steps, noisy(np.full_like(t, ai), 5.0, lo=1.0))
-        out[metric_names.ROLLOUT_TFLOPS] = (steps, noisy(np.full_like(t, ai * 3.35 * 0.6), 10.0, lo=1.0))
+        _roofline(out, spec, method, steps, noisy)
     if "trm" in spec.families:
         _trm(out, method, steps, noisy)
     if "claims" in spec.families:
@@ -158,6 +158,30 @@ def _timing(out: dict, method: SyntheticMethod, steps: np.ndarray, noisy) -> Non
     for name in (*metric_names.TIMING_PHASES, metric_names.TIMING_STEP):
         if name in out:
             out[metric_names.timing_cpu(name)] = (steps, out[name][1] / method.contention * method.cpu_per_wall)
+
+
+def _roofline(out: dict, spec: SyntheticSpec, method: SyntheticMethod, steps: np.ndarray, noisy) -> None:
+    """Per-phase Roofline points (rollout below the ridge, the update above it), the ceilings, MFU.
+
+    Intensities scale with ``spec.ceiling``'s ridge (T-PPO's 85 / 249 FLOP/byte rollout on an H100-class
+    ridge of 295); each phase runs at a fixed fraction of its attainable rate.
+    """
+    t = steps.astype(float)
+    peak, bandwidth = spec.ceiling
+    ridge = peak / bandwidth
+    rollout = (250.0 if method.tags.get(metric_names.TAG_ALGORITHM) == "tppo" else 85.0) * ridge / 295.0
+    for phase, ai, efficiency in (
+        ("rollout", rollout, 0.6),
+        ("old_log_prob", 1.5 * ridge, 0.5),
+        ("update_actor", 2.0 * ridge, 0.4),
+    ):
+        x = noisy(np.full_like(t, ai), 0.05 * ai, lo=1e-3)
+        y = noisy(np.minimum(peak, x * bandwidth) * efficiency, 0.02 * peak, lo=1e-6 * peak)
+        out[metric_names.arithmetic_intensity(phase)] = (steps, x)
+        out[metric_names.achieved_tflops(phase)] = (steps, y)
+    out[metric_names.MFU_ACTOR] = (steps, out[metric_names.achieved_tflops("update_actor")][1] / peak)
+    out[metric_names.PEAK_TFLOPS] = (steps, np.full_like(t, peak))
+    out[metric_names.PEAK_MEM_BW_TBS] = (steps, np.full_like(t, bandwidth))
 
 
 def _machine(out: dict, method: SyntheticMethod, steps: np.ndarray, noisy) -> None:

@@ -88,9 +88,35 @@ GEN_THROUGHPUT = "perf/gen_throughput"  # generated tokens per second during rol
 TOTAL_NUM_TOKENS = "perf/total_num_tokens"
 MAX_MEMORY_ALLOCATED_GB = "perf/max_memory_allocated_gb"
 CPU_MEMORY_USED_GB = "perf/cpu_memory_used_gb"
-# Roofline points measured by a backend (FLOP/byte and achieved TFLOP/s of the rollout phase)
-ROLLOUT_ARITHMETIC_INTENSITY = "perf/rollout_arithmetic_intensity"
-ROLLOUT_TFLOPS = "perf/rollout_tflops"
+# Model FLOPs utilisation of the actor update (verl's name): matmul FLOPs of forward and backward on the
+# real tokens (runners/backends/local/flops.py) / (update time x the machine's peak: the GPU table's dense BF16
+# rate, or a CPU's measured fp32 matmul rate, runners/backends/local/hardware.py)
+MFU_ACTOR = "perf/mfu/actor"
+# Roofline points measured by a backend, per phase: arithmetic intensity (model FLOPs / modelled bytes moved,
+# FLOP/byte) and achieved TFLOP/s (model FLOPs / the phase's wall time). Phases: rollout (generation),
+# old_log_prob, update_actor; a phase that did no work in the step (a skipped old-log-prob pass) logs none.
+ROOFLINE_PHASES = ("rollout", "old_log_prob", "update_actor")
+
+
+def arithmetic_intensity(phase: str) -> str:
+    """``perf/<phase>_arithmetic_intensity`` (FLOP/byte) of a phase in ``ROOFLINE_PHASES``."""
+    if phase not in ROOFLINE_PHASES:
+        raise ValueError(f"unknown Roofline phase {phase!r}; valid: {', '.join(ROOFLINE_PHASES)}")
+    return f"perf/{phase}_arithmetic_intensity"
+
+
+def achieved_tflops(phase: str) -> str:
+    """``perf/<phase>_tflops`` (achieved TFLOP/s) of a phase in ``ROOFLINE_PHASES``."""
+    if phase not in ROOFLINE_PHASES:
+        raise ValueError(f"unknown Roofline phase {phase!r}; valid: {', '.join(ROOFLINE_PHASES)}")
+    return f"perf/{phase}_tflops"
+
+
+ROLLOUT_ARITHMETIC_INTENSITY = arithmetic_intensity("rollout")
+ROLLOUT_TFLOPS = achieved_tflops("rollout")
+# the machine's ceilings the points are measured against (constant over a run): peak TFLOP/s and memory TB/s
+PEAK_TFLOPS = "perf/peak_tflops"
+PEAK_MEM_BW_TBS = "perf/peak_mem_bw_tbs"
 
 # -- method metrics --------------------------------------------------------------------------
 TROLL_PROJECTED_FRAC = "troll/projected_frac"

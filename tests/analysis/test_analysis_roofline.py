@@ -32,3 +32,68 @@ def test_hardware_ridges():
         84 * 3.35
     )
     assert attainable_tflops(1e4, 989.4, 3.35) == pytest.approx(989.4)
+
+
+# -- measured points from runs ------------------------------------------------------------------------
+def _figure_points(fig):
+    """The left axes and its non-empty scatter collections."""
+    ax = fig.mpl.axes[0]
+    scatters = [c for c in ax.collections if len(c.get_offsets())]
+    return ax, scatters
+
+
+@pytest.mark.parametrize("ceiling", [(989.4, 3.35), (0.05, 0.02)], ids=["h100", "cpu"])
+def test_roofline_figure_draws_each_runs_phase_points_and_its_machine(ceiling):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from analysis.figures.roofline import PHASE_MARKERS, roofline_figure
+    from analysis.synthetic import SyntheticSpec, _m, synthetic_data
+    from runners import metric_names
+
+    spec = SyntheticSpec(
+        "roofline_test",
+        [_m("PPO", "ppo"), _m("T-PPO", "tppo")],
+        seeds=(0, 1),
+        steps=12,
+        families=frozenset({"core", "roofline"}),
+        ceiling=ceiling,
+    )
+    data, truth = synthetic_data(spec)
+    fig = roofline_figure(data)
+    ax, scatters = _figure_points(fig)
+    drawn = {tuple(np.round(p, 12)) for c in scatters for p in c.get_offsets()}
+    for (label, seed), run in truth.items():
+        for phase in PHASE_MARKERS:
+            x = np.median(run["curves"][metric_names.arithmetic_intensity(phase)][1])
+            y = np.median(run["curves"][metric_names.achieved_tflops(phase)][1])
+            assert (round(x, 12), round(y, 12)) in drawn, (label, seed, phase)
+    paper_stars = 2
+    assert len(drawn) == len(truth) * len(PHASE_MARKERS) + paper_stars
+    labels = [line.get_label() for line in ax.get_lines()]
+    machine = [line for line in ax.get_lines() if line.get_label().startswith("measured machine")]
+    if ceiling == (989.4, 3.35):
+        assert machine == []  # an H100 run: its ceiling is the table's row, drawn once
+    else:
+        (line,) = machine
+        x, y = line.get_data()
+        np.testing.assert_allclose(y, np.minimum(0.05, x * 0.02))
+        assert min(x) < 1.0  # the axis reaches the CPU's low-intensity points
+    assert sum(label.startswith("H100") for label in labels) == 1
+    assert "per phase" in fig.caption
+
+
+def test_roofline_figure_without_measured_points():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from analysis.figures.roofline import roofline_figure
+    from analysis.synthetic import SyntheticSpec, _m, synthetic_data
+
+    data, _ = synthetic_data(
+        SyntheticSpec("plain", [_m("GRPO", "grpo")], seeds=(0,), steps=5, families=frozenset({"core"}))
+    )
+    fig = roofline_figure(data)
+    _, scatters = _figure_points(fig)
+    assert sum(len(c.get_offsets()) for c in scatters) == 2  # the paper's two stars only
+    assert "per phase" not in fig.caption

@@ -2,10 +2,14 @@
 
 ``old_pass`` is a no-grad forward over the batch giving log pi_old, the token entropy and, when the
 method needs it (TROLL, exact-KL TRM: ``Method.requires("sparse_old")``), the old distribution's
-sparse top-K form. ``update_actor`` runs the epochs and mini-batches; every micro-batch goes through
-``micro_batch_loss``, which builds ``PolicyInputs`` from the trainer's tensors and calls the shared
-``runners.algorithms.policy_loss.PolicyLoss`` (the function the verl plugins call too). Sample-based
-masks compare with ``rollout_logp``, the sampler's own log-probs of the drawn tokens.
+sparse top-K form (``old_entries`` per chunk of rows). Where that forward would repeat the update's
+first one (``OldFromUpdate``: on-policy, one epoch of one mini-batch) ``update_actor`` stores the same
+entries from each micro-batch's own logits, detached, before its loss reads them, and the pass is
+skipped (TRL skips it in the same case). ``update_actor`` runs the epochs and mini-batches; every
+micro-batch goes through ``micro_batch_loss``, which builds ``PolicyInputs`` from the trainer's
+tensors and calls the shared ``runners.algorithms.policy_loss.PolicyLoss`` (the function the verl
+plugins call too). Sample-based masks compare with ``rollout_logp``, the sampler's own log-probs of
+the drawn tokens.
 """
 
 from __future__ import annotations
@@ -51,6 +55,48 @@ def _sparse(logits: Tensor, responses: Tensor, sparse: dict) -> tuple[Tensor, Te
     return idx.reshape(shape).long(), lp.reshape(shape)
 
 
+def pi_old_entropy(logits: Tensor) -> Tensor:
+    """``entropy_from_logits`` without its guards for ``-inf`` logits, for no-grad use: the same arithmetic
+    (``-sum exp(logp) logp``, ``logp = x - logsumexp(x)``) in 3 passes over [rows,T,V] instead of ~10;
+    rows it cannot handle (a NaN result: ``-inf`` or non-finite logits) fall back to the guarded version."""
+    x = logits.float()
+    logp = x - torch.logsumexp(x, dim=-1, keepdim=True)
+    entropy = -(logp.exp() * logp).sum(-1)
+    if bool(torch.isnan(entropy).any()):
+        return entropy_from_logits(logits)
+    return entropy
+
+
+def old_entries(
+    logits: Tensor,
+    responses: Tensor,
+    *,
+    method,
+    precision: str,
+    diagnostics: bool = False,
+    rollout_logits: Tensor | None = None,
+    logp: Tensor | None = None,
+) -> dict[str, Tensor]:
+    """The old pass's entries for one chunk of rows from pi_old's logits [rows,T,V] (call without grad).
+
+    ``logp`` (given: already computed from these logits) and ``entropy`` [rows,T]; ``pi_old_topk_index/logp``
+    (``diagnostics``) and, when the method needs them, ``old_topk_index/logp``: the sampling policy's
+    top-K, from ``rollout_logits`` when it is a separate copy, else from ``logits``.
+    """
+    out = {
+        "logp": token_logprobs(logits, responses, precision=precision) if logp is None else logp,
+        "entropy": pi_old_entropy(logits),
+    }
+    needs_sparse = method.requires("sparse_old")
+    own = _sparse(logits, responses, method.sparse) if (needs_sparse or diagnostics) else None
+    if diagnostics:
+        out["pi_old_topk_index"], out["pi_old_topk_logp"] = own
+    if needs_sparse:
+        sampler = own if rollout_logits is None else _sparse(rollout_logits, responses, method.sparse)
+        out["old_topk_index"], out["old_topk_logp"] = sampler
+    return out
+
+
 def old_pass(
     forward: LogitsFn,
     data: dict,
@@ -61,7 +107,7 @@ def old_pass(
     rollout_forward: LogitsFn | None = None,
     diagnostics: bool = False,
 ) -> dict[str, Tensor]:
-    """log pi_old [B,T], entropy [B,T] and the sparse distributions; chunked over rows.
+    """log pi_old [B,T], entropy [B,T] and the sparse distributions (``old_entries``); chunked over rows.
 
     ``old_topk_index/logp`` (when the method needs them) are the sampling policy's: from
     ``rollout_forward`` when the rollout policy is a separate copy (stale or lower precision), else
@@ -71,23 +117,60 @@ def old_pass(
     out: dict[str, list] = defaultdict(list)
     batch = data["input_ids"].shape[0]
     chunk = micro_rows(batch, micro_batch_size)
-    sparse = method.sparse if (method.requires("sparse_old") or diagnostics) else None
     with torch.no_grad():
         for s in range(0, batch, chunk):
             rows = slice(s, s + chunk)
-            logits = forward(data, rows)
-            responses = data["responses"][rows]
-            out["logp"].append(token_logprobs(logits, responses, precision=precision))
-            out["entropy"].append(entropy_from_logits(logits))
-            own = _sparse(logits, responses, sparse) if sparse is not None else None
-            if diagnostics:
-                out["pi_old_topk_index"].append(own[0])
-                out["pi_old_topk_logp"].append(own[1])
-            if method.requires("sparse_old"):
-                sampler = own if rollout_forward is None else _sparse(rollout_forward(data, rows), responses, sparse)
-                out["old_topk_index"].append(sampler[0])
-                out["old_topk_logp"].append(sampler[1])
+            sampler = rollout_forward is not None and method.requires("sparse_old")
+            entries = old_entries(
+                forward(data, rows),
+                data["responses"][rows],
+                method=method,
+                precision=precision,
+                diagnostics=diagnostics,
+                rollout_logits=rollout_forward(data, rows) if sampler else None,
+            )
+            for key, value in entries.items():
+                out[key].append(value)
     return {k: torch.cat(v) for k, v in out.items()}
+
+
+@dataclass
+class OldFromUpdate:
+    """The update fills the old pass's entries (``old_entries``) from its own forward, detached.
+
+    Only where pi_old is provably the policy of that forward: the trained model sampled the batch
+    (no stale or lower-precision copy) and the update is one epoch of one mini-batch, so every row's
+    first forward comes before any optimiser step. The trainer decides (``LocalTrainer._old_from_update``).
+    """
+
+    method: object  # runners.algorithms.method.Method
+    diagnostics: bool  # also pi_old's own top-K (post-update KL)
+
+
+def _fill_old(fill: OldFromUpdate, old: dict, logits: Tensor, data: dict, rows: Tensor, settings, batch: int) -> dict:
+    """Store micro-batch ``rows``' old-pass entries from its own logits; returns its differentiable log-probs
+    for the loss (one log-softmax serves both)."""
+    responses = data["responses"][rows]
+    logp = token_logprobs(logits, responses, precision=settings.logprob_precision)
+    with torch.no_grad():
+        entries = old_entries(
+            logits.detach(),
+            responses,
+            method=fill.method,
+            precision=settings.logprob_precision,
+            diagnostics=fill.diagnostics,
+            logp=logp.detach(),
+        )
+    _store(old, rows, entries, batch)
+    return {"logp": logp}
+
+
+def _store(old: dict[str, Tensor], rows: Tensor, entries: dict[str, Tensor], batch: int) -> None:
+    """Write one micro-batch's ``entries`` into the batch-sized tensors of ``old`` (allocated on first use)."""
+    for key, value in entries.items():
+        if key not in old:
+            old[key] = value.new_empty((batch, *value.shape[1:]))
+        old[key][rows] = value
 
 
 def micro_batch_loss(
@@ -104,13 +187,16 @@ def micro_batch_loss(
     precision: str = "fp32",
     h_ini: float | None = None,
     is_weights: Tensor | None = None,
+    logp: Tensor | None = None,
 ) -> PolicyLossOutput:
     """The policy loss of micro-batch ``rows`` from its current ``logits`` [rows,T,V] (differentiable).
 
     ``data``/``old``/``advantages``/``mask`` hold the whole batch ([B,...]); ``mask`` is the policy
-    mask. ``num_tokens``/``num_seqs`` count the mini-batch.
+    mask. ``num_tokens``/``num_seqs`` count the mini-batch. ``logp``: the log-probs already computed
+    from ``logits`` (differentiable), else computed here.
     """
-    logp = token_logprobs(logits, data["responses"][rows], precision=precision)
+    if logp is None:
+        logp = token_logprobs(logits, data["responses"][rows], precision=precision)
     entropy = entropy_from_logits(logits) if loss_fn.needs_entropy else None
     inp = PolicyInputs(
         logp=logp,
@@ -144,8 +230,15 @@ def update_actor(
     shuffle: torch.Generator,
     h_ini: float | None = None,
     is_weights: Tensor | None = None,
+    fill_old: OldFromUpdate | None = None,
 ) -> tuple[dict[str, float], list[tuple[Tensor, Tensor]]]:
-    """Epochs x mini-batches of optimiser steps; returns the metrics and (keep weights, rows) per micro-batch."""
+    """Epochs x mini-batches of optimiser steps; returns the metrics and (keep weights, rows) per micro-batch.
+
+    With ``fill_old`` (one epoch of one mini-batch only) ``old`` starts without the old pass's entries
+    and each micro-batch stores them from its own logits before its loss reads them.
+    """
+    if fill_old is not None and (settings.ppo_epochs != 1 or settings.mini_batch_share < 1):
+        raise ValueError("fill_old needs one epoch of one mini-batch: later forwards no longer see pi_old")
     model.train()
     sums: dict[str, float] = defaultdict(float)
     weights: dict[str, float] = defaultdict(float)
@@ -158,9 +251,11 @@ def update_actor(
             optimizer.zero_grad(set_to_none=True)
             step_loss = 0.0
             for micro in micro_batches(rows, data["group_index"], settings.micro_batch_size):
+                logits = forward(data, micro)
+                shared = {} if fill_old is None else _fill_old(fill_old, old, logits, data, micro, settings, len(mask))
                 out = micro_batch_loss(
                     loss_fn,
-                    forward(data, micro),
+                    logits,
                     data,
                     old,
                     advantages,
@@ -171,6 +266,7 @@ def update_actor(
                     precision=settings.logprob_precision,
                     h_ini=h_ini,
                     is_weights=is_weights,
+                    **shared,
                 )
                 out.loss.backward()
                 step_loss += float(out.loss.detach())
@@ -189,4 +285,4 @@ def update_actor(
     return metrics, seq_masks
 
 
-__all__ = ["UpdateSettings", "micro_batch_loss", "old_pass", "update_actor"]
+__all__ = ["OldFromUpdate", "UpdateSettings", "micro_batch_loss", "old_entries", "old_pass", "update_actor"]

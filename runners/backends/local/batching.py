@@ -16,14 +16,6 @@ import torch
 from torch import Tensor
 
 from runners.backends.local.rollout import RolloutBatch
-from runners.config.validate import ConfigError
-
-
-def resolve_device(setting: str) -> torch.device:
-    """The device ``backend.device`` names: ``cuda``, ``cpu``, or ``auto`` (CUDA where there is one)."""
-    if setting == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("backend.device", "cuda, but this machine has no CUDA device: use auto or cpu")
-    return torch.device("cuda" if setting == "cuda" or (setting == "auto" and torch.cuda.is_available()) else "cpu")
 
 
 def to_device(batch: RolloutBatch, device: torch.device) -> dict[str, Tensor | int]:

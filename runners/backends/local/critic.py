@@ -28,6 +28,20 @@ class CriticSettings:
     gamma: float
     truncated: bool
 
+    @classmethod
+    def from_config(cls, cfg, method) -> CriticSettings:
+        """From a composed cell config and its ``Method`` (the estimator's ``gamma``)."""
+        t = cfg.trainer
+        return cls(
+            ppo_epochs=t.ppo_epochs,
+            micro_batch_size=t.micro_batch_size,
+            grad_clip=t.grad_clip,
+            value_clip_low=t.value_clip_low,
+            value_clip_high=t.value_clip_high,
+            gamma=float(method.estimator_kw.get("gamma", 1.0)),
+            truncated=cfg.rollout.mode == "truncated",
+        )
+
 
 def finished_sequences(critic, batch: RolloutBatch, *, pad_id: int, gamma: float, device) -> dict | None:
     """Prompt + whole response of every slot that finished this step, with MC returns (T-PPO)."""

@@ -3,7 +3,7 @@
 The segment of a ``RolloutBatch`` starts at column ``C`` (the context length) of ``input_ids``; the
 logits that predict it sit at columns ``C-1 .. C+R-2``. Only those columns go through the LM head
 (``logits_to_keep``-style slicing of the last hidden state), which keeps memory proportional to
-the segment, not the context.
+the segment, not the context. Llama-family models skip the padding altogether (``packed``).
 """
 
 from __future__ import annotations
@@ -12,7 +12,14 @@ from torch import Tensor, nn
 
 
 def segment_hidden(model: nn.Module, input_ids: Tensor, attention_mask: Tensor, context_length: int) -> Tensor:
-    """Last hidden states [B, R, H] at the positions that predict the segment tokens."""
+    """Last hidden states [B, R, H] at the positions that predict the segment tokens.
+
+    Llama-family models run on the real tokens only (``packed``); others through their HF forward.
+    """
+    from runners.backends.local.packed import packed_segment_hidden, supports_packed
+
+    if supports_packed(model):
+        return packed_segment_hidden(model, input_ids, attention_mask, context_length)
     position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
     base = model.base_model if hasattr(model, "base_model") else model
     out = base(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
@@ -58,3 +65,12 @@ def k3_kl(logp: Tensor, ref_logp: Tensor) -> Tensor:
     """Per-token k3 estimate of KL(pi || ref) (GRPO's KL loss): exp(ref - logp) - (ref - logp) - 1."""
     diff = (ref_logp - logp).clamp(-20.0, 20.0)
     return diff.exp() - diff - 1.0
+
+
+def dropout_free(model: nn.Module) -> bool:
+    """True when training mode computes what eval mode does: no dropout module or config rate above 0."""
+    if any(isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0 for m in model.modules()):
+        return False
+    config = getattr(model, "config", None)
+    rates = [v for k, v in (vars(config).items() if config is not None else []) if "dropout" in k]
+    return all(not isinstance(v, (int, float)) or v == 0 for v in rates)

@@ -6,13 +6,16 @@ One iteration (``LocalTrainer.step``), with the metric names' phases:
    T-PPO window) with the KV-cache sampler (``runners.models.sampler``) and scores finished ones.
 2. ``timing_s/old_log_prob``: a no-grad forward gives log pi_old, token entropy and, when the method
    needs it (``Method.requires("sparse_old")``: TROLL, exact-KL TRM), its sparse top-K form
-   (``actor.old_pass``). Reference log-probs (``kl_coef > 0``) and critic values follow
-   (``timing_s/ref``, ``timing_s/values``).
+   (``actor.old_pass``). Where that forward would repeat the update's (``_old_from_update``: on-policy
+   sampler, one epoch of one mini-batch, nothing needs pi_old before the update) the update fills the
+   same entries from its own forward instead. Reference log-probs (``kl_coef > 0``) and critic values
+   follow (``timing_s/ref``, ``timing_s/values``).
 3. ``timing_s/adv``: the estimator turns rewards (and values) into advantages.
 4. The entropy controller updates once per iteration from the batch entropy, before the update.
 5. ``timing_s/update_actor``: epochs x mini-batches of whole prompt groups (``batching``), each
    micro-batch's loss from the shared ``runners.algorithms.policy_loss.PolicyLoss`` (``actor``).
 6. ``timing_s/update_critic``: clipped value regression (PPO, T-PPO: ``critic``).
+7. ``perf/mfu/actor`` and Roofline points per phase from model FLOPs (``perf``, ``flops``, ``hardware``).
 
 What the method needs is read from its registry declarations (``runners.algorithms.method``),
 never from component names. Run it through ``trustbench run`` (see README); ``runners.run.run`` opens
@@ -21,32 +24,32 @@ the MLflow run and hands this class a ``RunTracker``.
 
 from __future__ import annotations
 
-import copy
 import random
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from runners import metric_names as names
 from runners.algorithms import ESTIMATORS, ROLLOUT_CORRECTIONS
 from runners.algorithms.method import Method
 from runners.algorithms.numerics import token_logprobs
 from runners.algorithms.policy_loss import PolicyLoss
-from runners.algorithms.rollout_correction import offpolicy_metrics, prefixed
+from runners.algorithms.rollout_correction import no_correction, offpolicy_metrics, prefixed
 from runners.algorithms.types import AdvantageInputs
 from runners.backends.base import StopRequested, check_finite, pause
 from runners.backends.local import checkpoint as ckpt
-from runners.backends.local.actor import UpdateSettings, old_pass, update_actor
-from runners.backends.local.batching import micro_rows, policy_mask, resolve_device, to_device
+from runners.backends.local.actor import OldFromUpdate, UpdateSettings, old_pass, update_actor
+from runners.backends.local.batching import micro_rows, policy_mask, to_device
 from runners.backends.local.critic import CriticSettings, update_critic
 from runners.backends.local.diagnostics import post_update_metrics
-from runners.backends.local.evaluate import Evaluator
-from runners.backends.local.policy import ValueModel, segment_logits
-from runners.backends.local.rollout import RolloutManager
+from runners.backends.local.hardware import machine_ceiling
+from runners.backends.local.perf import model_shape, perf_metrics
+from runners.backends.local.policy import dropout_free, segment_logits
 from runners.backends.local.rollout_policy import RolloutPolicy
+from runners.backends.local.setup import Codec, build_data, build_models, resolve_device
 from runners.backends.local.step_metrics import (
     PhaseTimer,
     acceptance_metrics,
@@ -57,9 +60,6 @@ from runners.backends.local.step_metrics import (
     progress,
     throughput_metrics,
 )
-from runners.config.validate import ConfigError
-from runners.data.prompts import encode_prompt
-from runners.data.rewards import compute_reward
 from runners.models.sampler import generate, make_generator
 from runners.resources import default_threads
 
@@ -78,7 +78,11 @@ class LocalTrainer:
         self.device = resolve_device(cfg.backend.device)
         _seed_everything(cfg.seed)
         self.method = Method.from_config(cfg)
-        self._build_models(cfg)
+        m = build_models(cfg, needs_critic=self.method.requires("critic"), device=self.device)
+        self.model, self.tokenizer, self.ref_model, self.critic = m.model, m.tokenizer, m.ref_model, m.critic
+        self.optimizer, self.scheduler, self.critic_optimizer = m.optimizer, m.scheduler, m.critic_optimizer
+        self.pad_id, self.eos_id = self.tokenizer.pad_token_id, self.tokenizer.eos_token_id
+        self.shape, self.ceiling = model_shape(self.model), machine_ceiling(self.device)  # MFU, Roofline
         self.rollout_policy = RolloutPolicy(self.model, staleness=cfg.rollout.staleness, dtype=cfg.rollout.dtype)
         self._sampler = self.model
         self.estimator = ESTIMATORS.get(self.method.estimator)
@@ -92,7 +96,8 @@ class LocalTrainer:
             grad_clip=t.grad_clip,
             logprob_precision=t.logprob_precision,
         )
-        self._build_data(cfg)
+        self.codec = Codec(cfg, self.tokenizer)
+        self.rollout, self.evaluator = build_data(cfg, self.codec, pad_id=self.pad_id, eos_id=self.eos_id)
         # sampling draws on the model's device; the mini-batch order is drawn on the CPU (randperm)
         self.sample_generator = make_generator(self.device, cfg.seed + 1)
         self.shuffle_generator = torch.Generator(device="cpu").manual_seed(cfg.seed + 2)
@@ -100,90 +105,6 @@ class LocalTrainer:
     @classmethod
     def discard_checkpoints(cls, run_dir: str | Path) -> None:
         ckpt.discard(run_dir)
-
-    # -- construction -----------------------------------------------------------------------------
-    def _build_models(self, cfg: DictConfig) -> None:
-        from runners.models.loader import load_model
-
-        t = cfg.trainer
-        self.model, self.tokenizer = load_model(
-            cfg.model.kind,
-            path=cfg.model.path,
-            arch=cfg.model.arch,
-            dtype=cfg.model.dtype,
-            **OmegaConf.to_container(cfg.model.options, resolve=True),
-        )
-        self.model.to(self.device)
-        self.pad_id = self.tokenizer.pad_token_id
-        self.eos_id = self.tokenizer.eos_token_id
-        self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False) if t.kl_coef > 0 else None
-        self.critic = ValueModel(self.model).to(self.device) if self.method.requires("critic") else None
-        betas = (t.adam_beta1, t.adam_beta2)
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=t.lr, betas=betas, weight_decay=t.weight_decay)
-        warm = max(int(t.warmup_steps), 0)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda s: min(1.0, (s + 1) / warm) if warm else 1.0
-        )
-        self.critic_optimizer = (
-            torch.optim.AdamW(self.critic.parameters(), lr=t.critic_lr, betas=betas)
-            if self.critic is not None
-            else None
-        )
-
-    def _build_data(self, cfg: DictConfig) -> None:
-        from runners.data.splits import eval_examples, train_examples
-
-        t = cfg.trainer
-        tokens = dict(pad_token_id=self.pad_id, eos_token_id=self.eos_id)
-        self.rollout = RolloutManager(
-            examples=self._fit_prompts(train_examples(cfg), "train"),
-            encode_prompt=self._encode,
-            decode=self._decode,
-            reward=self._reward,
-            prompts_per_step=t.prompts_per_step,
-            n=t.n,
-            max_response_length=cfg.rollout.max_response_length,
-            mode=cfg.rollout.mode,
-            window=cfg.rollout.window,
-            seed=cfg.seed,
-            **tokens,
-        )
-        self.evaluator = Evaluator(
-            examples=self._fit_prompts(eval_examples(cfg), "eval"),
-            encode=self._encode,
-            decode=self._decode,
-            reward=self._reward,
-            n=t.eval_n,
-            temperature=t.eval_temperature,
-            top_p=cfg.rollout.top_p,
-            max_new_tokens=cfg.rollout.max_response_length,
-            batch_size=max(t.prompts_per_step * t.n, 32),
-            **tokens,
-        )
-
-    # -- data helpers ------------------------------------------------------------------------------
-    def _encode(self, example) -> list[int]:
-        return encode_prompt(example, self.tokenizer, chat=self.cfg.model.chat_template)
-
-    def _decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=True)
-
-    def _reward(self, example, response: str) -> float:
-        return compute_reward(example.reward_fn, response, example.answer, prompt=example.prompt_text())
-
-    def _fit_prompts(self, examples: list, split: str) -> list:
-        limit = self.cfg.rollout.max_prompt_length
-        if not examples:
-            raise ConfigError("dataset.name", f"the {split} split of dataset {self.cfg.dataset.name!r} is empty")
-        lengths = [len(self._encode(e)) for e in examples]
-        kept = [e for e, n in zip(examples, lengths) if n <= limit]
-        if not kept:
-            raise ConfigError(
-                "rollout.max_prompt_length",
-                f"no {split} prompt of dataset {self.cfg.dataset.name!r} fits in {limit} tokens "
-                f"(the shortest of its {len(examples)} has {min(lengths)} tokens)",
-            )
-        return kept
 
     def _generate(self, input_ids, attention_mask, max_new_tokens):
         return generate(
@@ -246,11 +167,12 @@ class LocalTrainer:
         with timer("gen"), torch.inference_mode():
             batch = self.rollout.step(self._generate)
         data = to_device(batch, self.device)
+        fused = self._old_from_update()  # None: a separate old-log-prob pass
         with timer("old_log_prob"):
-            old = self._old_pass(data)
+            old = {} if fused else self._old_pass(data)
         values, advantages, returns = self._advantages(timer, batch, data, old)
         correction = ROLLOUT_CORRECTIONS.get(self.method.rollout_correction)(
-            old["logp"], data["rollout_logp"], data["mask"], **self.method.rollout_correction_kw
+            old.get("logp"), data["rollout_logp"], data["mask"], **self.method.rollout_correction_kw
         )
         mask = policy_mask(
             correction.response_mask,
@@ -258,8 +180,7 @@ class LocalTrainer:
             truncated=cfg.rollout.mode == "truncated",
             drop_last_k=cfg.rollout.drop_last_k,
         )
-        entropy = float(masked_mean(old["entropy"], data["mask"]))
-        controller_metrics = self.controller.update(entropy)  # once per iteration, before the update
+        entropy, controller_metrics = (None, {}) if fused else self._update_controller(old, data)
         with timer("update_actor"):
             metrics, seq_masks = update_actor(
                 self.model,
@@ -274,7 +195,10 @@ class LocalTrainer:
                 shuffle=self.shuffle_generator,
                 h_ini=self.h_ini,
                 is_weights=correction.is_weights,
+                fill_old=fused,
             )
+        if fused:  # a controller that needs no batch entropy ends in the same state either side of the update
+            entropy, controller_metrics = self._update_controller(old, data)
         self.rollout_policy.after_update()
         if t.post_update_diagnostics:
             with timer("post_update"):
@@ -292,7 +216,28 @@ class LocalTrainer:
                 batch, data["mask"], old["logp"], advantages, returns, values, entropy, cfg.rollout.max_response_length
             )
         )
-        return self._finish_step(metrics, timer, batch)
+        return self._finish_step(metrics, timer, batch, old_pass=not fused)
+
+    def _update_controller(self, old: dict, data: dict) -> tuple[float, dict[str, float]]:
+        """The batch's token-mean entropy under pi_old and the entropy controller's update from it."""
+        entropy = float(masked_mean(old["entropy"], data["mask"]))
+        return entropy, self.controller.update(entropy)
+
+    def _old_from_update(self) -> OldFromUpdate | None:
+        """What the update fills in for the old-log-prob pass, when that pass would repeat its first forward.
+
+        pi_old is then the policy of the update's forward of every row: the trained model sampled the batch
+        (``rollout.staleness=0``, the model's dtype), one epoch of one mini-batch, no dropout in training mode.
+        Its consumers before the update must not need it: no batch-entropy controller, no rollout correction.
+        """
+        t, method = self.cfg.trainer, self.method
+        on_policy = self._sampler is self.model and t.ppo_epochs == 1 and self.update_settings.mini_batch_share >= 1
+        before_update = (
+            method.requires("batch_entropy") or ROLLOUT_CORRECTIONS.get(method.rollout_correction) is not no_correction
+        )
+        if not on_policy or before_update or not dropout_free(self.model):
+            return None
+        return OldFromUpdate(method, bool(t.post_update_diagnostics))
 
     def _old_pass(self, data: dict) -> dict:
         """log pi_old with the trained model; the sampling policy's sparse distribution with the copy it sampled with."""
@@ -338,11 +283,13 @@ class LocalTrainer:
             precision=self.cfg.trainer.logprob_precision,
         )
 
-    def _finish_step(self, metrics: dict[str, float], timer: PhaseTimer, batch) -> dict[str, float]:
-        """Timing (wall and CPU), throughput, memory, load and learning rate; advances the schedule."""
+    def _finish_step(self, metrics: dict[str, float], timer: PhaseTimer, batch, old_pass: bool) -> dict[str, float]:
+        """Timing (wall, CPU), throughput, MFU, Roofline points, memory, load, learning rate; advances the schedule."""
         timing = timer.metrics()
         metrics.update(timing)
         metrics.update(throughput_metrics(batch, timing))
+        settings = self.update_settings
+        metrics.update(perf_metrics(self.shape, self.ceiling, batch, timing, old_pass=old_pass, settings=settings))
         metrics.update(load_metrics())
         if self.device.type == "cuda":
             metrics[names.MAX_MEMORY_ALLOCATED_GB] = torch.cuda.max_memory_allocated() / 2**30
@@ -351,16 +298,7 @@ class LocalTrainer:
         return metrics
 
     def _update_critic(self, batch, data, values, returns) -> dict[str, float]:
-        t = self.cfg.trainer
-        settings = CriticSettings(
-            ppo_epochs=t.ppo_epochs,
-            micro_batch_size=t.micro_batch_size,
-            grad_clip=t.grad_clip,
-            value_clip_low=t.value_clip_low,
-            value_clip_high=t.value_clip_high,
-            gamma=float(self.method.estimator_kw.get("gamma", 1.0)),
-            truncated=self.cfg.rollout.mode == "truncated",
-        )
+        settings = CriticSettings.from_config(self.cfg, self.method)
         return update_critic(
             self.critic, self.critic_optimizer, batch, data, values, returns, settings=settings, pad_id=self.pad_id
         )
