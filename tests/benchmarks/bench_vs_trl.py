@@ -19,6 +19,9 @@ sample different responses, so tokens per second, not seconds, are compared. The
 ``--warmup`` pairs are not counted. Wall and process CPU time are both printed; CPU time is the
 one to trust on a loaded machine. TRL's ``model.generate`` is wrapped to time its generation alone.
 
+TRL comes from the ``bench`` extra, in an environment of its own (``make bench`` makes
+``.venv-bench``): verl 0.9.1 cannot start where TRL 1.x is installed.
+
     python tests/benchmarks/bench_vs_trl.py                              # embedded model, 8 x 8 x 48, 6 pairs
     python tests/benchmarks/bench_vs_trl.py --model smollm2_135m --steps 3   # SmolLM2-135M, shorter
     python tests/benchmarks/bench_vs_trl.py --diagnostics               # keep the post-update diagnostics pass

@@ -89,7 +89,7 @@ def test_bootstrap_builds_ray_cluster_matching_allocation(slurm_cluster, tmp_pat
     gcs_port, client_port, agent_port = free_ports(3)
     python_dir = os.path.dirname(sys.executable)
     body = f"""export PATH={python_dir}:$PATH
-export TB_RAY_PORT={gcs_port} TB_RAY_CLIENT_PORT={client_port} TB_RAY_OBJECT_STORE_MB=100 TB_RAY_WAIT_S=120
+export TB_RAY_PORT={gcs_port} TB_RAY_CLIENT_PORT={client_port} TB_RAY_OBJECT_STORE_MB=100 TB_RAY_WAIT_S=240
 export TB_RAY_PYTHON={sys.executable}
 export TB_RAY_START_ARGS="--dashboard-agent-listen-port={agent_port}"
 exec bash {SCRIPT} {sys.executable} -c '{PROBE}'"""
@@ -106,7 +106,7 @@ exec bash {SCRIPT} {sys.executable} -c '{PROBE}'"""
                 pytest.fail(f"job ended without a RAY_PROBE line; output:\n{text[-4000:]}")
             return lines[0] if lines else None
 
-        line = slurm_cluster.wait(probe_line, 150, "the command's RAY_PROBE line")
+        line = slurm_cluster.wait(probe_line, 300, "the command's RAY_PROBE line")
         # The batch shell forwards USR1 (as sent before a time limit) to the command.
         slurm_cluster.run("scancel", "--batch", "--signal=USR1", str(job))
         info = slurm_cluster.wait_job(job, timeout=60)

@@ -60,6 +60,7 @@ from runners.backends.verl.checkpoints import StopWatch, VerlLayout, check_resum
 from runners.backends.verl.cpu_mode import launch_env_updates, runs_on_cpu
 from runners.backends.verl.metrics import MetricsFile, map_metrics
 from runners.backends.verl.process import (
+    check_trl,
     cpu_placement,
     launch_argv,
     launch_env,
@@ -136,6 +137,7 @@ class VerlBackend:
         if resume_step == total:
             print(f"[trustbench] verl checkpoint at step {total} = total_steps: nothing to train", file=sys.stderr)
             return self._final_metrics()
+        check_trl()
         prepare_datasets(cfg, layout.data)
         path = model_path(cfg)
         cpu = cpu_placement(cfg, path)

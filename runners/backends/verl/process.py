@@ -5,6 +5,7 @@
 - ``launch_env`` / ``worker_env``: the variables of the verl process and of every Ray worker (the
   plugins, MLflow run, metrics file, stop file);
 - ``slurm_allocation``, ``model_path``, ``cpu_placement``: what the cell gets where it is launched;
+- ``check_trl``: refuses an installed TRL that verl 0.9.1's model loading cannot import from;
 - ``terminate`` / ``stream``: the process group ended, verl's output copied to a log and echoed.
 """
 
@@ -40,6 +41,44 @@ def slurm_allocation(env: Mapping[str, str] | None = None) -> tuple[int, int] | 
         visible = env.get("CUDA_VISIBLE_DEVICES", "")
         gpus = str(len([d for d in visible.split(",") if d])) if visible and visible != "NoDevFiles" else "0"
     return nodes, int(gpus)
+
+
+def check_trl() -> None:
+    """Raise before launching verl when the installed TRL would make every verl worker fail.
+
+    verl 0.9.1 patches TRL's value-head model whenever ``trl`` is importable (its FSDP engine's
+    ``apply_monkey_patch``), importing ``AutoModelForCausalLMWithValueHead`` from ``trl.experimental.ppo``
+    or ``trl``. TRL 1.x removed both, and the workers die with an ImportError deep in Ray's output.
+    """
+    import importlib.util
+
+    if importlib.util.find_spec("trl") is None:
+        return
+    if _has_value_head_model():
+        return
+    from importlib.metadata import version
+
+    raise RuntimeError(
+        f"the installed trl {version('trl')} has no AutoModelForCausalLMWithValueHead, which verl 0.9.1 imports "
+        "whenever trl is installed: uninstall trl (`pip uninstall trl`; only tests/benchmarks/bench_vs_trl.py "
+        "uses it) or use a separate environment for verl"
+    )
+
+
+def _has_value_head_model() -> bool:
+    import importlib.util
+
+    try:
+        if importlib.util.find_spec("trl.experimental.ppo") is not None:
+            return True
+    except ImportError:
+        pass
+    import trl
+
+    try:
+        return getattr(trl, "AutoModelForCausalLMWithValueHead", None) is not None
+    except ImportError:  # a lazily imported name whose module fails
+        return False
 
 
 def model_path(cfg: DictConfig) -> str:
