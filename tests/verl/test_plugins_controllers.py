@@ -129,6 +129,9 @@ def test_gtpo_h_ini_from_first_prompt_groups_only():
 class _Meta(SimpleNamespace):
     """What the hooks use of verl's KVBatchMeta."""
 
+    def __len__(self) -> int:
+        return len(self.keys)
+
 
 def _meta(n=4):
     return _Meta(keys=[f"k{i}" for i in range(n)], partition_id="train", tags=[{} for _ in range(n)], extra_info={})
@@ -352,3 +355,70 @@ def test_worker_init_model_installs_trustbench_loss(monkeypatch):
     assert worker.loss_fn.func is trustbench_ppo_loss and worker.loss_fn.keywords["config"] is config
     assert installed == [worker.loss_fn]
     assert workers.TrustbenchActorRolloutRefWorker.actor_worker_cls is workers.TrustbenchTrainingWorker
+
+
+def test_value_estimators_apply_verls_rollout_correction(monkeypatch):
+    """trustbench_gae / trustbench_egae replace verl's advantage step, so they must keep its rollout
+    correction: token TIS weights min(exp(old - rollout), cap) on valid tokens (computed here densely),
+    verl's ``rollout_corr/*`` metrics, and the same advantages as without the correction."""
+    from tensordict import TensorDict
+
+    algorithm = {
+        "adv_estimator": "trustbench_gae",
+        "use_kl_in_reward": False,
+        "gamma": 1.0,
+        "lam": 0.95,
+        "trustbench_estimator": {"gamma": 1.0, "lam": 0.95, "whiten": False},
+        "rollout_correction": {"rollout_is": "token", "rollout_is_threshold": 1.5, "bypass_mode": False},
+    }
+    trainer_mod, trainer = _trainer(monkeypatch, {"loss_mode": "vanilla"}, algorithm=algorithm)
+    lengths = [3, 2, 4]
+    gen = torch.Generator().manual_seed(0)
+
+    def jagged(values):
+        return torch.nested.as_nested_tensor(values, layout=torch.jagged)
+
+    old = [torch.randn(n, generator=gen) * 0.5 - 1 for n in lengths]
+    rollout = [o + torch.randn(n, generator=gen) * 0.5 for o, n in zip(old, lengths)]
+    data = TensorDict(
+        {
+            "response_mask": jagged([torch.ones(n, dtype=torch.int64) for n in lengths]),
+            "rm_scores": jagged([torch.eye(n)[-1] * (i + 1) for i, n in enumerate(lengths)]),
+            "values": jagged([torch.randn(n, generator=gen) for n in lengths]),
+            "old_log_probs": jagged(old),
+            "rollout_log_probs": jagged(rollout),
+        },
+        batch_size=[3],
+    )
+    data["uid"] = ["a", "b", "c"]
+    put = {}
+
+    def kv_batch_get(keys, partition_id, select_fields):
+        put["selected"] = list(select_fields)
+        return data.select(*[f for f in select_fields if f != "uid"]).update({"uid": data["uid"]})
+
+    def kv_batch_put(keys, partition_id, fields):
+        put.update(fields=fields)
+        return "meta"
+
+    monkeypatch.setattr(trainer_mod, "tq", SimpleNamespace(kv_batch_get=kv_batch_get, kv_batch_put=kv_batch_put))
+    meta = _meta(3)
+    meta.fields = ["uid", "response_mask", "rm_scores", "values", "old_log_probs", "rollout_log_probs"]
+    metrics = {}
+    assert trainer._compute_value_advantage(meta, metrics) == "meta"
+    assert "rollout_log_probs" in put["selected"]
+    weights = put["fields"]["rollout_is_weights"]
+    for row, (o, r) in enumerate(zip(old, rollout)):
+        expected = torch.exp(o - r).clamp(max=1.5)
+        torch.testing.assert_close(weights[row].float(), expected, rtol=1e-5, atol=1e-6)
+    assert put["fields"]["response_mask"].dtype == torch.int64
+    assert {"rollout_corr/kl", "rollout_corr/rollout_is_mean"} <= set(metrics)
+    with_correction = [a.clone() for a in put["fields"]["advantages"].unbind()]
+
+    # without a rollout_log_probs field: no correction, no metrics, the same advantages
+    meta.fields = ["uid", "response_mask", "rm_scores", "values"]
+    metrics.clear()
+    trainer._compute_value_advantage(meta, metrics)
+    assert "rollout_is_weights" not in put["fields"].keys() and not metrics
+    for a, b in zip(with_correction, put["fields"]["advantages"].unbind()):
+        torch.testing.assert_close(a, b)

@@ -8,7 +8,8 @@ everywhere verl tests the mode) plus a few overrides, each a thin wrapper around
 - ``_compute_old_log_prob``: flags the batch so the engine stores the sparse old distribution
   (``sparse_old.SPARSIFY_KEY``) when the loss needs it (TROLL, exact-KL TRM), then feeds the
   pass's entropy to the per-iteration controllers (``controllers.IterationControl``);
-- ``_compute_advantage``: critic values (and ``finished``) for ``trustbench_gae`` / ``trustbench_egae``;
+- ``_compute_advantage``: critic values (and ``finished``) for ``trustbench_gae`` / ``trustbench_egae``,
+  after verl's rollout correction as verl's own advantage step applies it;
   then the built-in trainer's per-iteration diagnostics (``monitor``: ``entropy/cov``, the TRM monitor
   for verl's own losses);
 - ``_step_once``: after verl's iteration the post-update pass (``trainer_diagnostics``:
@@ -183,7 +184,7 @@ class TrustbenchPPOTrainer(PPOTrainerSync):
 
     def _compute_advantage(self, batch, metrics: dict):
         if self.config.algorithm.adv_estimator in VALUE_ESTIMATORS:
-            out = self._compute_value_advantage(batch)
+            out = self._compute_value_advantage(batch, metrics)
         else:
             out = super()._compute_advantage(batch, metrics)
         metrics.update(self._iteration_metrics(batch))
@@ -211,31 +212,59 @@ class TrustbenchPPOTrainer(PPOTrainerSync):
             length_edges=list(monitor.get("length_edges", DEFAULT_EDGES)),
         )
 
-    def _compute_value_advantage(self, batch):
+    def _compute_value_advantage(self, batch, metrics: dict):
+        """verl's ``_compute_advantage`` for the value estimators: its rollout correction (IS weights,
+        rejection, ``rollout_corr/*``) on the same condition, then the estimator with the critic's values
+        and T-PPO's ``finished`` (verl's own call passes neither)."""
         name = self.config.algorithm.adv_estimator
+        names = set(getattr(batch, "fields", None) or [])
+        correction = self.config.algorithm.get("rollout_correction", None)
+        correct = correction is not None and "rollout_log_probs" in names and not correction.get("bypass_mode", False)
         fields = ["uid", "response_mask", "rm_scores", "values"]
-        has_finished = "finished" in (getattr(batch, "fields", None) or [])
-        if has_finished:
-            fields.append("finished")
+        fields += ["finished"] if "finished" in names else []
+        fields += ["old_log_probs", "rollout_log_probs"] if correct else []
         data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=fields)
         mask_nested = data["response_mask"]
         width = int(mask_nested.offsets().diff().max())
+        response_mask = padded_from_nested(mask_nested, width, 0).float()
+        output = {}
+        if correct:
+            response_mask, output = self._rollout_correction(data, response_mask, width, correction, metrics)
+            output["response_mask"] = output["response_mask"].to(mask_nested.dtype)
         advantages, returns = get_adv_estimator_fn(name)(
             token_level_rewards=padded_from_nested(data["rm_scores"], width, 0.0).float(),
-            response_mask=padded_from_nested(mask_nested, width, 0).float(),
+            response_mask=response_mask,
             config=self.config.algorithm,
             index=np.array(_uids(data), dtype=object),
             values=padded_from_nested(data["values"], width, 0.0).float(),
-            finished=data["finished"].reshape(-1).bool() if has_finished else None,
+            finished=data["finished"].reshape(-1).bool() if "finished" in fields else None,
         )
-        output = TensorDict(
-            {
-                "advantages": response_to_nested(advantages, mask_nested),
-                "returns": response_to_nested(returns, mask_nested),
-            },
-            batch_size=len(batch),
+        output.update({"advantages": advantages, "returns": returns})
+        nested = {key: response_to_nested(value, mask_nested) for key, value in output.items()}
+        return tq.kv_batch_put(
+            keys=batch.keys, partition_id=batch.partition_id, fields=TensorDict(nested, batch_size=len(batch))
         )
-        return tq.kv_batch_put(keys=batch.keys, partition_id=batch.partition_id, fields=output)
+
+    @staticmethod
+    def _rollout_correction(data, response_mask, width: int, correction, metrics: dict):
+        """verl's ``compute_rollout_correction_and_add_to_batch`` on the padded batch: the (possibly
+        rejection-masked) response mask and the fields to write back, as verl's own advantage step does."""
+        from verl import DataProto
+        from verl.trainer.ppo.rollout_corr_helper import compute_rollout_correction_and_add_to_batch
+
+        tensors = {
+            key: padded_from_nested(data[key], width, 0.0).float() for key in ("old_log_probs", "rollout_log_probs")
+        }
+        proto = DataProto(
+            batch=TensorDict({**tensors, "response_mask": response_mask}, batch_size=[len(response_mask)])
+        )
+        proto, is_metrics = compute_rollout_correction_and_add_to_batch(proto, correction)
+        metrics.update(is_metrics)
+        mask = proto.batch["response_mask"].float()
+        fields = {"response_mask": mask}
+        if "rollout_is_weights" in proto.batch.keys():
+            fields["rollout_is_weights"] = proto.batch["rollout_is_weights"]
+        return mask, fields
 
     def _monitor(self) -> dict:
         return dict(self.config.trainer.v1.get(MONITOR_KEY, None) or {})
