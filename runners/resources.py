@@ -261,5 +261,11 @@ def load_metrics() -> dict[str, float]:
 
 
 def default_threads() -> int:
-    """Torch threads when ``backend.num_threads=0``: the CPUs available to this process."""
-    return available_cpus()
+    """Torch threads when ``backend.num_threads=0``: one less than the CPUs available to this process
+    (at least 1), leaving a core to the tracker thread, the OS and a neighbour's job.
+
+    Measured with ``tests/benchmarks/bench_threads.py --steps 6 --repeats 2`` on 2 cores (embedded
+    default, demo settings): 2 threads took 1.05x the wall time of 1 thread on the quiet machine (1.21x
+    the CPU time) and 1.35x beside one spinning process. Not measured on larger machines or models.
+    """
+    return max(1, available_cpus() - 1)

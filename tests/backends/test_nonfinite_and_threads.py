@@ -56,3 +56,6 @@ def test_default_threads_follow_the_cpus_this_process_may_use(monkeypatch):
     monkeypatch.setattr(os, "cpu_count", lambda: 64)
     assert resources.available_cpus() == 1
     assert resources.default_threads() == 1
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 5, 7})
+    assert resources.available_cpus() == 4
+    assert resources.default_threads() == 3  # one core left to the tracker, the OS and neighbours
