@@ -25,6 +25,8 @@
 #   TB_RAY_TEMP_DIR      Ray's temp/session dir (default /tmp/ray-<jobid>, never shared by two jobs)
 #   TB_RAY_WAIT_S        seconds to wait for all nodes and GPUs (default 300)
 #   TB_RAY_START_ARGS    extra arguments for every `ray start` (e.g. port ranges for firewalls)
+#   TB_RAY_HEAD_START_ARGS / TB_RAY_WORKER_START_ARGS  extra arguments for the head's / the workers'
+#                        `ray start` only (e.g. different agent ports where "nodes" share one host)
 #   TB_RAY_BIN           the ray executable (default: ray on PATH)
 #   TB_RAY_PYTHON        the python that has ray, used for the readiness check (default python3)
 #   RAY_AUTH_MODE        Ray's auth mode for head, workers and the command (default: token when
@@ -94,6 +96,13 @@ start_node() {
     fi
     # shellcheck disable=SC2206  # TB_RAY_START_ARGS is a word list by design
     args+=(${TB_RAY_START_ARGS:-})
+    if [[ $role == head ]]; then
+        # shellcheck disable=SC2206
+        args+=(${TB_RAY_HEAD_START_ARGS:-})
+    else
+        # shellcheck disable=SC2206
+        args+=(${TB_RAY_WORKER_START_ARGS:-})
+    fi
     log "$role on $SLURMD_NODENAME ($ip): ${SLURM_CPUS_ON_NODE:-?} CPUs, $gpus GPUs"
     "$RAY_BIN" start --block --disable-usage-stats --node-ip-address="$ip" \
         --num-cpus="${SLURM_CPUS_ON_NODE:-1}" --num-gpus="$gpus" "${args[@]}" &

@@ -86,12 +86,13 @@ def test_bootstrap_builds_ray_cluster_matching_allocation(slurm_cluster, tmp_pat
         nodes, allocation = 1, ["--nodes=1", "--gpus=2"]
     else:
         pytest.skip(f"slurm: the test cluster has {slurm_cluster.gpus} GPU(s) per node, this test needs 2 in all")
-    gcs_port, client_port, agent_port = free_ports(3)
+    gcs_port, client_port, agent_port, worker_agent_port = free_ports(4)
     python_dir = os.path.dirname(sys.executable)
     body = f"""export PATH={python_dir}:$PATH
 export TB_RAY_PORT={gcs_port} TB_RAY_CLIENT_PORT={client_port} TB_RAY_OBJECT_STORE_MB=100 TB_RAY_WAIT_S=240
 export TB_RAY_PYTHON={sys.executable}
-export TB_RAY_START_ARGS="--dashboard-agent-listen-port={agent_port}"
+export TB_RAY_HEAD_START_ARGS="--dashboard-agent-listen-port={agent_port}"
+export TB_RAY_WORKER_START_ARGS="--dashboard-agent-listen-port={worker_agent_port}"
 exec bash {SCRIPT} {sys.executable} -c '{PROBE}'"""
     cpus = f"--cpus-per-task={min(2, slurm_cluster.cpus)}"
     job = slurm_cluster.sbatch(body, *allocation, "--ntasks-per-node=1", cpus, cwd=tmp_path)

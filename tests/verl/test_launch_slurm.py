@@ -42,7 +42,7 @@ def test_sbatch_runs_the_cell_through_ray_on_the_allocated_nodes(slurm_cluster, 
 
     node_names = slurm_cluster.run("sinfo", "-h", "-N", "-o", "%N").stdout.split()
     nodes = min(2, len(set(node_names)))
-    gcs, client, agent = free_ports(3)
+    gcs, client, agent, worker_agent = free_ports(4)
     fake = tmp_path / "fake_verl.py"
     fake.write_text(FAKE_VERL)
     home = tmp_path / "home"
@@ -52,7 +52,9 @@ def test_sbatch_runs_the_cell_through_ray_on_the_allocated_nodes(slurm_cluster, 
         "TB_RAY_CLIENT_PORT": client,
         "TB_RAY_OBJECT_STORE_MB": 100,
         "TB_RAY_WAIT_S": 120,
-        "TB_RAY_START_ARGS": f"--dashboard-agent-listen-port={agent}",
+        # the test cluster's nodes share this host: each agent on its own port
+        "TB_RAY_HEAD_START_ARGS": f"--dashboard-agent-listen-port={agent}",
+        "TB_RAY_WORKER_START_ARGS": f"--dashboard-agent-listen-port={worker_agent}",
     }
     overrides = [
         "backend=verl",
