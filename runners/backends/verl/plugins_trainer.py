@@ -229,8 +229,8 @@ class TrustbenchPPOTrainer(PPOTrainerSync):
         response_mask = padded_from_nested(mask_nested, width, 0).float()
         output = {}
         if correct:
-            response_mask, output = self._rollout_correction(data, response_mask, width, correction, metrics)
-            output["response_mask"] = output["response_mask"].to(mask_nested.dtype)
+            output = self._rollout_correction(data, response_mask, width, correction, metrics)
+            response_mask = output["response_mask"].float()
         advantages, returns = get_adv_estimator_fn(name)(
             token_level_rewards=padded_from_nested(data["rm_scores"], width, 0.0).float(),
             response_mask=response_mask,
@@ -247,8 +247,9 @@ class TrustbenchPPOTrainer(PPOTrainerSync):
 
     @staticmethod
     def _rollout_correction(data, response_mask, width: int, correction, metrics: dict):
-        """verl's ``compute_rollout_correction_and_add_to_batch`` on the padded batch: the (possibly
-        rejection-masked) response mask and the fields to write back, as verl's own advantage step does."""
+        """verl's ``compute_rollout_correction_and_add_to_batch`` on the padded batch: the fields to write
+        back as verl's own advantage step does (the possibly rejection-masked response mask in the stored
+        dtype, and the IS weights when enabled)."""
         from verl import DataProto
         from verl.trainer.ppo.rollout_corr_helper import compute_rollout_correction_and_add_to_batch
 
@@ -260,11 +261,10 @@ class TrustbenchPPOTrainer(PPOTrainerSync):
         )
         proto, is_metrics = compute_rollout_correction_and_add_to_batch(proto, correction)
         metrics.update(is_metrics)
-        mask = proto.batch["response_mask"].float()
-        fields = {"response_mask": mask}
+        fields = {"response_mask": proto.batch["response_mask"].to(data["response_mask"].dtype)}
         if "rollout_is_weights" in proto.batch.keys():
             fields["rollout_is_weights"] = proto.batch["rollout_is_weights"]
-        return mask, fields
+        return fields
 
     def _monitor(self) -> dict:
         return dict(self.config.trainer.v1.get(MONITOR_KEY, None) or {})
