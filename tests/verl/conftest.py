@@ -5,7 +5,7 @@ The stage runs last in the session (tests/conftest.py orders it), so its summary
 memory peak are the stage's own. The line also gives the verl launches, the mean of each ``timing_s/*``
 phase over the stage's iterations and the peak summed PSS of its processes.
 
-    pytest -m verl_cpu tests/verl        # the stage alone (about 7 minutes on 2 busy cores)
+    pytest -m verl_cpu tests/verl        # the stage alone (about 16 minutes on 2 quiet cores)
 """
 
 from __future__ import annotations

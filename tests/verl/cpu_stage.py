@@ -13,12 +13,19 @@ While the stage runs, a sampler thread records every second the proportional set
 the stage's processes (the Ray cluster's, verl's drivers and this one); tests/verl/conftest.py
 prints the stage's wall time, verl launches, phase times (``timing_s/*``) and the memory peak.
 
-Cells: 2 iterations of 8 prompts x 4 responses of the embedded model, no evaluation, lr 1e-3.
+Cells: 2 iterations of 8 prompts x 4 responses of the embedded model, no evaluation, lr 1e-3; except
+TROLL, which is README's verl command exactly as a CPU-only user types it (``README_COMMAND``: the
+default 8 x 8 with evaluation, lr 1e-4), run in a process of its own that starts its own Ray, into the
+stage's home and MLflow store (experiment ``default``): one verl launch checks both the command and
+the TROLL cell.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -44,10 +51,13 @@ COMMON = (
     "dataset.eval_limit=8",
     "progress=false",
 )
-# the stage's cells: name -> overrides after COMMON
+# README's verl-on-CPU command (``trustbench run ...``), exactly; the stage's TROLL cell
+README_COMMAND = ("backend=verl", "algorithm=grpo", "objective=troll", "trainer.total_steps=2")
+README_CELL = "troll"
+# the stage's cells: name -> overrides after COMMON (README_CELL: README_COMMAND alone)
 CELLS: dict[str, tuple[str, ...]] = {
     "grpo": ("algorithm=grpo",),
-    "troll": ("algorithm=grpo", "objective=troll"),
+    README_CELL: ("algorithm=grpo", "objective=troll"),
     "trm_max": ("algorithm=grpo", "mask=trm_max"),
     "gtpo": ("algorithm=gtpo",),
     "repo_r": ("algorithm=repo_r",),
@@ -141,6 +151,9 @@ class CpuStage:
         if name not in self.runs:
             from runners.run import run
 
+            if name == README_CELL:
+                self.runs[name] = self.readme_command()
+                return self.runs[name]
             cfg, choices = self.compose(name)
             dump = self.home / "dumps" / name
             started = time.monotonic()
@@ -150,8 +163,32 @@ class CpuStage:
             self.runs[name] = CellRun(name, cfg, choices, result, self.layout(cfg), dump, time.monotonic() - started)
         return self.runs[name]
 
+    def readme_command(self) -> CellRun:
+        """``trustbench run`` + README_COMMAND in a fresh process, as a user runs it: no Ray address (it
+        starts its own Ray), no MLflow variables; the stage's home, so its MLflow run is in the stage's
+        store. Its micro-batches are dumped like every cell's; a failure shows the command's output."""
+        from runners.backends.verl.batch_dump import DUMP_ENV
+        from runners.config import compose
+
+        dump = self.home / "dumps" / README_CELL
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "MLFLOW_"))}
+        env.update({"TRUSTBENCH_HOME": str(self.home), DUMP_ENV: str(dump)})
+        exe = shutil.which("trustbench", path=os.path.dirname(sys.executable)) or "trustbench"
+        started = time.monotonic()
+        self.launches += 1
+        done = subprocess.run(
+            [exe, "run", *README_COMMAND], cwd=self.home, env=env, capture_output=True, text=True, timeout=540
+        )
+        wall = time.monotonic() - started
+        assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+        cfg, choices = compose(list(README_COMMAND))
+        (found,) = self.client().search_runs([self.client().get_experiment_by_name(str(cfg.experiment)).experiment_id])
+        result = {"status": found.info.status, "run_id": found.info.run_id, "name": found.info.run_name}
+        return CellRun(README_CELL, cfg, dict(choices), result, self.layout(cfg), dump, wall)
+
     def local_keys(self, name: str) -> set[str]:
-        """Metric names the built-in backend logs for the same cell (2 iterations)."""
+        """Metric names the built-in backend logs for the same cell (2 iterations; for README_CELL the
+        stage's sizes with the same method)."""
         if name not in self.local:
             from runners.run import run
 
@@ -208,11 +245,12 @@ STAGE: dict[str, CpuStage] = {}
 def cpu_stage(tmp_path_factory, cpu_ray) -> Iterator[CpuStage]:
     """The verl-on-CPU stage under a temporary ``TRUSTBENCH_HOME`` (restored afterwards)."""
     from runners import tracking
+    from runners.backends.verl.translate import CPU_ENTRYPOINT, ENTRYPOINT
 
     home = tmp_path_factory.mktemp("verl_cpu_home")
     previous = os.environ.get("TRUSTBENCH_HOME")
     os.environ["TRUSTBENCH_HOME"] = str(home)
-    sampler = MemorySampler([str(cpu_ray.temp_dir), "verl.trainer.main_ppo"])
+    sampler = MemorySampler([str(cpu_ray.temp_dir), ENTRYPOINT, CPU_ENTRYPOINT])
     sampler.start()
     stage = CpuStage(home=home, uri=tracking.ensure_store(f"sqlite:///{home}/mlflow.db"), sampler=sampler)
     STAGE["stage"] = stage
@@ -227,4 +265,15 @@ def cpu_stage(tmp_path_factory, cpu_ray) -> Iterator[CpuStage]:
             os.environ["TRUSTBENCH_HOME"] = previous
 
 
-__all__ = ["CELLS", "COMMON", "EXPERIMENT", "STAGE", "CellRun", "CpuStage", "cpu_stage", "dump_env"]
+__all__ = [
+    "CELLS",
+    "COMMON",
+    "EXPERIMENT",
+    "README_CELL",
+    "README_COMMAND",
+    "STAGE",
+    "CellRun",
+    "CpuStage",
+    "cpu_stage",
+    "dump_env",
+]

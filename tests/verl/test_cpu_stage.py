@@ -19,7 +19,10 @@ Hugging Face rollout, FSDP2 on CPU, the trustbench trainer. What is checked agai
 - REPO-R, stopped after iteration 1 by a stop signal and resumed: see ``test_repo_r_requeue``;
 - PPO (verl's GAE) and EGAE (the trustbench estimator with verl's critic): the critic trains at
   both steps, and EGAE's critic gets the policy's model, optimiser and value clip;
-- ``trustbench report verl_cpu`` builds from the stage's runs (both backends).
+- TROLL is README's command exactly (``README_COMMAND``, its own process and Ray): see
+  ``test_the_readme_command_trains_troll_on_verl``;
+- every cell ran verl's TaskRunner in the driver process (CPU mode's ``driver_entry``);
+- ``trustbench report`` builds from the stage's runs (both backends).
 
 Run: ``pytest -m verl_cpu tests/verl`` (the stage; its summary line gives the wall time, phase
 times and memory peak).
@@ -37,7 +40,7 @@ import time
 import pytest
 
 from runners import metric_names
-from tests.verl.cpu_stage import CELLS, EXPERIMENT
+from tests.verl.cpu_stage import CELLS, EXPERIMENT, README_CELL
 
 pytestmark = [pytest.mark.verl, pytest.mark.verl_cpu, pytest.mark.slow]
 
@@ -134,6 +137,9 @@ def test_cell_trains_two_verl_iterations(cpu_stage, name):
     local = cpu_stage.local_keys(name)
     missing = sorted(families(local) - families(run.data.metrics))
     assert not missing, f"the verl run lacks metrics the built-in backend logs: {missing}"
+    # CPU mode's entry point ran verl's TaskRunner in the driver: no actor of its own printed anything
+    assert "runners.backends.verl.driver_entry" in command(cell)
+    assert "(TaskRunnerV1 pid=" not in (cell.run_dir / "verl" / "verl.1.log").read_text(errors="replace")
     CHECKS[name](cpu_stage, cell, run)
 
 
@@ -215,44 +221,36 @@ def test_repo_r_requeue(cpu_stage, monkeypatch):
 
 
 def test_report_builds_from_the_stage(cpu_stage, tmp_path):
-    """``trustbench report verl_cpu`` builds (HTML) from the stage's verl and built-in runs."""
+    """``trustbench report`` builds (HTML) from the stage's verl and built-in runs, for each experiment
+    they are in (``verl_cpu``; ``default``, README's command)."""
     from runners.cli import main
 
     for name in PLAIN_CELLS:  # REPO-R's run is the requeue test's
         cpu_stage.verl(name)
-    out = tmp_path / "report"
-    rc = main(["report", EXPERIMENT, "--tracking-uri", cpu_stage.uri, "--out", str(out), "--no-pdf", "--quiet"])
-    assert rc == 0
-    html = (out / "report.html").read_text()
-    for cell in cpu_stage.runs.values():
-        assert cell.result["name"].split(" | ")[0] in html
+    experiments = {str(cell.cfg.experiment) for cell in cpu_stage.runs.values()}
+    assert EXPERIMENT in experiments
+    for experiment in sorted(experiments):
+        out = tmp_path / experiment
+        argv = ["report", experiment, "--tracking-uri", cpu_stage.uri, "--out", str(out), "--no-pdf", "--quiet"]
+        assert main(argv) == 0, experiment
+        html = (out / "report.html").read_text()
+        for cell in cpu_stage.runs.values():
+            if str(cell.cfg.experiment) == experiment:
+                assert cell.result["name"].split(" | ")[0] in html, (experiment, cell.name)
 
 
-def test_the_readme_command_trains_troll_on_verl(tmp_path):
+def test_the_readme_command_trains_troll_on_verl(cpu_stage):
     """The command a CPU-only user types, exactly, in a fresh process with its own Ray (no shared
     cluster, evaluation on as configured by default): ``trustbench run backend=verl algorithm=grpo
-    objective=troll trainer.total_steps=2`` leaves a FINISHED MLflow run with ``troll/*`` metrics and
-    ``actor/pg_loss`` at steps 1 and 2."""
-    import shutil
-    import sqlite3
-    import subprocess
-    import sys
-
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "MLFLOW_"))}
-    env["TRUSTBENCH_HOME"] = str(tmp_path / "home")
-    exe = shutil.which("trustbench", path=os.path.dirname(sys.executable)) or "trustbench"
-    argv = [exe, "run", "backend=verl", "algorithm=grpo", "objective=troll", "trainer.total_steps=2"]
-    done = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=540)
-    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
-    with sqlite3.connect(tmp_path / "home" / "mlflow.db") as con:
-        ((run_id, status),) = con.execute("SELECT run_uuid, status FROM runs").fetchall()
-        assert status == "FINISHED"
-        keys = {k for (k,) in con.execute("SELECT DISTINCT key FROM metrics WHERE run_uuid = ?", (run_id,))}
-        steps = [
-            s
-            for (s,) in con.execute(
-                "SELECT step FROM metrics WHERE run_uuid = ? AND key = ? ORDER BY step", (run_id, metric_names.PG_LOSS)
-            )
-        ]
-    assert any(k.startswith("troll/") for k in keys), sorted(keys)
-    assert steps == [1, 2]
+    objective=troll trainer.total_steps=2`` (``README_COMMAND``, the stage's TROLL cell) leaves a
+    FINISHED MLflow run with ``troll/*`` metrics, ``actor/pg_loss`` at steps 1 and 2 and the evaluation
+    before and after training."""
+    cell = cpu_stage.verl(README_CELL)
+    run = cpu_stage.client().get_run(cell.result["run_id"])
+    assert run.info.status == "FINISHED" and run.data.tags["backend"] == "verl"
+    assert any(k.startswith("troll/") for k in run.data.metrics), sorted(run.data.metrics)
+    assert [s for s, _ in cpu_stage.history(run.info.run_id, metric_names.PG_LOSS)] == [1, 2]
+    t = cell.cfg.trainer
+    assert t.eval_every and t.n == 8  # the default sizes, not the stage's COMMON
+    accuracy = [k for k in run.data.metrics if k.startswith("val-core/")]
+    assert accuracy and [s for s, _ in cpu_stage.history(run.info.run_id, accuracy[0])] == [0, 2], accuracy

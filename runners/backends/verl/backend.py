@@ -164,7 +164,7 @@ class VerlBackend:
             worker_env=worker_env(env, via),
             cpu=cpu,
         )
-        argv = launch_argv(cfg, overrides, in_slurm=in_slurm)
+        argv = launch_argv(cfg, overrides, in_slurm=in_slurm, cpu=cpu is not None)
         (layout.root / f"command.{attempt}.txt").write_text(shlex.join(argv) + "\n")
         self.tracker.flush(wait=True)
         if self.stop_requested:  # the signal came while the data was prepared: nothing to checkpoint

@@ -1,6 +1,7 @@
 """Starting and ending the verl process: its command, environment and resources, its output streamed.
 
-- ``launch_argv``: ``python -m verl.trainer.main_ppo <overrides>`` (``backend.options.entrypoint``),
+- ``launch_argv``: ``python -m verl.trainer.main_ppo <overrides>`` (``backend.options.entrypoint``; in
+  CPU mode ``runners.backends.verl.driver_entry``, verl's main with the TaskRunner in the driver),
   through the Ray-on-Slurm bootstrap (``slurm/ray_on_slurm.sh``) inside a Slurm allocation;
 - ``launch_env`` / ``worker_env``: the variables of the verl process and of every Ray worker (the
   plugins, MLflow run, metrics file, stop file);
@@ -25,7 +26,7 @@ from runners import paths as tb_paths
 from runners.backends.verl.batch_dump import DUMP_ENV
 from runners.backends.verl.checkpoints import STOP_FILE_ENV
 from runners.backends.verl.cpu_mode import CPUPlacement, exported_tokenizer_path, runs_on_cpu
-from runners.backends.verl.translate import ENTRYPOINT, backend_options
+from runners.backends.verl.translate import CPU_ENTRYPOINT, ENTRYPOINT, backend_options
 
 RAY_BOOTSTRAP = tb_paths.repo_root() / "slurm" / "ray_on_slurm.sh"
 
@@ -109,17 +110,22 @@ def cpu_placement(cfg: DictConfig, model_dir: str) -> CPUPlacement | None:
     )
 
 
-def entry_command(cfg: DictConfig, python: str = sys.executable) -> list[str]:
-    """``[python, -m, verl.trainer.main_ppo]`` (``backend.options.entrypoint``; a ``.py`` file runs as a script)."""
-    entry = str(backend_options(cfg).get("entrypoint") or ENTRYPOINT)
+def entry_command(cfg: DictConfig, python: str = sys.executable, *, cpu: bool = False) -> list[str]:
+    """``[python, -m, <module>]`` for ``backend.options.entrypoint`` (a ``.py`` file runs as a script).
+
+    ``auto`` (the default) is verl's ``main_ppo``, or in CPU mode (``cpu``) the same main with its
+    TaskRunner in the driver process (``driver_entry``: one process fewer to start per launch)."""
+    entry = str(backend_options(cfg).get("entrypoint") or "auto")
+    if entry == "auto":
+        entry = CPU_ENTRYPOINT if cpu else ENTRYPOINT
     return [python, entry] if entry.endswith(".py") else [python, "-m", entry]
 
 
 def launch_argv(
-    cfg: DictConfig, overrides: Sequence[str], *, in_slurm: bool, python: str = sys.executable
+    cfg: DictConfig, overrides: Sequence[str], *, in_slurm: bool, cpu: bool = False, python: str = sys.executable
 ) -> list[str]:
     """The command that runs verl: through the Ray-on-Slurm bootstrap inside an allocation."""
-    command = [*entry_command(cfg, python), *overrides]
+    command = [*entry_command(cfg, python, cpu=cpu), *overrides]
     return ["bash", str(RAY_BOOTSTRAP), *command] if in_slurm else command
 
 

@@ -62,6 +62,8 @@ from runners.resources import cell_resources
 
 PLUGIN_MODULE = "runners.backends.verl.plugins"
 ENTRYPOINT = "verl.trainer.main_ppo"
+# CPU mode's entry point: verl's main with its TaskRunner in the driver process
+CPU_ENTRYPOINT = "runners.backends.verl.driver_entry"
 OPTION_KEYS = {
     "entrypoint",
     "rollout_engine",
