@@ -35,8 +35,13 @@ def _hf(model, ids, mask):
     return hidden.last_hidden_state[:, CONTEXT - 1 : -1]
 
 
+@pytest.mark.parametrize("buckets", [1, 2, 4, 8])
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
-def test_packed_forward_equals_the_hf_forward(arch):
+def test_packed_forward_equals_the_hf_forward(arch, buckets, monkeypatch):
+    """Any number of attention buckets (rows grouped by length; 8 > rows: one row each) gives the HF values."""
+    from runners.backends.local import packed
+
+    monkeypatch.setattr(packed, "ATTENTION_BUCKETS", buckets)
     model = build_tiny_model(arch, vocab_size=37, seed=1).double().train()
     assert supports_packed(model)
     ids, mask = _batch()
@@ -69,3 +74,18 @@ def test_other_models_take_the_hf_forward(change):
     model.eval()
     got, expected = policy.segment_hidden(model, ids, mask, CONTEXT), _hf(model, ids, mask)
     torch.testing.assert_close(got, expected, rtol=0, atol=0, equal_nan=True)  # eager: NaN on padding rows
+
+
+def test_attention_buckets_cover_every_token_once_and_are_as_wide_as_their_longest_row():
+    """Rows sorted by length into 3 buckets: each bucket's width is its longest row, every packed token
+    sits in exactly one real cell, and ``inverse`` puts the buckets' outputs back in packed order."""
+    from runners.backends.local.packed import AttentionLayout
+
+    lengths = torch.tensor([5, 1, 9, 3, 7, 2, 8])
+    layout = AttentionLayout.of(lengths, 3)
+    assert [(b.rows, b.width) for b in layout.buckets] == [(3, 3), (2, 7), (2, 9)]  # lengths 1,2,3 | 5,7 | 8,9
+    cells = torch.cat([b.gather[b.real] for b in layout.buckets])
+    assert sorted(cells.tolist()) == list(range(int(lengths.sum())))
+    assert torch.equal(cells[layout.inverse], torch.arange(int(lengths.sum())))
+    pad = int(lengths.sum())
+    assert all(int((b.gather == pad).sum()) == b.rows * b.width - b.real.numel() for b in layout.buckets)
