@@ -89,8 +89,8 @@ TOTAL_NUM_TOKENS = "perf/total_num_tokens"
 MAX_MEMORY_ALLOCATED_GB = "perf/max_memory_allocated_gb"
 CPU_MEMORY_USED_GB = "perf/cpu_memory_used_gb"
 # Model FLOPs utilisation of the actor update (verl's name): matmul FLOPs of forward and backward on the
-# real tokens (runners/backends/local/flops.py) / (update time x the machine's peak: the GPU table's dense BF16
-# rate, or a CPU's measured fp32 matmul rate, runners/backends/local/hardware.py)
+# real tokens (runners/perf/flops.py) / (update time x the machine's peak: the GPU table's dense BF16
+# rate, or a CPU's measured fp32 matmul rate, runners/perf/hardware.py)
 MFU_ACTOR = "perf/mfu/actor"
 # Roofline points measured by a backend, per phase: arithmetic intensity (model FLOPs / modelled bytes moved,
 # FLOP/byte) and achieved TFLOP/s (model FLOPs / the phase's wall time). Phases: rollout (generation),

@@ -8,7 +8,8 @@ Rules (the project layout; every ``import`` and ``from ... import`` counts, also
   what they share lives in ``runners.backends.base`` and ``runners.algorithms``;
 - ``runners.algorithms`` (the backend-independent library) never imports a backend, the models or the
   run orchestration (``runners.run``, ``runners.sweep``, ``runners.tracking``, ``runners.launch``);
-- ``runners.models`` never imports a backend;
+- ``runners.models`` never imports a backend; ``runners.perf`` (FLOPs, ceilings, Roofline points, shared
+  by both backends) neither a backend nor the models;
 - the orchestration (``runners.run``, ``runners.launch``, ``runners.sweep``, ``runners.cli``,
   ``runners.main``) reaches a backend only through the registry (``runners.backends.BACKENDS``), never
   by importing ``runners.backends.local`` or ``runners.backends.verl``.
@@ -38,6 +39,7 @@ RULES = [
         "the algorithm library is backend-independent",
     ),
     ("runners.models", ("runners.backends",), "models do not depend on a backend"),
+    ("runners.perf", ("runners.backends", "runners.models"), "hardware accounting is shared by the backends"),
     *(
         (module, ("runners.backends.local", "runners.backends.verl"), "orchestration reaches backends by registry")
         for module in ("runners.run", "runners.launch", "runners.sweep", "runners.cli", "runners.main")

@@ -81,7 +81,7 @@ def _measured_points(ax, data: ExperimentData | None, hw) -> str:
         )  # fmt: skip
     return (
         " Markers: our runs, per phase (circle rollout, square old-log-prob pass, triangle actor update; median"
-        " over steps per run; model FLOPs over modelled bytes, runners/backends/local/flops.py); red dashed:"
+        " over steps per run; model FLOPs over modelled bytes, runners/perf/flops.py); red dashed:"
         " the ceiling of the machine they ran on when it is not in the table (a CPU's measured fp32 peak)."
     )
 

@@ -19,11 +19,12 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from runners import metric_names as names
-from runners.backends.local import hardware
-from runners.backends.local.flops import TransformerShape
-from runners.backends.local.perf import phase_work, roofline_metrics
+from runners.backends.local.perf import batch_work
 from runners.backends.local.policy import segment_logits
 from runners.models.tiny import build_tiny_model
+from runners.perf import hardware
+from runners.perf.flops import TransformerShape
+from runners.perf.roofline import roofline_metrics
 
 
 def _model(arch="llama", **overrides):
@@ -201,7 +202,7 @@ def test_roofline_metrics_of_a_step(old_pass):
     shape = TransformerShape.from_model(_model())
     prompts, responses = [3, 5, 4, 5], [2, 7, 1, 4]
     batch = _batch(prompts, responses, context=5)
-    work = phase_work(shape, batch, old_pass=old_pass, epochs=2, mini_batch_share=0.5)
+    work = batch_work(shape, batch, old_pass=old_pass, epochs=2, mini_batch_share=0.5)
     lengths = [p + r for p, r in zip(prompts, responses)]
     assert work["rollout"][0] == shape.generation_flops(prompts, responses)
     assert ("old_log_prob" in work) == old_pass

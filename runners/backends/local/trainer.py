@@ -45,7 +45,6 @@ from runners.backends.local.actor import OldFromUpdate, UpdateSettings, old_pass
 from runners.backends.local.batching import micro_rows, policy_mask, to_device
 from runners.backends.local.critic import CriticSettings, update_critic
 from runners.backends.local.diagnostics import post_update_metrics
-from runners.backends.local.hardware import machine_ceiling
 from runners.backends.local.perf import model_shape, perf_metrics
 from runners.backends.local.policy import dropout_free, segment_logits
 from runners.backends.local.rollout_policy import RolloutPolicy
@@ -61,6 +60,7 @@ from runners.backends.local.step_metrics import (
     throughput_metrics,
 )
 from runners.models.sampler import generate, make_generator
+from runners.perf.hardware import machine_ceiling
 from runners.resources import default_threads
 
 

@@ -9,7 +9,7 @@
   larger than the last-level caches of current CPUs). Both are timed in process CPU time (divided by
   the threads for the matmul), so a measurement on a loaded machine still sees the cores' own speed.
 
-    from runners.backends.local.hardware import machine_ceiling
+    from runners.perf.hardware import machine_ceiling
     ceiling = machine_ceiling(torch.device("cpu"))      # Ceiling(tflops=..., mem_bw_tbs=..., source=...)
 """
 
@@ -26,7 +26,7 @@ from pathlib import Path
 
 from runners.paths import model_cache_dir
 
-HARDWARE_CSV = Path(__file__).resolve().parents[3] / "analysis" / "data" / "hardware.csv"
+HARDWARE_CSV = Path(__file__).resolve().parents[2] / "analysis" / "data" / "hardware.csv"
 MATMUL_SIZE = 1024
 COPY_BYTES = 64 * 2**20
 REPEATS = 5
