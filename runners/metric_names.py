@@ -117,13 +117,6 @@ ROLLOUT_TFLOPS = achieved_tflops("rollout")
 # the machine's ceilings the points are measured against (constant over a run): peak TFLOP/s and memory TB/s
 PEAK_TFLOPS = "perf/peak_tflops"
 PEAK_MEM_BW_TBS = "perf/peak_mem_bw_tbs"
-# Logged by the built-in trainer only: the verl backend logs verl's own ``perf/mfu/actor`` and phase
-# times, not these Roofline points (its batches' per-sequence lengths are not read back for them).
-BUILTIN_ONLY = frozenset(
-    [PEAK_TFLOPS, PEAK_MEM_BW_TBS]
-    + [name(phase) for phase in ROOFLINE_PHASES for name in (arithmetic_intensity, achieved_tflops)]
-)
-
 # -- method metrics --------------------------------------------------------------------------
 TROLL_PROJECTED_FRAC = "troll/projected_frac"
 TROLL_KEPT_TOKENS = "troll/kept_tokens"

@@ -71,6 +71,23 @@ class TransformerShape:
             params=sum(p.numel() for p in model.parameters()),
         )
 
+    @classmethod
+    def from_pretrained_config(
+        cls, path: str, *, bytes_per_param: int, trust_remote_code: bool = False
+    ) -> TransformerShape:
+        """From a Hugging Face model directory or hub id without loading weights: the model is built from
+        its config on the meta device. ``bytes_per_param``: the dtype the model computes in (a bf16
+        mixed-precision trainer: 2), which the parameters' default float32 would not tell."""
+        import dataclasses
+
+        import torch
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
+        return dataclasses.replace(cls.from_model(model), bytes_per_param=bytes_per_param)
+
     # -- FLOPs ----------------------------------------------------------------------------------------
     def attention_flops(self, queries: float, keys: float) -> float:
         """QK^T and (scores)V of ``queries`` query tokens over ``keys`` keys, all layers."""

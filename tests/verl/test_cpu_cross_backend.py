@@ -18,6 +18,9 @@ checkpoint, so the built-in backend's ``post_update_metrics`` with that model on
 dumped batch (its pi_old top-K and old log-probs) must give verl's ``actor/post_update_kl``,
 ``actor/post_update_kl_max``, ``actor/post_update_kl_frac_above_<eps>`` and ``gtpo/conflict_prob_delta`` of step 2.
 
+The Roofline points too: verl's logged arithmetic intensity per phase is the built-in FLOP and byte
+counts of the lengths in the dumped step-1 batch.
+
 Run: ``pytest -m verl_cpu tests/verl/test_cpu_cross_backend.py`` (uses the stage's runs).
 """
 
@@ -204,3 +207,31 @@ def test_post_update_diagnostics_equal_builtin(cpu_stage, name):
     )
     at_step = {key for key in diagnostics if step in dict(cpu_stage.history(cell.result["run_id"], key))}
     assert at_step == set(expected)  # verl logged exactly what the built-in path computes for this batch
+
+
+@pytest.mark.parametrize("name", ["grpo", "troll"])
+def test_roofline_points_are_the_builtin_count_of_verls_batch(cpu_stage, name):
+    """verl's logged ``perf/<phase>_arithmetic_intensity`` of step 1 = the built-in FLOP and byte counts
+    (``runners.perf``) of the prompt and response lengths of every micro-batch verl trained on in step 1
+    (the lengths the trainer plugin reads from TransferQueue, here read from the dumps), the model
+    exported for the cell, in float32 (CPU mode), one epoch of one mini-batch."""
+    from runners import metric_names
+    from runners.backends.verl.model_export import export_model
+    from runners.models.loader import load_pretrained_dir
+    from runners.perf.flops import TransformerShape
+    from runners.perf.roofline import phase_work
+
+    cell = cpu_stage.verl(name)
+    model, _ = load_pretrained_dir(export_model(cell.cfg.model), dtype="float32")
+    shape = TransformerShape.from_model(model)
+    prompts, responses = [], []
+    for record in _records(cell, 1):
+        fields = record["fields"]
+        prompts += [int(p.shape[0]) for p in fields["prompts"]]
+        responses += [int(m.sum()) for m in fields["response_mask"]]
+    assert len(prompts) == cell.cfg.trainer.prompts_per_step * cell.cfg.trainer.n
+    work = phase_work(shape, prompts, responses, old_pass=True, epochs=1, steps=1)
+    for phase, (flops, moved) in work.items():
+        logged = dict(cpu_stage.history(cell.result["run_id"], metric_names.arithmetic_intensity(phase)))[1]
+        assert logged == pytest.approx(flops / moved, rel=1e-9), phase
+        assert dict(cpu_stage.history(cell.result["run_id"], metric_names.achieved_tflops(phase)))[1] > 0

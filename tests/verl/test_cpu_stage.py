@@ -50,9 +50,8 @@ PLAIN_CELLS = [name for name in CELLS if name != "repo_r"]
 
 
 def families(keys) -> set[str]:
-    """Metric names with length / position buckets folded into their family (``trm/accept_rate/len_*``),
-    less the built-in trainer's own Roofline points (``metric_names.BUILTIN_ONLY``)."""
-    return {BUCKET.sub(r"/\1_*", key) for key in keys} - metric_names.BUILTIN_ONLY
+    """Metric names with length / position buckets folded into their family (``trm/accept_rate/len_*``)."""
+    return {BUCKET.sub(r"/\1_*", key) for key in keys}
 
 
 def command(cell) -> str:

@@ -15,7 +15,8 @@ everywhere verl tests the mode) plus a few overrides, each a thin wrapper around
 - ``_step_once``: after verl's iteration the post-update pass (``trainer_diagnostics``:
   ``actor/post_update_kl``, ``gtpo/conflict_prob_delta``; pi_old's top-K stored by the old pass for
   every method while on);
-- ``_compute_metrics``: ``timing_cpu_s/*`` and the machine load beside verl's step metrics;
+- ``_compute_metrics``: ``timing_cpu_s/*``, the machine load and the Roofline points (``roofline``:
+  ``perf/<phase>_tflops`` / ``_arithmetic_intensity``, ``perf/peak_*``) beside verl's step metrics;
 - ``_update_actor``: attaches the controller state (``plugins_losses.RUNTIME_KEY``) and, when
   needed, asks the engine for the logits (``sparse_old.KEEP_LOGITS_KEY``); moves the method
   metrics verl prefixed with ``actor/`` back to their schema names (``troll/...``, ``trm/...``);
@@ -62,6 +63,7 @@ from runners.backends.verl.plugins_advantages import VALUE_ESTIMATORS
 from runners.backends.verl.plugins_config import is_trustbench_loss, loss_settings
 from runners.backends.verl.plugins_losses import RUNTIME_KEY
 from runners.backends.verl.plugins_workers import TrustbenchActorRolloutRefWorker
+from runners.backends.verl.roofline import StepRoofline
 from runners.backends.verl.sparse_old import KEEP_LOGITS_KEY, SPARSIFY_KEY, padded_from_nested
 from runners.backends.verl.trainer_diagnostics import (
     POST_UPDATE_PHASE,
@@ -280,7 +282,23 @@ class TrustbenchPPOTrainer(PPOTrainerSync):
     def _compute_metrics(self, batch, metrics, timing_raw, global_steps, epoch):
         metrics.update(step_cpu_metrics(timing_raw))
         metrics.update(load_metrics())
+        metrics.update(self._roofline_metrics(batch, timing_raw))
         return super()._compute_metrics(batch, metrics, timing_raw, global_steps, epoch)
+
+    def _roofline_metrics(self, batch, timing_raw: dict) -> dict:
+        """The step's Roofline points from its real prompt and response lengths (``roofline``)."""
+        if not hasattr(self, "_roofline"):  # the model's shape and the workers' ceiling, once
+            self._roofline = StepRoofline.for_trainer(self)
+        if self._roofline is None:
+            return {}
+        data = tq.kv_batch_get(
+            keys=batch.keys, partition_id=batch.partition_id, select_fields=["prompts", "response_mask"]
+        )
+        real = [i for i, tag in enumerate(batch.tags) if not tag.get("is_padding", False)]
+        prompts = data["prompts"].offsets().diff().tolist()
+        width = int(data["response_mask"].offsets().diff().max())
+        responses = padded_from_nested(data["response_mask"], width, 0).sum(-1).long().tolist()
+        return self._roofline.metrics([prompts[i] for i in real], [responses[i] for i in real], timing_raw)
 
     def _step_once(self, metrics: dict, timing_raw: dict, sample_batch_size: int):
         """verl's iteration, then the post-update pass as its own phase (as the built-in trainer's)."""

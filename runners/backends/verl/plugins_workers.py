@@ -8,7 +8,8 @@ the actor's loss in ``init_model``. Two small subclasses hook in there and nowhe
   top-K, update-pass logits; inert unless the trustbench trainer flags a batch);
 - ``TrustbenchActorRolloutRefWorker`` (``actor_worker_cls`` = the above) swaps the actor's loss for
   ``plugins_ppo_loss.trustbench_ppo_loss`` (verl's ``ppo_loss`` plus the trustbench inputs),
-  keeping the same ``ActorConfig``.
+  keeping the same ``ActorConfig``, and tells the trainer its ceiling for the Roofline points
+  (``roofline_ceiling``: where the work runs).
 
 The trainer selects the worker class (``plugins_trainer``: ``trainer.v1.trainer_mode=trustbench_sync``);
 verl's own reference and critic workers are unchanged.
@@ -59,6 +60,20 @@ class TrustbenchActorRolloutRefWorker(ActorRolloutRefWorker):
             return
         self.loss_fn = partial(trustbench_ppo_loss, config=config)
         self.actor.set_loss_fn(self.loss_fn)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def roofline_ceiling(self) -> dict | None:
+        """This worker's ceiling (``runners.perf.hardware.machine_ceiling``: its GPU's table row, or its CPU
+        measured with its torch threads, cached per machine) as a dict, None for an unlisted GPU."""
+        import dataclasses
+
+        import torch
+
+        from runners.perf.hardware import machine_ceiling
+
+        device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+        ceiling = machine_ceiling(device)
+        return None if ceiling is None else dataclasses.asdict(ceiling)
 
 
 __all__ = ["TrustbenchActorRolloutRefWorker", "TrustbenchTrainingWorker"]
