@@ -1,11 +1,12 @@
-"""Fixtures of the verl tests: the shared Ray cluster and the "verl on CPU" stage (marker ``verl_cpu``).
+"""Fixtures of the verl tests: the shared Ray clusters and the "verl on CPU" stage (marker ``verl_cpu``).
 
 The stage runs last in the session (tests/conftest.py orders it), so its summary line's wall time
-(from the setup of its first test, the Ray cluster's start included, to its last test's end) and
+(from the setup of its first test, the Ray clusters' start included, to its last test's end) and
 memory peak are the stage's own. The line also gives the verl launches, the mean of each ``timing_s/*``
 phase over the stage's iterations and the peak summed PSS of its processes.
 
-    pytest -m verl_cpu tests/verl        # the stage alone (about 16 minutes on 2 quiet cores)
+    pytest -m verl_cpu tests/verl        # the stage alone (about 12 minutes on 2 cores)
+    TRUSTBENCH_VERL_STAGE_PARALLEL=1 pytest -m verl_cpu tests/verl   # one cell at a time (about 16)
 """
 
 from __future__ import annotations

@@ -1,14 +1,18 @@
-"""One Ray cluster for the verl-on-CPU tests (session fixture ``cpu_ray``), shared by every verl launch.
+"""Ray clusters for the verl-on-CPU tests (session fixture ``cpu_ray``), shared by the stage's verl launches.
 
 Design: each ``VerlBackend`` launch of ``verl.trainer.main_ppo`` would start and stop its own Ray
-(about 5 s each on 2 cores, more under load). The fixture starts one head node with its own
-``--temp-dir`` and free ports (so it never meets another Ray on the machine), with the logical GPU
-verl's resource pools ask for and the logical CPUs its helper actors need, and exports
-``RAY_ADDRESS`` (and ``RAY_AUTH_MODE``, which cluster and clients must share): verl's ``ray.init()`` joins it and the backend leaves Ray's resources out of the
-overrides (``cpu_mode.CPUPlacement.ray_address``). The workers inherit the head's environment, so
-``PYTHONPATH`` points at this checkout. At the end every process whose command line names the
-cluster's temp dir is terminated (never ``ray stop``, which would stop other users' clusters), and
-the fixture checks that none is left.
+(about 5 s each on 2 cores, more under load). The fixture starts ``clusters`` head nodes, one per
+verl launch that may run at once, each with its own ``--temp-dir`` and free ports (so it never meets
+another Ray on the machine), the logical GPU verl's resource pools ask for and the logical CPUs its
+helper actors need. One cluster runs one verl launch at a time: TransferQueue (verl 0.9.1's
+trainer data plane) keeps its controller as a named actor of a fixed namespace, one per cluster, so a
+second launch on the same cluster takes over the first's controller and kills it when it ends. A
+launch leases a cluster (``RayClusters.lease``) and joins it through ``RAY_ADDRESS`` (with
+``RAY_AUTH_MODE``, which cluster and clients must share): verl's ``ray.init()`` joins it and the
+backend leaves Ray's resources out of the overrides (``cpu_mode.CPUPlacement.ray_address``). The
+workers inherit the head's environment, so ``PYTHONPATH`` points at this checkout. At the end every
+process whose command line names a cluster's temp dir is terminated (never ``ray stop``, which would
+stop other users' clusters), and the fixture checks that none is left.
 
 Registered once, from tests/verl/conftest.py.
 """
@@ -16,13 +20,17 @@ Registered once, from tests/verl/conftest.py.
 from __future__ import annotations
 
 import os
+import queue
+import random
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,6 +43,41 @@ LOGICAL_CPUS = 8
 LOGICAL_GPUS = 1
 # the cluster and every client must agree (a driver expecting a token refuses the GCS's calls without one)
 AUTH_MODE = "disabled"
+
+
+# worker ports per cluster, taken between Ray's default worker ports (10002-19999, those of a Ray that
+# verl starts itself, as README's cell does) and the kernel's ephemeral range (where free_ports' ports are)
+WORKER_PORTS = 200
+WORKER_PORTS_FROM = 20000
+_WORKER_RANGES: list[int] = []  # starts of the ranges this process gave out
+
+
+def worker_port_range() -> int:
+    """The first of ``WORKER_PORTS + 1`` ports that are free now, above ``WORKER_PORTS_FROM`` and below the
+    ephemeral range, and apart from every range given to this process's other clusters (two clusters
+    never share a port)."""
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    rng = random.Random()
+    for _ in range(100):
+        start = rng.randrange(WORKER_PORTS_FROM, max(low - WORKER_PORTS - 1, WORKER_PORTS_FROM + 1))
+        if any(abs(start - other) <= WORKER_PORTS for other in _WORKER_RANGES):
+            continue
+        if all(_bindable(port) for port in range(start, start + WORKER_PORTS + 1)):
+            _WORKER_RANGES.append(start)
+            return start
+    raise RuntimeError("no free range of Ray worker ports below the ephemeral range")
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 @dataclass
@@ -50,12 +93,13 @@ def start_cluster(env: dict[str, str] | None = None) -> RayCluster:
     """``ray start --head`` on 127.0.0.1 with free ports and a private temp dir (short: Ray's sockets live there)."""
     ray = shutil.which("ray", path=str(Path(sys.executable).parent)) or "ray"
     temp_dir = Path(tempfile.mkdtemp(prefix="tbray-", dir="/tmp"))
-    ports = free_ports(9)
+    ports = free_ports(8)
+    workers = worker_port_range()
     env = dict(os.environ if env is None else env)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
     env["RAY_AUTH_MODE"] = AUTH_MODE
     started = time.monotonic()
-    subprocess.run(
+    done = subprocess.run(
         [
             ray,
             "start",
@@ -69,8 +113,8 @@ def start_cluster(env: dict[str, str] | None = None) -> RayCluster:
             f"--dashboard-agent-grpc-port={ports[5]}",
             f"--runtime-env-agent-port={ports[6]}",
             f"--metrics-export-port={ports[7]}",
-            f"--min-worker-port={20000 + ports[8] % 20000}",
-            f"--max-worker-port={20000 + ports[8] % 20000 + 200}",
+            f"--min-worker-port={workers}",
+            f"--max-worker-port={workers + WORKER_PORTS}",
             f"--num-cpus={LOGICAL_CPUS}",
             f"--num-gpus={LOGICAL_GPUS}",
             "--object-store-memory=268435456",
@@ -79,20 +123,42 @@ def start_cluster(env: dict[str, str] | None = None) -> RayCluster:
             f"--temp-dir={temp_dir}",
         ],
         env=env,
-        check=True,
+        check=False,
         capture_output=True,
         text=True,
         timeout=180,
     )
+    if done.returncode != 0:
+        raise RuntimeError(f"ray start failed (exit {done.returncode}):\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
     return RayCluster(address=f"127.0.0.1:{ports[0]}", temp_dir=temp_dir, started_s=time.monotonic() - started)
 
 
 def stop_cluster(cluster: RayCluster, grace_s: float = 15.0) -> list[int]:
-    """Terminate every process of ``cluster`` (by its temp dir); returns the pids still alive after KILL."""
+    """Terminate every process of ``cluster``: those naming its temp dir and their descendants (Ray's
+    agents and workers rename themselves ``ray::...``), found before the first signal, since a
+    descendant whose parent dies is re-parented; returns the pids still alive after KILL."""
+    import psutil
+
     marker = str(cluster.temp_dir)
+    members: set[psutil.Process] = set()
+    for pid in processes_mentioning(marker):
+        if pid == os.getpid():
+            continue
+        try:
+            root = psutil.Process(pid)
+            members.update([root, *root.children(recursive=True)])
+        except psutil.Error:
+            continue
 
     def alive() -> list[int]:
-        return [pid for pid in processes_mentioning(marker) if pid != os.getpid()]
+        found = {pid for pid in processes_mentioning(marker) if pid != os.getpid()}
+        for proc in members:
+            try:
+                if proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE:
+                    found.add(proc.pid)
+            except psutil.Error:
+                continue
+        return sorted(found)
 
     for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
         for pid in alive():
@@ -108,22 +174,43 @@ def stop_cluster(cluster: RayCluster, grace_s: float = 15.0) -> list[int]:
     return left
 
 
-@pytest.fixture(scope="session")
-def cpu_ray() -> Iterator[RayCluster]:
-    """A shared Ray head for the session's verl-on-CPU launches (``RAY_ADDRESS`` set while it runs)."""
-    cluster = start_cluster()
-    previous = {key: os.environ.get(key) for key in ("RAY_ADDRESS", "RAY_AUTH_MODE")}
-    os.environ.update(RAY_ADDRESS=cluster.address, RAY_AUTH_MODE=AUTH_MODE)
+class RayClusters:
+    """Running clusters, each leased to one launch at a time."""
+
+    def __init__(self, clusters: list[RayCluster]) -> None:
+        self.clusters = clusters
+        self.free: queue.Queue[RayCluster] = queue.Queue()
+        for cluster in clusters:
+            self.free.put(cluster)
+
+    @contextmanager
+    def lease(self) -> Iterator[dict[str, str]]:
+        """A free cluster for the block (waits for one): the environment variables that join it."""
+        cluster = self.free.get()
+        try:
+            yield {"RAY_ADDRESS": cluster.address, "RAY_AUTH_MODE": AUTH_MODE}
+        finally:
+            self.free.put(cluster)
+
+
+def ray_clusters(count: int) -> Iterator[RayClusters]:
+    """``count`` clusters for the duration of the generator; all their processes stopped afterwards."""
+    clusters: list[RayCluster] = []
     try:
-        yield cluster
+        for _ in range(count):
+            clusters.append(start_cluster())
+        yield RayClusters(clusters)
     finally:
-        for key, value in previous.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-        left = stop_cluster(cluster)
-        assert not left, f"Ray processes of {cluster.temp_dir} still alive: {left}"
+        left = [pid for cluster in clusters for pid in stop_cluster(cluster)]
+        assert not left, f"Ray processes of {[str(c.temp_dir) for c in clusters]} still alive: {left}"
 
 
-__all__ = ["RayCluster", "cpu_ray", "start_cluster", "stop_cluster"]
+@pytest.fixture(scope="session")
+def cpu_ray() -> Iterator[RayClusters]:
+    """Ray heads for the session's verl-on-CPU launches, one per launch the stage runs at once."""
+    from tests.verl.cpu_stage import PARALLEL
+
+    yield from ray_clusters(PARALLEL)
+
+
+__all__ = ["RayCluster", "RayClusters", "cpu_ray", "ray_clusters", "start_cluster", "stop_cluster"]

@@ -1,41 +1,50 @@
 """The "verl on CPU" stage: real verl cells run once per session, shared by the tests that check them.
 
-Design: a verl launch costs about a minute on 2 cores (most of it process start-up: every Ray worker
-imports torch, transformers and verl), so each cell of the stage runs once, through
-``runners.run.run`` with ``backend=verl`` on the session's shared Ray cluster (``cpu_ray``), and the
-tests read what it left: the MLflow run, the run directory (verl's logs, metrics files,
-checkpoints) and the actor micro-batches verl trained on (``TRUSTBENCH_VERL_DUMP_DIR``,
-``runners.backends.verl.batch_dump``). ``CpuStage.local_keys`` runs the same cell on the built-in
-backend for the metric-name comparison. All runs of the stage are in one MLflow experiment,
-``verl_cpu``, under a temporary ``TRUSTBENCH_HOME``.
+Design: a verl launch costs about a minute and a half on 2 cores, most of it process start-up (every
+Ray worker imports torch, transformers and verl, one process after another), so each cell of the
+stage runs once, as ``trustbench run backend=verl ...`` in a process of its own, and the tests read
+what it left: the MLflow run, the run directory (verl's logs, metrics files, checkpoints) and the
+actor micro-batches verl trained on (``TRUSTBENCH_VERL_DUMP_DIR``, ``runners.backends.verl.batch_dump``).
+One launch keeps only about 1.2 of the 2 cores busy, so the cells the session's tests read start
+when the stage does, ``PARALLEL`` at a time, longest first (``LAUNCH_ORDER``), on the session's shared
+Ray clusters (``cpu_ray``: one per parallel launch, since TransferQueue allows one verl launch per
+cluster); a test waits for its cell.
+``CpuStage.local_keys`` runs the same cell on the built-in backend, in this process, for the
+metric-name comparison. All runs of the stage are in one MLflow store under a temporary
+``TRUSTBENCH_HOME``, the cells in experiment ``verl_cpu``.
 
 While the stage runs, a sampler thread records every second the proportional set size (PSS) of
-the stage's processes (the Ray cluster's, verl's drivers and this one); tests/verl/conftest.py
-prints the stage's wall time, verl launches, phase times (``timing_s/*``) and the memory peak.
+the stage's processes (the ``trustbench run`` processes, the Ray cluster's, verl's drivers and this
+one); tests/verl/conftest.py prints the stage's wall time, verl launches, phase times
+(``timing_s/*``) and the memory peak.
 
 Cells: 2 iterations of 8 prompts x 4 responses of the embedded model, no evaluation, lr 1e-3; except
 TROLL, which is README's verl command exactly as a CPU-only user types it (``README_COMMAND``: the
-default 8 x 8 with evaluation, lr 1e-4), run in a process of its own that starts its own Ray, into the
-stage's home and MLflow store (experiment ``default``): one verl launch checks both the command and
-the TROLL cell.
+default 8 x 8 with evaluation, lr 1e-4): no Ray address, so it starts its own Ray, into the stage's
+home and MLflow store (experiment ``default``): one verl launch checks both the command and the TROLL
+cell. REPO-R (``REQUEUE_CELL``) is launched twice: stopped by SIGUSR1 as verl starts, then resumed.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from runners import metric_names
 from tests.slurm.cluster import processes_mentioning
+from tests.verl.cpu_ray import RayClusters
 
 EXPERIMENT = "verl_cpu"
 COMMON = (
@@ -64,6 +73,15 @@ CELLS: dict[str, tuple[str, ...]] = {
     "ppo": ("algorithm=ppo",),
     "egae": ("algorithm=ppo", "estimator=egae"),
 }
+# the cell stopped by a signal after iteration 1 and resumed (test_repo_r_requeue): two launches
+REQUEUE_CELL = "repo_r"
+# cells launched at once (one Ray cluster each): one verl launch keeps about 1.2 of 2 cores busy
+# (start-up is mostly one process importing at a time), two keep both; each adds about 4.5 GiB at peak
+PARALLEL = max(1, int(os.environ.get("TRUSTBENCH_VERL_STAGE_PARALLEL", "2")))
+# launch order, longest first (the requeued cell is two launches, README's cell evaluates too)
+LAUNCH_ORDER = [REQUEUE_CELL, README_CELL, *(name for name in CELLS if name not in (REQUEUE_CELL, README_CELL))]
+CELL_TIMEOUT_S = 600
+COMPOSE_LOCK = threading.Lock()
 
 
 @dataclass
@@ -77,6 +95,10 @@ class CellRun:
     run_dir: Path
     dump_dir: Path
     wall_s: float
+    exit_code: int = 0
+    output: str = ""
+    # the requeued cell: what its stopped first attempt left
+    first_attempt: dict | None = None
 
 
 class MemorySampler(threading.Thread):
@@ -86,6 +108,7 @@ class MemorySampler(threading.Thread):
     def __init__(self, markers: list[str], every_s: float = 1.0) -> None:
         super().__init__(name="verl-cpu-memory", daemon=True)
         self.markers, self.every_s = markers, every_s
+        self.pids: set[int] = set()  # the stage's own subprocesses (``trustbench run``), added as they start
         self.peak_bytes = 0
         self.stopped = threading.Event()
 
@@ -105,13 +128,13 @@ class MemorySampler(threading.Thread):
         import psutil
 
         pids = {os.getpid()}
-        for marker in self.markers:
-            for pid in processes_mentioning(marker):
-                pids.add(pid)
-                try:
-                    pids.update(child.pid for child in psutil.Process(pid).children(recursive=True))
-                except psutil.Error:
-                    continue
+        roots = {pid for marker in self.markers for pid in processes_mentioning(marker)} | set(self.pids)
+        for pid in roots:
+            pids.add(pid)
+            try:
+                pids.update(child.pid for child in psutil.Process(pid).children(recursive=True))
+            except psutil.Error:
+                continue
         return sum(self.pss_bytes(pid) for pid in pids)
 
     def run(self) -> None:
@@ -126,18 +149,28 @@ class CpuStage:
     home: Path
     uri: str
     sampler: MemorySampler
+    clusters: RayClusters
     runs: dict[str, CellRun] = field(default_factory=dict)
     local: dict[str, set] = field(default_factory=dict)
     launches: int = 0
     started: float = field(default_factory=time.monotonic)
+    pool: ThreadPoolExecutor | None = None
+    pending: dict[str, Future] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def compose(self, name: str, *extra: str, backend: str = "verl"):
+    def overrides(self, name: str, backend: str = "verl") -> list[str]:
+        """The ``trustbench run`` arguments of cell ``name`` (README's cell: README_COMMAND alone, unless
+        another backend is asked for: then the stage's sizes with the same method)."""
+        if name == README_CELL and backend == "verl":
+            return list(README_COMMAND)
+        out = [*COMMON, *CELLS[name], f"tracking.uri={self.uri}"]
+        return out if backend == "verl" else [o for o in out if not o.startswith("backend=")] + [f"backend={backend}"]
+
+    def compose(self, name: str, backend: str = "verl"):
         from runners.config import compose
 
-        overrides = [*COMMON, *CELLS[name], f"tracking.uri={self.uri}", *extra]
-        if backend != "verl":
-            overrides = [o for o in overrides if not o.startswith("backend=")] + [f"backend={backend}"]
-        cfg, choices = compose(overrides)
+        with COMPOSE_LOCK:  # Hydra's compose API keeps global state: one thread at a time
+            cfg, choices = compose(self.overrides(name, backend))
         return cfg, dict(choices)
 
     def layout(self, cfg) -> Path:
@@ -146,49 +179,94 @@ class CpuStage:
 
         return paths.run_dir(run_key(cfg))
 
-    def verl(self, name: str) -> CellRun:
-        """Run verl cell ``name`` (once per session) with its micro-batches dumped."""
-        if name not in self.runs:
-            from runners.run import run
+    def start(self, names) -> None:
+        """Launch cells ``names`` in the background, ``PARALLEL`` at a time, in ``LAUNCH_ORDER``."""
+        self.pool = ThreadPoolExecutor(PARALLEL, thread_name_prefix="verl-cell")
+        for name in sorted(set(names), key=LAUNCH_ORDER.index):
+            self.pending[name] = self.pool.submit(self.launch, name)
 
-            if name == README_CELL:
-                self.runs[name] = self.readme_command()
-                return self.runs[name]
-            cfg, choices = self.compose(name)
-            dump = self.home / "dumps" / name
-            started = time.monotonic()
-            with dump_env(dump):
-                self.launches += 1
-                result = run(cfg, choices)
-            self.runs[name] = CellRun(name, cfg, choices, result, self.layout(cfg), dump, time.monotonic() - started)
+    def verl(self, name: str) -> CellRun:
+        """Cell ``name``'s run: waited for when it was started in the background, else launched now."""
+        if name not in self.runs:
+            future = self.pending.get(name)
+            self.runs[name] = future.result() if future is not None else self.launch(name)
         return self.runs[name]
 
-    def readme_command(self) -> CellRun:
-        """``trustbench run`` + README_COMMAND in a fresh process, as a user runs it: no Ray address (it
-        starts its own Ray), no MLflow variables; the stage's home, so its MLflow run is in the stage's
-        store. Its micro-batches are dumped like every cell's; a failure shows the command's output."""
-        from runners.backends.verl.batch_dump import DUMP_ENV
-        from runners.config import compose
+    def launch(self, name: str) -> CellRun:
+        return self.requeue(name) if name == REQUEUE_CELL else self.command(name)
 
-        dump = self.home / "dumps" / README_CELL
+    def command(self, name: str, *, stop_when: Path | None = None) -> CellRun:
+        """``trustbench run`` + the cell's arguments in a process of its own, its micro-batches dumped.
+        README's cell runs as a user runs it: no Ray address (it starts its own Ray), no MLflow
+        variables, the stage's home (so its run is in the stage's store); the others lease one of the
+        session's Ray clusters. ``stop_when``: a file whose appearance sends the process SIGUSR1 (a stop signal);
+        otherwise a non-zero exit fails with the command's output."""
+        if name != README_CELL:
+            with self.clusters.lease() as ray_env:
+                return self._command(name, ray_env, stop_when)
+        return self._command(name, {}, stop_when)
+
+    def _command(self, name: str, ray_env: dict[str, str], stop_when: Path | None) -> CellRun:
+        from runners.backends.verl.batch_dump import DUMP_ENV
+        from runners.status import read_status
+
+        cfg, choices = self.compose(name)
         env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "MLFLOW_"))}
-        env.update({"TRUSTBENCH_HOME": str(self.home), DUMP_ENV: str(dump)})
+        dump = self.home / "dumps" / name
+        env.update({"TRUSTBENCH_HOME": str(self.home), DUMP_ENV: str(dump), **ray_env})
         exe = shutil.which("trustbench", path=os.path.dirname(sys.executable)) or "trustbench"
+        with self.lock:
+            self.launches += 1
+            log = self.home / f"{name}.{self.launches}.out"
         started = time.monotonic()
-        self.launches += 1
-        done = subprocess.run(
-            [exe, "run", *README_COMMAND], cwd=self.home, env=env, capture_output=True, text=True, timeout=540
-        )
+        with log.open("w") as out:
+            proc = subprocess.Popen(
+                [exe, "run", *self.overrides(name)], cwd=self.home, env=env, stdout=out, stderr=subprocess.STDOUT
+            )
+            self.sampler.pids.add(proc.pid)
+            if stop_when is not None:
+                signal_on_file(proc, stop_when)
+            try:
+                code = proc.wait(timeout=CELL_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                code = proc.wait()
         wall = time.monotonic() - started
-        assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
-        cfg, choices = compose(list(README_COMMAND))
-        (found,) = self.client().search_runs([self.client().get_experiment_by_name(str(cfg.experiment)).experiment_id])
-        result = {"status": found.info.status, "run_id": found.info.run_id, "name": found.info.run_name}
-        return CellRun(README_CELL, cfg, dict(choices), result, self.layout(cfg), dump, wall)
+        output = log.read_text(errors="replace")
+        assert stop_when is not None or code == 0, f"cell {name}: exit {code}\n{output[-4000:]}"
+        status = read_status(self.layout(cfg)) or {}
+        result = {key: status.get(key) for key in ("status", "run_id", "name")}
+        return CellRun(name, cfg, choices, result, self.layout(cfg), dump, wall, code, output)
+
+    def requeue(self, name: str) -> CellRun:
+        """A requeued run: the first attempt gets a stop signal as soon as verl is launched (its log file
+        exists), the second resumes. What the first left (exit, status, checkpoint, MLflow) is recorded
+        in ``first_attempt`` before the second starts."""
+        from runners.backends.verl.checkpoints import VerlLayout, latest_checkpoint_step
+        from runners.backends.verl.controllers import STATE_FILE
+
+        cfg, _ = self.compose(name)
+        layout = VerlLayout.of(self.layout(cfg))
+        first = self.command(name, stop_when=layout.log_file(1))
+        run_id = first.result["run_id"]
+        snapshot = {
+            "exit": first.exit_code,
+            "status": first.result["status"],
+            "run_id": run_id,
+            "checkpoint_step": latest_checkpoint_step(layout.checkpoints),
+            "state_file": (layout.checkpoints / "global_step_1" / STATE_FILE).is_file(),
+            "mlflow_status": self.client().get_run(run_id).info.status if run_id else None,
+            "pg_loss_steps": [s for s, _ in self.history(run_id, metric_names.PG_LOSS)] if run_id else [],
+            "output": first.output[-4000:],
+        }
+        second = self.command(name)
+        second.wall_s += first.wall_s
+        second.first_attempt = snapshot
+        return second
 
     def local_keys(self, name: str) -> set[str]:
         """Metric names the built-in backend logs for the same cell (2 iterations; for README_CELL the
-        stage's sizes with the same method)."""
+        stage's sizes with the same method), run in this process."""
         if name not in self.local:
             from runners.run import run
 
@@ -209,32 +287,58 @@ class CpuStage:
         """``timing_s/*`` of every iteration of the stage's verl runs."""
         out: dict[str, list[float]] = {}
         for cell in self.runs.values():
-            if not cell.result:
+            run_id = (cell.result or {}).get("run_id")
+            if not run_id:
                 continue
-            for key in self.client().get_run(cell.result["run_id"]).data.metrics:
+            for key in self.client().get_run(run_id).data.metrics:
                 if key.startswith("timing_s/"):
-                    out.setdefault(key, []).extend(v for _, v in self.history(cell.result["run_id"], key))
+                    out.setdefault(key, []).extend(v for _, v in self.history(run_id, key))
         return out
 
+    def close(self) -> None:
+        """Wait for launches still running, start no new one."""
+        if self.pool is not None:
+            self.pool.shutdown(wait=True, cancel_futures=True)
 
-class dump_env:
-    """``TRUSTBENCH_VERL_DUMP_DIR`` set for the duration of a block (the backend forwards it to verl's workers)."""
 
-    def __init__(self, folder: Path) -> None:
-        from runners.backends.verl.batch_dump import DUMP_ENV
+def signal_on_file(proc: subprocess.Popen, path: Path, timeout_s: float = 300.0) -> threading.Thread:
+    """SIGUSR1 to ``proc`` as soon as ``path`` exists (while it runs)."""
 
-        self.key, self.folder, self.previous = DUMP_ENV, folder, None
+    def wait_and_signal():
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and proc.poll() is None:
+            if path.exists():
+                proc.send_signal(signal.SIGUSR1)
+                return
+            time.sleep(0.2)
 
-    def __enter__(self):
-        self.previous = os.environ.get(self.key)
-        os.environ[self.key] = str(self.folder)
-        return self
+    thread = threading.Thread(target=wait_and_signal, daemon=True)
+    thread.start()
+    return thread
 
-    def __exit__(self, *exc):
-        if self.previous is None:
-            os.environ.pop(self.key, None)
+
+def cells_of(items) -> list[str]:
+    """The cells the selected tests read: a ``name`` parameter, else the test's ``uses_cells``, else all."""
+    out: list[str] = []
+    for item in items:
+        if "cpu_stage" not in getattr(item, "fixturenames", ()):
+            continue
+        callspec = getattr(item, "callspec", None)
+        if callspec is not None and "name" in callspec.params:
+            out.append(callspec.params["name"])
         else:
-            os.environ[self.key] = self.previous
+            out.extend(getattr(getattr(item, "function", None), "stage_cells", LAUNCH_ORDER))
+    return out
+
+
+def uses_cells(*names: str):
+    """Declare the stage cells a test reads (so that running it alone launches only those)."""
+
+    def mark(fn):
+        fn.stage_cells = names
+        return fn
+
+    return mark
 
 
 # the session's stage (read by tests/verl/conftest.py for its summary)
@@ -242,21 +346,25 @@ STAGE: dict[str, CpuStage] = {}
 
 
 @pytest.fixture(scope="session")
-def cpu_stage(tmp_path_factory, cpu_ray) -> Iterator[CpuStage]:
-    """The verl-on-CPU stage under a temporary ``TRUSTBENCH_HOME`` (restored afterwards)."""
+def cpu_stage(request, tmp_path_factory, cpu_ray) -> Iterator[CpuStage]:
+    """The verl-on-CPU stage under a temporary ``TRUSTBENCH_HOME`` (restored afterwards); the cells the
+    session's selected tests read start at once in the background."""
     from runners import tracking
     from runners.backends.verl.translate import CPU_ENTRYPOINT, ENTRYPOINT
 
     home = tmp_path_factory.mktemp("verl_cpu_home")
     previous = os.environ.get("TRUSTBENCH_HOME")
     os.environ["TRUSTBENCH_HOME"] = str(home)
-    sampler = MemorySampler([str(cpu_ray.temp_dir), ENTRYPOINT, CPU_ENTRYPOINT])
+    sampler = MemorySampler([*(str(c.temp_dir) for c in cpu_ray.clusters), ENTRYPOINT, CPU_ENTRYPOINT])
     sampler.start()
-    stage = CpuStage(home=home, uri=tracking.ensure_store(f"sqlite:///{home}/mlflow.db"), sampler=sampler)
+    uri = tracking.ensure_store(f"sqlite:///{home}/mlflow.db")
+    stage = CpuStage(home=home, uri=uri, sampler=sampler, clusters=cpu_ray)
     STAGE["stage"] = stage
+    stage.start(cells_of(request.session.items))
     try:
         yield stage
     finally:
+        stage.close()
         sampler.stopped.set()
         stage.finished = time.monotonic()
         if previous is None:
@@ -269,11 +377,15 @@ __all__ = [
     "CELLS",
     "COMMON",
     "EXPERIMENT",
+    "LAUNCH_ORDER",
+    "PARALLEL",
     "README_CELL",
     "README_COMMAND",
+    "REQUEUE_CELL",
     "STAGE",
     "CellRun",
     "CpuStage",
+    "cells_of",
     "cpu_stage",
-    "dump_env",
+    "uses_cells",
 ]

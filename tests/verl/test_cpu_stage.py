@@ -31,22 +31,18 @@ times and memory peak).
 from __future__ import annotations
 
 import math
-import os
 import re
-import signal
-import threading
-import time
 
 import pytest
 
 from runners import metric_names
-from tests.verl.cpu_stage import CELLS, EXPERIMENT, README_CELL
+from tests.verl.cpu_stage import CELLS, EXPERIMENT, README_CELL, REQUEUE_CELL, uses_cells
 
 pytestmark = [pytest.mark.verl, pytest.mark.verl_cpu, pytest.mark.slow]
 
 BUCKET = re.compile(r"/(len|pos)_\d+_\d+$")
 # the cells checked here (REPO-R is the requeue test's)
-PLAIN_CELLS = [name for name in CELLS if name != "repo_r"]
+PLAIN_CELLS = [name for name in CELLS if name != REQUEUE_CELL]
 
 
 def families(keys) -> set[str]:
@@ -142,70 +138,40 @@ def test_cell_trains_two_verl_iterations(cpu_stage, name):
     CHECKS[name](cpu_stage, cell, run)
 
 
-def _stop_once_verl_runs(log_file, timeout_s: float = 300.0) -> threading.Thread:
-    """SIGUSR1 to this process as soon as verl has been launched (its log file exists)."""
-
-    def wait_and_signal():
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if log_file.exists():
-                os.kill(os.getpid(), signal.SIGUSR1)
-                return
-            time.sleep(0.2)
-
-    thread = threading.Thread(target=wait_and_signal, daemon=True)
-    thread.start()
-    return thread
-
-
-def test_repo_r_requeue(cpu_stage, monkeypatch):
-    """REPO-R with a requeue: a stop signal while verl starts -> verl checkpoints after iteration 1
-    (its own checkpointing, plus the controller state) and stops; the run is PREEMPTED. The rerun
-    resumes from that checkpoint, trains iteration 2 only, into the same MLflow run: every metric at
-    steps 1 and 2 exactly once. The REPO-R controller was fed verl's entropy and kept across the
-    requeue: replaying the controller on the logged ``actor/entropy`` gives the logged zeta and target,
-    which a controller restarted at the rerun would not."""
-    import runners.run as run_module
+@uses_cells(REQUEUE_CELL)
+def test_repo_r_requeue(cpu_stage):
+    """REPO-R with a requeue: SIGUSR1 to ``trustbench run`` while verl starts -> verl checkpoints after
+    iteration 1 (its own checkpointing, plus the controller state) and stops; the run is PREEMPTED and
+    the command exits 1. The rerun resumes from that checkpoint, trains iteration 2 only, into the same
+    MLflow run: every metric at steps 1 and 2 exactly once. The REPO-R controller was fed verl's
+    entropy and kept across the requeue: replaying the controller on the logged ``actor/entropy``
+    gives the logged zeta and target, which a controller restarted at the rerun would not."""
     from runners.algorithms import ENTROPY_CONTROLLERS
-    from runners.backends.verl.checkpoints import VerlLayout, latest_checkpoint_step
-    from runners.backends.verl.controllers import STATE_FILE
+    from runners.backends.verl.checkpoints import VerlLayout
     from runners.backends.verl.metrics import MetricsFile
-    from runners.run import Preempted, read_status, run
+    from runners.run import run
 
-    cfg, choices = cpu_stage.compose("repo_r")
-    layout = VerlLayout.of(cpu_stage.layout(cfg))
-    monkeypatch.setattr(run_module._StopFlag, "received", None)
-    started = time.monotonic()
-    _stop_once_verl_runs(layout.log_file(1))
-    cpu_stage.launches += 1
-    with pytest.raises(Preempted):
-        run(cfg, choices)
-    monkeypatch.setattr(run_module._StopFlag, "received", None)  # the requeued attempt is a new process
-    status = read_status(layout.root.parent)
-    assert status["status"] == "PREEMPTED"
-    assert latest_checkpoint_step(layout.checkpoints) == 1
-    assert (layout.checkpoints / "global_step_1" / STATE_FILE).is_file()
-    run_id = status["run_id"]
-    assert cpu_stage.client().get_run(run_id).info.status == "KILLED"
-    assert [s for s, _ in cpu_stage.history(run_id, metric_names.PG_LOSS)] == [1]
+    cell = cpu_stage.verl(REQUEUE_CELL)
+    first = cell.first_attempt
+    assert first["exit"] == 1 and first["status"] == "PREEMPTED", first["output"]
+    assert first["checkpoint_step"] == 1 and first["state_file"]
+    assert first["mlflow_status"] == "KILLED"
+    assert first["pg_loss_steps"] == [1]
+    run_id = first["run_id"]
 
-    cpu_stage.launches += 1
-    result = run(cfg, choices)
+    result = cell.result
     assert result["status"] == "FINISHED" and result["run_id"] == run_id
-    from tests.verl.cpu_stage import CellRun
-
-    cpu_stage.runs["repo_r"] = CellRun(
-        "repo_r", cfg, choices, result, layout.root.parent, layout.root, time.monotonic() - started
-    )
+    layout = VerlLayout.of(cell.run_dir)
     attempts = [[step for step, _ in MetricsFile(layout.root / f"metrics.{a}.jsonl").read_new()] for a in (1, 2)]
     assert attempts == [[1], [2]]  # each attempt logged its own iteration: the rerun trained iteration 2 only
     for key in (metric_names.PG_LOSS, metric_names.SCORE_MEAN, metric_names.ENTROPY, metric_names.ENTROPY_ZETA):
         assert [s for s, _ in cpu_stage.history(run_id, key)] == [1, 2], key
     missing = sorted(
-        families(cpu_stage.local_keys("repo_r")) - families(cpu_stage.client().get_run(run_id).data.metrics)
+        families(cpu_stage.local_keys(REQUEUE_CELL)) - families(cpu_stage.client().get_run(run_id).data.metrics)
     )
     assert not missing, missing
 
+    cfg = cell.cfg
     params = {k: v for k, v in dict(cfg.entropy_control).items() if k != "name"}
     entropy = [v for _, v in cpu_stage.history(run_id, metric_names.ENTROPY)]
     zeta = [v for _, v in cpu_stage.history(run_id, metric_names.ENTROPY_ZETA)]
@@ -216,9 +182,10 @@ def test_repo_r_requeue(cpu_stage, monkeypatch):
     assert [m[metric_names.ENTROPY_TARGET] for m in replay] == pytest.approx(target, rel=1e-5)
     restarted = ENTROPY_CONTROLLERS.get("repo_r")(**params).update(entropy[1])
     assert not math.isclose(restarted[metric_names.ENTROPY_TARGET], target[1], rel_tol=1e-5)
-    assert run(cfg, choices)["status"] == "SKIPPED"  # finished: never relaunched into zero steps
+    assert run(cfg, cell.choices)["status"] == "SKIPPED"  # finished: never relaunched into zero steps
 
 
+@uses_cells(*PLAIN_CELLS)
 def test_report_builds_from_the_stage(cpu_stage, tmp_path):
     """``trustbench report`` builds (HTML) from the stage's verl and built-in runs, for each experiment
     they are in (``verl_cpu``; ``default``, README's command)."""
@@ -238,6 +205,7 @@ def test_report_builds_from_the_stage(cpu_stage, tmp_path):
                 assert cell.result["name"].split(" | ")[0] in html, (experiment, cell.name)
 
 
+@uses_cells(README_CELL)
 def test_the_readme_command_trains_troll_on_verl(cpu_stage):
     """The command a CPU-only user types, exactly, in a fresh process with its own Ray (no shared
     cluster, evaluation on as configured by default): ``trustbench run backend=verl algorithm=grpo
