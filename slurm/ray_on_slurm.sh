@@ -24,6 +24,8 @@
 #   TB_RAY_OBJECT_STORE_MB  object store size per node in MiB (default: Ray's own, 30% of memory)
 #   TB_RAY_TEMP_DIR      Ray's temp/session dir (default /tmp/ray-<jobid>, never shared by two jobs)
 #   TB_RAY_WAIT_S        seconds to wait for all nodes and GPUs (default 300)
+#   TB_RAY_WORKER_TRIES  times a worker node's `ray start` is tried (default 3): Ray gives a joining
+#                        node 30 s to register with the head, which a loaded head can miss
 #   TB_RAY_START_ARGS    extra arguments for every `ray start` (e.g. port ranges for firewalls)
 #   TB_RAY_HEAD_START_ARGS / TB_RAY_WORKER_START_ARGS  extra arguments for the head's / the workers'
 #                        `ray start` only (e.g. different agent ports where "nodes" share one host)
@@ -39,6 +41,7 @@ RAY_PYTHON=${TB_RAY_PYTHON:-python3}
 RAY_PORT=${TB_RAY_PORT:-6379}
 RAY_CLIENT_PORT=${TB_RAY_CLIENT_PORT:-10001}
 RAY_WAIT_S=${TB_RAY_WAIT_S:-300}
+RAY_WORKER_TRIES=${TB_RAY_WORKER_TRIES:-3}
 RAY_TEMP_DIR=${TB_RAY_TEMP_DIR:-/tmp/ray-${SLURM_JOB_ID:-nojob}}
 export RAY_USAGE_STATS_ENABLED=0
 # One auth mode for the cluster and its clients: Ray turns token auth on for `ray start` once a token
@@ -199,8 +202,22 @@ until (exec 3<>"/dev/tcp/$head_ip/$RAY_PORT") 2>/dev/null; do
     fi
     sleep 0.5
 done
+# start_worker NODE: the worker's srun step, started again (a new step, so Slurm clears what the failed
+# one left) while it fails, RAY_WORKER_TRIES times in all. A TERM (stop_ray) goes on to the current step.
+start_worker() {
+    local node=$1 try step=
+    trap '[[ -n $step ]] && kill -TERM "$step" 2>/dev/null; wait "$step" 2>/dev/null; exit 0' TERM
+    for ((try = 1; try <= RAY_WORKER_TRIES; try++)); do
+        srun --overlap --nodes=1 --ntasks=1 -w "$node" bash "$SELF" --node-start worker "$head_ip" &
+        step=$!
+        wait "$step" && return 0
+        log "worker on $node: ray start failed (try $try of $RAY_WORKER_TRIES)"
+        sleep 2
+    done
+    return 1
+}
 for node in "${nodes[@]:1}"; do
-    srun --overlap --nodes=1 --ntasks=1 -w "$node" bash "$SELF" --node-start worker "$head_ip" &
+    start_worker "$node" &
     step_pids+=($!)
 done
 

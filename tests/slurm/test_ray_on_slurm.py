@@ -73,12 +73,14 @@ def test_refuses_to_run_outside_an_allocation():
 
 @pytest.mark.slurm
 @pytest.mark.slow
-def test_bootstrap_builds_ray_cluster_matching_allocation(slurm_cluster, tmp_path):
+@pytest.mark.parametrize("first_worker_fails", [False, True], ids=["plain", "worker-retried"])
+def test_bootstrap_builds_ray_cluster_matching_allocation(slurm_cluster, tmp_path, first_worker_fails):
     """On an allocation of 2 (fake) GPUs -- one per node on 2 nodes when the test cluster emulates
     several, else 2 on one node -- the Ray cluster has as many alive nodes as Slurm allocated and 2
     GPUs, the command runs with RAY_ADDRESS set, gets the USR1 sent to the batch shell, and its
     exit status (5, from its USR1 handler) becomes the job's; no process of this Ray cluster
-    outlives the job."""
+    outlives the job. ``worker-retried``: the worker's first ``ray start`` fails (as one that missed
+    Ray's 30 s registration deadline on a loaded head): the bootstrap starts it again in a new step."""
     # Two GPUs in all: one per node on two nodes when the cluster emulates several, else both on one.
     if len(slurm_cluster.nodes) >= 2 and slurm_cluster.gpus >= 1:
         nodes, allocation = 2, ["--nodes=2", "--gpus-per-node=1"]
@@ -86,9 +88,23 @@ def test_bootstrap_builds_ray_cluster_matching_allocation(slurm_cluster, tmp_pat
         nodes, allocation = 1, ["--nodes=1", "--gpus=2"]
     else:
         pytest.skip(f"slurm: the test cluster has {slurm_cluster.gpus} GPU(s) per node, this test needs 2 in all")
+    if first_worker_fails and nodes < 2:
+        pytest.skip("slurm: no worker node to fail (the test cluster has one node)")
     gcs_port, client_port, agent_port, worker_agent_port = free_ports(4)
     python_dir = os.path.dirname(sys.executable)
+    ray_bin = shutil.which("ray", path=python_dir) or "ray"
+    if first_worker_fails:  # a ray that fails the first worker start (the mark is shared: one host)
+        wrapper = tmp_path / "ray-failing-once"
+        wrapper.write_text(
+            "#!/bin/bash\n"
+            f'if [[ " $* " == *" --address="* ]] && mkdir "{tmp_path}/failed-once" 2>/dev/null; then\n'
+            '    echo "simulated: the node timed out during startup" >&2; exit 1\n'
+            f'fi\nexec {ray_bin} "$@"\n'
+        )
+        wrapper.chmod(0o755)
+        ray_bin = str(wrapper)
     body = f"""export PATH={python_dir}:$PATH
+export TB_RAY_BIN={ray_bin}
 export TB_RAY_PORT={gcs_port} TB_RAY_CLIENT_PORT={client_port} TB_RAY_OBJECT_STORE_MB=100 TB_RAY_WAIT_S=240
 export TB_RAY_PYTHON={sys.executable}
 export TB_RAY_HEAD_START_ARGS="--dashboard-agent-listen-port={agent_port}"
@@ -117,6 +133,7 @@ exec bash {SCRIPT} {sys.executable} -c '{PROBE}'"""
         assert probe["alive_nodes"] == probe["slurm_nodes"] == nodes
         assert probe["resources"]["object_store_memory"] == nodes * 100 * 1024 * 1024
         assert "GOT_USR1" in output
+        assert ("ray start failed (try 1 of 3)" in output) == first_worker_fails
         assert info["JobState"] == "FAILED"
         assert info["ExitCode"] == "5:0"
         deadline = time.monotonic() + 10  # the job ends when its steps do; give stragglers a moment

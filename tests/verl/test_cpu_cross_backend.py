@@ -138,7 +138,9 @@ def test_verl_update_equals_builtin_loss_path(cpu_stage, name):
     loss, norm, dumped, micro = builtin_recompute(cell)
     assert norm > 1e-3, f"vacuous: iteration 1 of {name} has no gradient (all advantages zero?)"
     assert dumped == pytest.approx(verl_loss, rel=REL, abs=1e-7)  # the dump is the batch verl logged
-    assert loss == pytest.approx(verl_loss, rel=REL), (name, micro, loss, verl_loss)
+    # on-policy step 1 the ratio is 1 and GRPO's advantages nearly cancel: the loss, a float32 token mean
+    # of O(1) terms, can be ~1e-9, where only float32's floor (abs 1e-7, as for the dump) is meaningful
+    assert loss == pytest.approx(verl_loss, rel=REL, abs=1e-7), (name, micro, loss, verl_loss)
     assert norm == pytest.approx(verl_norm, rel=REL), (name, micro, norm, verl_norm)
 
 
