@@ -2,10 +2,11 @@
 
 Design: the sweeps are the slow part of the Slurm stage (the time-limit one waits on Slurm's 30 s
 time-limit checks and a requeue), so ``slurm_sweeps`` is session-scoped and tests/conftest.py
-starts it as the second Slurm test begins: the cluster, Ray-on-Slurm and verl-launch tests then run
-while the sweeps do, and tests/slurm/test_sweeps.py only collects results. The first Slurm test is
-the one that needs every GPU of the cluster (marker ``slurm_whole_cluster``), which the main
-sweep's GPU cells would otherwise hold.
+starts it once the Slurm tests marked ``slurm_whole_cluster`` are done: the cluster and verl-launch
+tests then run while the sweeps do, and tests/slurm/test_sweeps.py only collects results. The tests
+marked ``slurm_whole_cluster`` need every GPU of the cluster, which the main sweep's GPU cells would
+otherwise hold: the preemption test, and the Ray-on-Slurm bootstrap, whose Ray head must also answer
+its nodes within Ray's fixed 30 s (beside the sweeps, on 2 cores, it missed that deadline).
 
 The fixture is registered once, from tests/conftest.py (see tests/slurm/cluster.py for why).
 

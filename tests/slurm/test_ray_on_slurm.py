@@ -73,6 +73,9 @@ def test_refuses_to_run_outside_an_allocation():
 
 @pytest.mark.slurm
 @pytest.mark.slow
+# every GPU of the test cluster, and a Ray head that must answer its nodes within Ray's fixed 30 s:
+# before the background sweeps, which keep both cores busy (beside them it missed that deadline)
+@pytest.mark.slurm_whole_cluster
 @pytest.mark.parametrize("first_worker_fails", [False, True], ids=["plain", "worker-retried"])
 def test_bootstrap_builds_ray_cluster_matching_allocation(slurm_cluster, tmp_path, first_worker_fails):
     """On an allocation of 2 (fake) GPUs -- one per node on 2 nodes when the test cluster emulates
