@@ -78,7 +78,7 @@ def test_other_models_take_the_hf_forward(change):
 
 def test_attention_buckets_cover_every_token_once_and_are_as_wide_as_their_longest_row():
     """Rows sorted by length into 3 buckets: each bucket's width is its longest row, every packed token
-    sits in exactly one real cell, and ``inverse`` puts the buckets' outputs back in packed order."""
+    sits in exactly one real cell, padding cells repeat their row's first token, and ``inverse`` puts the buckets' outputs back in packed order."""
     from runners.backends.local.packed import AttentionLayout
 
     lengths = torch.tensor([5, 1, 9, 3, 7, 2, 8])
@@ -87,5 +87,10 @@ def test_attention_buckets_cover_every_token_once_and_are_as_wide_as_their_longe
     cells = torch.cat([b.gather[b.real] for b in layout.buckets])
     assert sorted(cells.tolist()) == list(range(int(lengths.sum())))
     assert torch.equal(cells[layout.inverse], torch.arange(int(lengths.sum())))
-    pad = int(lengths.sum())
-    assert all(int((b.gather == pad).sum()) == b.rows * b.width - b.real.numel() for b in layout.buckets)
+    for b in layout.buckets:  # a padding cell repeats its row's first token (column 0 is always real)
+        grid = b.gather.view(b.rows, b.width)
+        padding = torch.ones(b.rows * b.width, dtype=torch.bool)
+        padding[b.real] = False
+        padding = padding.view(b.rows, b.width)
+        assert int(padding.sum()) == b.rows * b.width - b.real.numel() and not padding[:, 0].any()
+        assert torch.equal(grid[padding], grid[:, :1].expand_as(grid)[padding])

@@ -153,7 +153,6 @@ class CpuStage:
     runs: dict[str, CellRun] = field(default_factory=dict)
     local: dict[str, set] = field(default_factory=dict)
     launches: int = 0
-    started: float = field(default_factory=time.monotonic)
     pool: ThreadPoolExecutor | None = None
     pending: dict[str, Future] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)

@@ -48,8 +48,8 @@ def _rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 
 @dataclass(frozen=True)
 class _Bucket:
-    """Rows attending together: ``gather`` [rows * width] packed index of each grid cell (``N`` = a zero
-    row for padding), ``mask`` [rows, 1, width, width], ``real`` the grid cells that hold tokens."""
+    """Rows attending together: ``gather`` [rows * width] packed index of each grid cell (padding: the
+    row's first token), ``mask`` [rows, 1, width, width], ``real`` the grid cells that hold tokens."""
 
     rows: int
     width: int
@@ -81,7 +81,9 @@ class AttentionLayout:
             width = max(int(length.max()), 1)
             col = torch.arange(width, device=device)
             inside = col[None, :] < length[:, None]  # [rows, width]
-            gather = torch.where(inside, starts[rows, None] + col[None, :], total).reshape(-1)
+            # padding cells repeat the row's first token: only padding queries, whose outputs are
+            # dropped, see them, so no zero row has to be appended to q, k and v
+            gather = (starts[rows, None] + torch.where(inside, col[None, :], 0)).reshape(-1)
             causal = torch.ones(width, width, dtype=torch.bool, device=device).tril()
             diagonal = torch.eye(width, dtype=torch.bool, device=device)
             mask = (causal[None, None] & inside[:, None, None, :]) | diagonal[None, None]
@@ -102,12 +104,10 @@ def _attention(attn, x: Tensor, cos: Tensor, sin: Tensor, layout: AttentionLayou
     if hasattr(attn, "q_norm"):  # qwen3: per-head RMSNorm before RoPE
         q, k = attn.q_norm(q), attn.k_norm(k)
     q, k = _rope(q, cos, sin), _rope(k, cos, sin)
-    padded = [torch.cat([t, t.new_zeros(1, *t.shape[1:])]) for t in (q, k, v)]  # row N: padding
-
     outs = []
     for b in layout.buckets:
-        # [N+1, heads, d] -> [rows, heads, width, d]
-        q_b, k_b, v_b = (t[b.gather].view(b.rows, b.width, t.shape[1], d).transpose(1, 2) for t in padded)
+        # [N, heads, d] -> [rows, heads, width, d]
+        q_b, k_b, v_b = (t[b.gather].view(b.rows, b.width, t.shape[1], d).transpose(1, 2) for t in (q, k, v))
         out = F.scaled_dot_product_attention(
             q_b, k_b, v_b, attn_mask=b.mask, scale=attn.scaling, enable_gqa=q.shape[1] != k.shape[1]
         )
