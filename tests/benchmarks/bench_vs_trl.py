@@ -26,6 +26,7 @@ TRL comes from the ``bench`` extra, in an environment of its own (``make bench``
     python tests/benchmarks/bench_vs_trl.py --model smollm2_135m --steps 3   # SmolLM2-135M, shorter
     python tests/benchmarks/bench_vs_trl.py --diagnostics               # keep the post-update diagnostics pass
     python tests/benchmarks/bench_vs_trl.py --profile 3                 # then a torch.profiler table of 3 steps
+    python tests/benchmarks/bench_vs_trl.py --device cuda --model tiny_qwen3_v152k   # on a GPU (wall time)
 """
 
 from __future__ import annotations
@@ -78,7 +79,7 @@ def builtin_trainer(args, run_dir: Path):
             f"rollout.max_response_length={args.max_new}",
             "rollout.temperature=1.0",
             "rollout.top_p=1.0",
-            "backend.device=cpu",
+            f"backend.device={args.device}",
             f"backend.num_threads={args.threads}",
             "progress=false",
             f"seed={args.seed}",
@@ -139,7 +140,7 @@ def trl_trainer(args, builtin, examples: list, callbacks: list, out_dir: Path):
         max_steps=args.steps + args.warmup,
         bf16=False,
         fp16=False,
-        use_cpu=True,
+        use_cpu=args.device == "cpu",
         gradient_checkpointing=False,
         shuffle_dataset=False,
         dataloader_num_workers=0,
@@ -161,15 +162,23 @@ def trl_trainer(args, builtin, examples: list, callbacks: list, out_dir: Path):
     )
 
 
+def _sync() -> None:
+    """Wait for queued GPU work, so that a timer read after it counts that work (no-op on CPU)."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+
+
 def _timed_generate(model, log: list):
     """Wrap ``model.generate`` (what TRL calls) to record its (wall, CPU) seconds."""
     real = model.generate
 
     def generate(*a, **kw):
+        _sync()
         start, cpu = time.perf_counter(), time.process_time()
         try:
             return real(*a, **kw)
         finally:
+            _sync()
             log.append((time.perf_counter() - start, time.process_time() - cpu))
 
     model.generate = generate
@@ -194,14 +203,17 @@ def run(args) -> dict:
         def on_step_begin(self, targs, state, control, **kw):
             self.tokens = state.num_input_tokens_seen
             self.gen.clear()
+            _sync()
             self.start, self.cpu = time.perf_counter(), time.process_time()
 
         def on_step_end(self, targs, state, control, **kw):
+            _sync()
             trl_wall, trl_cpu = time.perf_counter() - self.start, time.process_time() - self.cpu
             trl_tokens = state.num_input_tokens_seen - self.tokens
             torch.set_num_threads(args.threads)
             start, cpu = time.perf_counter(), time.process_time()
             metrics = builtin.step(self.step)
+            _sync()
             ours_wall, ours_cpu = time.perf_counter() - start, time.process_time() - cpu
             rows.append(
                 {
@@ -272,7 +284,7 @@ def summarise(args, rows: list[dict]) -> dict:
     ]
     print(
         f"\n{args.model}: {args.prompts} prompts x {args.n} samples, <= {args.max_new} new tokens, "
-        f"{args.threads} thread(s), {len(rows)} timed pairs (after {args.warmup} warm-up)"
+        f"{args.device}, {args.threads} thread(s), {len(rows)} timed pairs (after {args.warmup} warm-up)"
     )
     print(f"{'':28s}{'TRL GRPOTrainer':>18s}{'built-in':>14s}")
     print(f"{'s/step wall (median)':28s}{med('trl_wall'):18.3f}{med('ours_wall'):14.3f}")
@@ -307,6 +319,7 @@ def main(argv=None) -> None:
     p.add_argument("--n", type=int, default=8, help="samples per prompt")
     p.add_argument("--max-new", type=int, default=48, help="max new tokens per response")
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--device", default="cpu", help="cpu, or cuda: both trainers on the GPU (compare wall time there)")
     p.add_argument("--lr", type=float, default=1e-4)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--diagnostics", action="store_true", help="keep the built-in post-update diagnostics pass")
