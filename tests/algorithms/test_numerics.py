@@ -64,6 +64,22 @@ def test_token_logprobs_gradcheck_chunked():
     assert torch.autograd.gradcheck(lambda x: token_logprobs(x, tokens, chunk_size=4, temperature=0.7), (logits,))
 
 
+def test_token_logprobs_gradcheck_with_masked_vocabulary():
+    """The fused backward (g (onehot - softmax)) against finite differences, unchunked, with -inf
+    logits (masked tokens): their gradient is exactly 0, the rest matches float64 log_softmax's."""
+    logits = _logits(12, shape=(2, 4, 9)).double()
+    logits[..., 6:] = float("-inf")
+    tokens = torch.randint(0, 6, (2, 4), generator=torch.Generator().manual_seed(13))
+    leaf = logits.clone().requires_grad_(True)
+    assert torch.autograd.gradcheck(lambda x: token_logprobs(x, tokens), (leaf,))
+    weights = torch.randn(2, 4, generator=torch.Generator().manual_seed(14), dtype=torch.float64)
+    (token_logprobs(leaf, tokens) * weights).sum().backward()
+    ref = logits.clone().requires_grad_(True)
+    (_reference_logprobs(ref, tokens) * weights).sum().backward()
+    assert torch.all(leaf.grad[..., 6:] == 0)
+    torch.testing.assert_close(leaf.grad, ref.grad, rtol=1e-12, atol=1e-12)
+
+
 def test_entropy_matches_scipy_and_handles_minus_inf():
     """H of softmax(logits) equals scipy.stats.entropy; -inf logits count as p = 0 (value and
     gradient equal those of the same distribution without them); an all -inf row gives 0."""
