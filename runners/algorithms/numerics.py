@@ -2,16 +2,10 @@
 
 Design decisions:
 
-- Log-probs are computed in float32 whatever the logits' dtype, as ``log_softmax(x)[y]`` through
-  ``_SelectedLogSoftmax``: the forward is one fused log-softmax pass whose [N,V] output is a
-  temporary (only the B*T picked values are kept, as with verl's ``x[y] - logsumexp(x)``), and the
-  backward is one fused softmax pass scaled in place, from the saved logits. The composite
-  ``x[y] - logsumexp(x)`` reads and writes [N,V] about twice as often (max, shift, exp, sum forward;
-  shift, exp, scale and the gather's zero-filled gradient backward): forward plus backward take
-  0.71x its time on one CPU thread (V = 49,152 and 151,936) and 0.78x on an H200
-  (tests/benchmarks/bench_logprobs.py).
-  ``chunk_size`` bounds the float32 working set to ``chunk_size x V`` for bf16/fp16 logits or a
-  temperature other than 1 (slower under autograd: each slice's gradient is a full [N,V] tensor).
+- Log-probs are computed in float32 whatever the logits' dtype, as ``x[y] - logsumexp(x)``: the
+  gather picks B*T numbers and ``logsumexp`` reduces over V, so no [B,T,V] log-softmax copy is kept
+  for the forward value (verl's ``logprobs_from_logits_v2`` does the same). ``chunk_size`` bounds the
+  float32 working set to ``chunk_size x V`` for bf16/fp16 logits or a temperature other than 1.
 - ``precision="bf16"`` (or ``"fp16"``) rounds the float32 log-probs to that type and back, the regime
   of stacks that cast model outputs to the training dtype (Entropy-preserving RL, arXiv 2603.11682, s4.1, App. B.1): ratios from
   such log-probs are biased upward (Theorem 3). The result stays a float32 tensor holding the rounded
@@ -27,7 +21,6 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor
-from torch.autograd.function import once_differentiable
 
 PRECISIONS = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -39,28 +32,6 @@ def _rows(logits: Tensor, chunk_size: int | None) -> list[slice]:
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1 or None, got {chunk_size!r}")
     return [slice(i, min(i + chunk_size, n)) for i in range(0, n, chunk_size)]
-
-
-class _SelectedLogSoftmax(torch.autograd.Function):
-    """``log_softmax(x)[ids]``: x [N,V] float, ids [N,1] long -> [N] (see the module doc).
-
-    Backward: d/dx = g (onehot(ids) - softmax(x)), one fused softmax pass then an in-place scale and a
-    scatter-add of g at ids. -inf logits get probability 0 and zero gradient; a row of only -inf
-    logits gives NaN, as ``log_softmax`` does.
-    """
-
-    @staticmethod
-    def forward(ctx, x: Tensor, ids: Tensor) -> Tensor:
-        ctx.save_for_backward(x, ids)
-        return torch.log_softmax(x, dim=-1).gather(-1, ids).squeeze(-1)
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, grad: Tensor):
-        x, ids = ctx.saved_tensors
-        g = grad.unsqueeze(-1)
-        out = torch.softmax(x, dim=-1).mul_(-g)
-        return out.scatter_add_(-1, ids, g), None
 
 
 def token_logprobs(
@@ -98,7 +69,7 @@ def token_logprobs(
         x = flat[rows].to(compute)
         if temperature != 1.0:
             x = x / temperature
-        parts.append(_SelectedLogSoftmax.apply(x, ids[rows]))
+        parts.append(x.gather(-1, ids[rows]).squeeze(-1) - torch.logsumexp(x, dim=-1))
     logp = torch.cat(parts) if len(parts) > 1 else parts[0]
     rounded = PRECISIONS[precision]
     if rounded is not None:

@@ -96,16 +96,25 @@ def sample_next(
     """
     if temperature == 0.0:
         token = logits.argmax(dim=-1)
-        logp = torch.log_softmax(logits, dim=-1).gather(-1, token[:, None]).squeeze(-1)
-        return token, logp
+        return token, _logp(logits, token)
     scores = logits / temperature if temperature != 1.0 else logits
     if top_p < 1.0:
         scores = filter_top_p(scores, top_p)
     probs = scores.softmax(dim=-1)
     check_generator_device(generator, probs)
     token = torch.multinomial(probs, num_samples=1, generator=generator).squeeze(-1)
-    logp = torch.log_softmax(scores, dim=-1).gather(-1, token[:, None]).squeeze(-1)
-    return token, logp
+    return token, _logp(scores, token)
+
+
+def _logp(scores: Tensor, token: Tensor) -> Tensor:
+    """log softmax(scores)[token] as ``x[y] - logsumexp(x)`` (the trainer's form, runners.algorithms.numerics).
+
+    Not ``log_softmax``: on CPU its float32 normaliser loses precision with the vocabulary (a peaked
+    row's log-probs off by 4e-5 at V = 49,152 and 1.4e-4 at 151,936, against 2e-6 here), which would
+    show up as a training-inference mismatch between the rollout's and the trainer's log-probs of the
+    same policy.
+    """
+    return scores.gather(-1, token[:, None]).squeeze(-1) - torch.logsumexp(scores, dim=-1)
 
 
 def _decode_mask_kind(model, attention_mask: Tensor) -> str:

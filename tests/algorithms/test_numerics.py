@@ -80,6 +80,30 @@ def test_token_logprobs_gradcheck_with_masked_vocabulary():
     torch.testing.assert_close(leaf.grad, ref.grad, rtol=1e-12, atol=1e-12)
 
 
+def _peaked_logits(vocab: int, rows: int = 64) -> torch.Tensor:
+    """Rows like a language model's: five dominant tokens over a Gaussian background of V - 5."""
+    logits = torch.randn(rows, vocab, generator=torch.Generator().manual_seed(15)) * 2
+    logits[:, :5] += torch.tensor([12.0, 10.0, 9.0, 8.0, 7.0])
+    return logits
+
+
+@pytest.mark.parametrize("vocab", [49152, 151936])
+def test_float32_log_probs_and_entropy_stay_accurate_at_real_vocabularies(vocab):
+    """float32 results within 1e-5 of float64 at SmolLM2's and Qwen's vocabularies on peaked rows.
+    Guards the form: ATen's CPU ``log_softmax`` in float32 is off by 4e-5 (V = 49,152) and 1.4e-4
+    (V = 151,936) on such rows, checked here too, so a switch to it would fail."""
+    logits = _peaked_logits(vocab)
+    tokens = torch.randint(0, vocab, (logits.shape[0],), generator=torch.Generator().manual_seed(16))
+    tokens[::2] = torch.randint(0, 5, (tokens[::2].numel(),), generator=torch.Generator().manual_seed(17))
+    exact = torch.log_softmax(logits.double(), -1)
+    torch.testing.assert_close(
+        token_logprobs(logits, tokens).double(), exact.gather(-1, tokens[:, None]).squeeze(-1), rtol=0, atol=1e-5
+    )
+    exact_entropy = -(exact.exp() * exact).sum(-1)
+    torch.testing.assert_close(entropy_from_logits(logits).double(), exact_entropy, rtol=0, atol=1e-5)
+    assert float((torch.log_softmax(logits, -1).double() - exact).abs().max()) > 2e-5  # the form avoided
+
+
 def test_entropy_matches_scipy_and_handles_minus_inf():
     """H of softmax(logits) equals scipy.stats.entropy; -inf logits count as p = 0 (value and
     gradient equal those of the same distribution without them); an all -inf row gives 0."""
