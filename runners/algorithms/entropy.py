@@ -31,6 +31,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from runners.algorithms.numerics import entropy_from_logits
 from runners.metric_names import ENTROPY_BONUS_COEF, ENTROPY_EPS_HIGH, ENTROPY_TARGET, ENTROPY_ZETA
 
 
@@ -275,8 +276,7 @@ def entropy_covariance(
     mask = response_mask.to(logp.dtype)
     count = mask.sum().clamp(min=1)
     if logits is not None:
-        log_pi = torch.log_softmax(logits.double() if logp.dtype == torch.float64 else logits.float(), dim=-1)
-        centre = (log_pi.exp() * log_pi).sum(-1).to(logp.dtype)  # E_a[log pi] = -H(s)
+        centre = -entropy_from_logits(logits.double() if logp.dtype == torch.float64 else logits).to(logp.dtype)
     else:
         centre = (logp * mask).sum() / count
     centred_logp = logp - centre

@@ -100,7 +100,8 @@ def troll_objective(
     old_r = old.reshape(-1, old.shape[-1]).index_select(0, rows)
     pos = _sampled_slot(inp, rows, None if dense else index.reshape(-1, index.shape[-1]), old_r)
     if dense:
-        logq = torch.log_softmax(flat.index_select(0, rows), -1)
+        # x - logsumexp(x), not log_softmax: ATen's CPU float32 log_softmax drifts with V (1.4e-4 at 151,936)
+        logq = log_normalize(flat.index_select(0, rows).to(torch.promote_types(flat.dtype, torch.float32)))
         logo = log_normalize(old_r.to(torch.promote_types(old_r.dtype, torch.float32))).to(logq.dtype)
         kept = torch.full_like(rows, vocab)
         kept_logits = None
