@@ -36,6 +36,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from runners.algorithms.numerics import token_logprobs
+
 
 @dataclass
 class GenerationOutput:
@@ -93,28 +95,20 @@ def sample_next(
 
     ``temperature == 0`` is greedy; its logp is then the untempered model log-prob of the argmax
     (a point mass would always give 0). Otherwise logp is under softmax(top_p(logits / temperature)).
+    logp is the trainer's ``token_logprobs`` (x[y] - logsumexp(x)), not ``log_softmax``: ATen's CPU
+    float32 log_softmax drifts with V (1.4e-4 at 151,936), which would show as a training-inference
+    mismatch between the rollout and the trainer on the same policy.
     """
     if temperature == 0.0:
         token = logits.argmax(dim=-1)
-        return token, _logp(logits, token)
+        return token, token_logprobs(logits, token)
     scores = logits / temperature if temperature != 1.0 else logits
     if top_p < 1.0:
         scores = filter_top_p(scores, top_p)
     probs = scores.softmax(dim=-1)
     check_generator_device(generator, probs)
     token = torch.multinomial(probs, num_samples=1, generator=generator).squeeze(-1)
-    return token, _logp(scores, token)
-
-
-def _logp(scores: Tensor, token: Tensor) -> Tensor:
-    """log softmax(scores)[token] as ``x[y] - logsumexp(x)`` (the trainer's form, runners.algorithms.numerics).
-
-    Not ``log_softmax``: on CPU its float32 normaliser loses precision with the vocabulary (a peaked
-    row's log-probs off by 4e-5 at V = 49,152 and 1.4e-4 at 151,936, against 2e-6 here), which would
-    show up as a training-inference mismatch between the rollout's and the trainer's log-probs of the
-    same policy.
-    """
-    return scores.gather(-1, token[:, None]).squeeze(-1) - torch.logsumexp(scores, dim=-1)
+    return token, token_logprobs(scores, token)
 
 
 def _decode_mask_kind(model, attention_mask: Tensor) -> str:

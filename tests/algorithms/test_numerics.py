@@ -65,8 +65,8 @@ def test_token_logprobs_gradcheck_chunked():
 
 
 def test_token_logprobs_gradcheck_with_masked_vocabulary():
-    """The fused backward (g (onehot - softmax)) against finite differences, unchunked, with -inf
-    logits (masked tokens): their gradient is exactly 0, the rest matches float64 log_softmax's."""
+    """The gradient against finite differences, unchunked, with -inf logits (masked tokens): their
+    gradient is exactly 0, the rest matches float64 log_softmax's."""
     logits = _logits(12, shape=(2, 4, 9)).double()
     logits[..., 6:] = float("-inf")
     tokens = torch.randint(0, 6, (2, 4), generator=torch.Generator().manual_seed(13))

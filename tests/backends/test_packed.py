@@ -78,7 +78,8 @@ def test_other_models_take_the_hf_forward(change):
 
 def test_attention_buckets_cover_every_token_once_and_are_as_wide_as_their_longest_row():
     """Rows sorted by length into 3 buckets: each bucket's width is its longest row, every packed token
-    sits in exactly one real cell, padding cells repeat their row's first token, and ``inverse`` puts the buckets' outputs back in packed order."""
+    sits in exactly one real cell, padding cells repeat their row's first token, and ``inverse`` puts
+    the buckets' outputs back in packed order."""
     from runners.backends.local.packed import AttentionLayout
 
     lengths = torch.tensor([5, 1, 9, 3, 7, 2, 8])

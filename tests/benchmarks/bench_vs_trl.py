@@ -164,7 +164,7 @@ def trl_trainer(args, builtin, examples: list, callbacks: list, out_dir: Path):
 
 def _sync() -> None:
     """Wait for queued GPU work, so that a timer read after it counts that work (no-op on CPU)."""
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
+    if torch.cuda.is_initialized():
         torch.cuda.synchronize()
 
 
