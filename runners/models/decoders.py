@@ -190,10 +190,10 @@ class LlamaFamilyDecoder:
             use_cache=True,
             logits_to_keep=1,
         )
-        prompt_len = input_ids.shape[1]
+        rows, prompt_len = input_ids.shape  # rows <= the cache's batch: ``select`` then spreads them
         for i, layer in enumerate(cache.layers[: len(self.layers)]):
-            self.keys[i][:, :, :prompt_len] = layer.keys
-            self.values[i][:, :, :prompt_len] = layer.values
+            self.keys[i][:rows, :, :prompt_len] = layer.keys
+            self.values[i][:rows, :, :prompt_len] = layer.values
         return out.logits[:, -1, :].float()
 
     def step(self, tokens: Tensor, positions: Tensor, mask: Tensor | None, length: int) -> Tensor:

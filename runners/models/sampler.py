@@ -9,8 +9,9 @@ preallocated KV cache with fused projections; for anything else the model's own 
 per-step machinery (logits processors, stopping criteria, ``prepare_inputs_for_generation``, a
 fresh 4-D mask) and the HF module stack itself. Here the decode-step mask is a view of one
 preallocated boolean buffer, outputs are preallocated, and rows that have finished are dropped from
-the batch and the cache once they are at least half of it (``compact=True``). Sampling draws from
-``torch.multinomial`` on the same probabilities as ``generate`` (temperature, then top-p), so with
+the batch and the cache once they are at least half of it (``compact=True``). Each distinct prompt
+is prefilled once and its cache rows copied to the rows that repeat it (GRPO's n samples per
+prompt). Sampling draws from ``torch.multinomial`` on the same probabilities as ``generate`` (temperature, then top-p), so with
 ``compact=False`` and the global RNG it reproduces ``generate(do_sample=True)`` token for token;
 with a ``torch.Generator`` it is deterministic.
 
@@ -71,6 +72,19 @@ def filter_top_p(logits: Tensor, top_p: float) -> Tensor:
     drop_sorted[..., -1] = False
     drop = drop_sorted.scatter(-1, order, drop_sorted)
     return logits.masked_fill(drop, float("-inf"))
+
+
+def first_of_equal_rows(ids: Tensor, mask: Tensor) -> Tensor:
+    """For each row of ``ids`` [B, C] under ``mask`` [B, C], the first row with the same real tokens at the
+    same places (itself when none before it) -> [B] long. Tokens under a 0 mask are ignored."""
+    rows = ids.shape[0]
+    if rows <= 1 or ids.shape[1] == 0:
+        return torch.arange(rows, device=ids.device)
+    key = torch.where(mask.bool(), ids, -1)
+    _, inverse = torch.unique(key, dim=0, return_inverse=True)
+    first = torch.full((rows,), rows, dtype=torch.long, device=ids.device)
+    first = first.scatter_reduce(0, inverse, torch.arange(rows, device=ids.device), reduce="amin")
+    return first[inverse]
 
 
 def make_generator(device: torch.device | str, seed: int) -> torch.Generator:
@@ -211,7 +225,7 @@ def generate(
     position = (attention_mask.long().cumsum(dim=-1) - 1).clamp(min=0)
     next_position = position[:, -1:] + 1
 
-    logits = decoder.prefill(input_ids, attention_mask, position)
+    logits = _prefill(decoder, input_ids, attention_mask, position)
     rows = torch.arange(batch, device=device)  # original row of each row still in the batch
     active = torch.ones(batch, dtype=torch.bool, device=device)  # over the current (compacted) batch
     steps = 0
@@ -249,6 +263,22 @@ def generate(
         logp=logps[:, :steps],
         finished=finished,
     )
+
+
+def _prefill(decoder, input_ids: Tensor, attention_mask: Tensor, position: Tensor) -> Tensor:
+    """Prefill each distinct prompt once (GRPO samples n responses per prompt), then copy its cache rows
+    and next-token logits to every row that repeats it. -> logits [B,V]."""
+    batch = input_ids.shape[0]
+    first = first_of_equal_rows(input_ids, attention_mask)
+    distinct = (first == torch.arange(batch, device=first.device)).nonzero().squeeze(-1)
+    if distinct.numel() == batch:
+        return decoder.prefill(input_ids, attention_mask, position)
+    slot = torch.empty(batch, dtype=torch.long, device=first.device)
+    slot[distinct] = torch.arange(distinct.numel(), device=first.device)
+    rows = slot[first]  # the prefilled row each row takes its cache and logits from
+    logits = decoder.prefill(input_ids[distinct], attention_mask[distinct], position[distinct])
+    decoder.select(rows)
+    return logits[rows]
 
 
 def left_pad(sequences: Sequence[Sequence[int]], *, pad_token_id: int) -> tuple[Tensor, Tensor]:

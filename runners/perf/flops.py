@@ -12,6 +12,12 @@ tokens of each sequence (no padding), as verl's ``FlopsCounter`` does for ``perf
 - generation of r tokens after a prompt of p: a prefill forward over p with one head position, then
   r - 1 single-token steps over a cache of p + t tokens: ``2 N + 2 N_head + 4 n_layers n_q d (p + t)``.
 
+Rows that share a context (a GRPO group's prompt) may run it once (the built-in trainer's packed
+forward and its sampler's prefill do): ``computed`` gives the tokens each row runs through the
+layers' matmuls (its response alone when another row runs its context; attention still covers the
+whole sequence), ``prefilled`` the rows whose prompt is prefilled. Counted so, the FLOPs are those
+executed, and MFU and the Roofline points stay below the hardware's ceiling.
+
 Bytes moved (the Roofline's denominator) are a first-order model in the parameter dtype: every matmul
 reads its weights once per forward (once per decode step) and its input and output activations once;
 attention reads q, k, v and writes its output (fused kernels keep the scores on chip) and a decode
@@ -93,24 +99,33 @@ class TransformerShape:
         """QK^T and (scores)V of ``queries`` query tokens over ``keys`` keys, all layers."""
         return 4.0 * self.layers * self.q_heads * self.head_dim * queries * keys
 
-    def forward_flops(self, lengths: Sequence[int], head_tokens: Sequence[int]) -> float:
-        """One forward over sequences of ``lengths`` tokens, ``head_tokens`` of each through the LM head."""
+    def forward_flops(
+        self, lengths: Sequence[int], head_tokens: Sequence[int], computed: Sequence[int] | None = None
+    ) -> float:
+        """One forward over sequences of ``lengths`` tokens, ``head_tokens`` of each through the LM head,
+        ``computed`` of each through the layers' matmuls (default: all)."""
+        computed = lengths if computed is None else computed
         return sum(
-            2.0 * self.body_params * n + 2.0 * self.head_params * h + self.attention_flops(n, n)
-            for n, h in zip(lengths, head_tokens)
+            2.0 * self.body_params * c + 2.0 * self.head_params * h + self.attention_flops(n, n)
+            for n, h, c in zip(lengths, head_tokens, computed)
         )
 
-    def train_flops(self, lengths: Sequence[int], head_tokens: Sequence[int]) -> float:
+    def train_flops(
+        self, lengths: Sequence[int], head_tokens: Sequence[int], computed: Sequence[int] | None = None
+    ) -> float:
         """Forward and backward (backward = 2 x forward)."""
-        return 3.0 * self.forward_flops(lengths, head_tokens)
+        return 3.0 * self.forward_flops(lengths, head_tokens, computed)
 
     def decode_step_flops(self, context: float) -> float:
         """One new token attending to ``context`` cached tokens (itself included)."""
         return 2.0 * self.body_params + 2.0 * self.head_params + self.attention_flops(1, context)
 
-    def generation_flops(self, prompts: Sequence[int], responses: Sequence[int]) -> float:
-        """Prefill of each prompt, then one decode step per response token after the first."""
-        total = self.forward_flops(prompts, [1] * len(prompts))
+    def generation_flops(
+        self, prompts: Sequence[int], responses: Sequence[int], prefilled: Sequence[bool] | None = None
+    ) -> float:
+        """Prefill of each prompt (of the ``prefilled`` rows; default all), then one decode step per
+        response token after the first."""
+        total = self.forward_flops(*_prefills(prompts, prefilled))
         for p, r in zip(prompts, responses):
             steps = max(int(r) - 1, 0)
             # sum over t = 1..steps of decode_step_flops(p + t)
@@ -119,16 +134,21 @@ class TransformerShape:
         return total
 
     # -- bytes --------------------------------------------------------------------------------------
-    def forward_bytes(self, lengths: Sequence[int], head_tokens: Sequence[int]) -> float:
-        """Weights once, each matmul's input and output, attention's q, k, v and output."""
-        tokens, heads = float(sum(lengths)), float(sum(head_tokens))
+    def forward_bytes(
+        self, lengths: Sequence[int], head_tokens: Sequence[int], computed: Sequence[int] | None = None
+    ) -> float:
+        """Weights once, each matmul's input and output, attention's q, k, v and output (of ``computed``
+        tokens per row; default all)."""
+        tokens, heads = float(sum(lengths if computed is None else computed)), float(sum(head_tokens))
         per_token = self.body_io + self.layers * (2 * self.q_heads + 2 * self.kv_heads) * self.head_dim
         elements = self.body_params + self.head_params + tokens * per_token + heads * (self.hidden + self.vocab)
         return self.bytes_per_param * elements
 
-    def train_bytes(self, lengths: Sequence[int], head_tokens: Sequence[int]) -> float:
+    def train_bytes(
+        self, lengths: Sequence[int], head_tokens: Sequence[int], computed: Sequence[int] | None = None
+    ) -> float:
         """Forward and backward: three times the forward's bytes plus the weight gradients."""
-        return 3.0 * self.forward_bytes(lengths, head_tokens) + self.bytes_per_param * self.params
+        return 3.0 * self.forward_bytes(lengths, head_tokens, computed) + self.bytes_per_param * self.params
 
     def optimizer_bytes(self, steps: int = 1) -> float:
         """AdamW: parameter, gradient and two moments read, three written, per step."""
@@ -144,12 +164,21 @@ class TransformerShape:
             self.bytes_per_param * (self.body_params + self.head_params) + batch * context * self.kv_bytes_per_token()
         )
 
-    def generation_bytes(self, prompts: Sequence[int], responses: Sequence[int]) -> float:
-        """Prefill, then per decode step the weights once (rows decode together) and each active row's KV cache."""
+    def generation_bytes(
+        self, prompts: Sequence[int], responses: Sequence[int], prefilled: Sequence[bool] | None = None
+    ) -> float:
+        """Prefill (of the ``prefilled`` rows), then per decode step the weights once (rows decode together)
+        and each active row's KV cache."""
         steps = [max(int(r) - 1, 0) for r in responses]
         weights = max(steps, default=0) * self.decode_step_bytes(0, 0)
         cache = sum(s * p + s * (s + 1) / 2 for p, s in zip(prompts, steps)) * self.kv_bytes_per_token()
-        return self.forward_bytes(prompts, [1] * len(prompts)) + weights + cache
+        return self.forward_bytes(*_prefills(prompts, prefilled)) + weights + cache
+
+
+def _prefills(prompts: Sequence[int], prefilled: Sequence[bool] | None) -> tuple[list[int], list[int]]:
+    """(lengths, head tokens) of the prefill forward: the prompts of the prefilled rows, one head position each."""
+    lengths = [p for i, p in enumerate(prompts) if prefilled is None or prefilled[i]]
+    return lengths, [1] * len(lengths)
 
 
 __all__ = ["TransformerShape"]

@@ -32,16 +32,29 @@ def phase_work(
     old_pass: bool,
     epochs: int,
     steps: int,
+    prefilled: Sequence[bool] | None = None,
+    own_prompt: Sequence[bool] | None = None,
 ) -> dict[str, tuple[float, float]]:
     """(model FLOPs, bytes) of each phase that ran: rollout, old_log_prob (when separate), update_actor
-    (``epochs`` passes over the batch, ``steps`` optimiser steps in all)."""
+    (``epochs`` passes over the batch, ``steps`` optimiser steps in all). Rows sharing a prompt
+    (``flops`` module doc): ``prefilled`` False for a row whose prompt the sampler prefilled for another,
+    ``own_prompt`` False for one whose prompt the forwards run for another; default: every row its own."""
     lengths = [p + r for p, r in zip(prompts, responses)]
-    work = {"rollout": (shape.generation_flops(prompts, responses), shape.generation_bytes(prompts, responses))}
+    computed = None if own_prompt is None else [n if own else r for n, r, own in zip(lengths, responses, own_prompt)]
+    work = {
+        "rollout": (
+            shape.generation_flops(prompts, responses, prefilled),
+            shape.generation_bytes(prompts, responses, prefilled),
+        )
+    }
     if old_pass:
-        work["old_log_prob"] = (shape.forward_flops(lengths, responses), shape.forward_bytes(lengths, responses))
-    train = shape.train_bytes(lengths, responses)
+        work["old_log_prob"] = (
+            shape.forward_flops(lengths, responses, computed),
+            shape.forward_bytes(lengths, responses, computed),
+        )
+    train = shape.train_bytes(lengths, responses, computed)
     work["update_actor"] = (
-        epochs * shape.train_flops(lengths, responses),
+        epochs * shape.train_flops(lengths, responses, computed),
         epochs * train + shape.optimizer_bytes(steps),
     )
     return work

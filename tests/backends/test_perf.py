@@ -182,14 +182,19 @@ def test_cpu_measurement_gives_rates():
 
 
 # -- per-step metrics -------------------------------------------------------------------------------
-def _batch(prompts, responses, context):
+def _batch(prompts, responses, context, shared=()):
+    """Rows with their own random contexts, except rows (i, j) in ``shared``: row j repeats row i's context."""
     width = max(responses)
+    ids = torch.randint(3, 37, (len(prompts), context + width), generator=torch.Generator().manual_seed(0))
     attention = torch.zeros(len(prompts), context + width, dtype=torch.long)
     response_mask = torch.zeros(len(prompts), width)
     for i, (p, r) in enumerate(zip(prompts, responses)):
         attention[i, context - p : context + r] = 1
         response_mask[i, :r] = 1
+    for i, j in shared:
+        ids[j, :context], attention[j, :context] = ids[i, :context], attention[i, :context]
     return SimpleNamespace(
+        input_ids=ids,
         attention_mask=attention,
         context_length=context,
         response_mask=response_mask,
@@ -219,6 +224,60 @@ def test_roofline_metrics_of_a_step(old_pass):
     assert names.achieved_tflops("old_log_prob") not in out  # no time spent: no point
     assert out[names.PEAK_TFLOPS] == 0.01 and out[names.PEAK_MEM_BW_TBS] == 0.02
     assert names.MFU_ACTOR not in roofline_metrics(work, timing, None)
+
+
+@pytest.mark.parametrize("packed", [True, False])
+def test_rows_sharing_a_context_count_its_work_once(packed):
+    """Rows 1 and 3 repeat the contexts of rows 0 and 2: their prompts are prefilled once, and with the
+    packed forward their contexts run once through the matmuls (attention still spans every sequence)."""
+    shape = TransformerShape.from_model(_model())
+    prompts, responses = [3, 3, 5, 5], [2, 7, 1, 4]
+    batch = _batch(prompts, responses, context=5, shared=[(0, 1), (2, 3)])
+    work = batch_work(shape, batch, old_pass=True, epochs=1, mini_batch_share=1.0, packed=packed)
+    lengths = [p + r for p, r in zip(prompts, responses)]
+    assert work["rollout"][0] == shape.generation_flops(prompts, responses) - shape.forward_flops([3, 5], [1, 1])
+    computed = [5, 7, 6, 4] if packed else lengths
+    body = 2 * shape.body_params * (sum(lengths) - sum(computed))  # the contexts not run again
+    assert work["old_log_prob"][0] == shape.forward_flops(lengths, responses) - body
+    assert work["update_actor"][0] == 3 * (shape.forward_flops(lengths, responses) - body)
+
+
+def test_the_packed_forwards_matmuls_run_a_shared_context_once():
+    """torch's count of the matmul FLOPs (the layers' and the head's; attention runs in SDPA) of the packed
+    forward over two pairs of rows sharing a context: ``forward_flops`` with each pair's context once."""
+    model = build_tiny_model("llama", vocab_size=37, seed=0)
+    shape = TransformerShape.from_model(model)
+    context, width = 5, 6
+    ids = torch.randint(3, 37, (4, context + width))
+    ids[1, :context], ids[3, :context] = ids[0, :context], ids[2, :context]
+    mask = torch.ones_like(ids)
+    with torch.no_grad(), FlopCounterMode(display=False) as counter:
+        segment_logits(model, ids, mask, context)
+    counts = counter.get_flop_counts()["Global"]
+    matmuls = sum(v for op, v in counts.items() if str(op).split(".")[1] in ("mm", "addmm"))
+    lengths, heads = [context + width] * 4, [width] * 4
+    attention = sum(shape.attention_flops(n, n) for n in lengths)
+    assert matmuls == shape.forward_flops(lengths, heads, [11, 6, 11, 6]) - attention
+
+
+def test_generation_prefills_a_repeated_prompt_once():
+    from runners.models.sampler import generate
+
+    model = _model()
+    shape = TransformerShape.from_model(model)
+    prompt, response = 6, 5
+    ids = torch.randint(3, 37, (1, prompt)).repeat(3, 1)
+
+    def run():
+        out = generate(
+            model, ids, torch.ones_like(ids), max_new_tokens=response, eos_token_id=None, pad_token_id=0, fast=False
+        )
+        assert out.responses.shape == (3, response)
+
+    rope = _rope(shape, prompt) + (response - 1) * _rope(shape, 3)
+    expected = shape.generation_flops([prompt] * 3, [response] * 3, [True, False, False])
+    assert _counted(run) == expected + rope
+    assert expected < shape.generation_flops([prompt] * 3, [response] * 3)
 
 
 def test_a_trainer_step_logs_mfu_and_roofline_points(tb_home, monkeypatch):

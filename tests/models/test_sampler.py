@@ -30,6 +30,29 @@ def left_padded_prompts(batch: int = 8, width: int = 7, seed: int = 0) -> tuple[
     return ids.masked_fill(mask == 0, PAD), mask
 
 
+def grouped_prompts() -> tuple[torch.Tensor, torch.Tensor]:
+    """8 rows repeating 3 prompts (as GRPO's n samples per prompt do), rows of a prompt not adjacent."""
+    ids, mask = left_padded_prompts()
+    rows = torch.tensor([0, 1, 0, 3, 1, 0, 3, 3])
+    return ids[rows], mask[rows]
+
+
+def prompt_batch(prompts: str) -> tuple[torch.Tensor, torch.Tensor]:
+    return left_padded_prompts() if prompts == "distinct" else grouped_prompts()
+
+
+def count_prefill_rows(model) -> list[int]:
+    """Rows of each forward over more than one position (a prefill), recorded by a hook on the embedding."""
+    rows: list[int] = []
+
+    def hook(module, args, out):
+        if args[0].dim() == 2 and args[0].shape[1] > 1:
+            rows.append(args[0].shape[0])
+
+    model.get_input_embeddings().register_forward_hook(hook)
+    return rows
+
+
 @pytest.fixture(scope="module")
 def model():
     return build_tiny_model("qwen2", vocab_size=V, seed=1)
@@ -49,29 +72,34 @@ def full_forward_logits(model, prompt_ids, prompt_mask, responses, response_mask
 @pytest.mark.parametrize("arch", ["qwen2", "qwen3", "llama"])
 @pytest.mark.parametrize("attn", ["sdpa", "eager"])
 @pytest.mark.parametrize("padded", [True, False])
-def test_greedy_equals_generate(arch, attn, padded):
-    """Greedy decoding reproduces ``model.generate(do_sample=False)`` exactly."""
+@pytest.mark.parametrize("prompts", ["distinct", "groups"])
+def test_greedy_equals_generate(arch, attn, padded, prompts):
+    """Greedy decoding reproduces ``model.generate(do_sample=False)`` exactly; repeated prompts are prefilled once."""
     model = build_tiny_model(arch, vocab_size=V, seed=2)
     model.set_attn_implementation(attn)
-    ids, mask = left_padded_prompts()
+    ids, mask = prompt_batch(prompts)
     if not padded:
         mask = torch.ones_like(mask)
     ref = model.generate(
         input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=30, pad_token_id=PAD, eos_token_id=EOS
     )[:, ids.shape[1] :]
+    prefills = count_prefill_rows(model)
     out = generate(model, ids, mask, max_new_tokens=30, temperature=0.0, eos_token_id=EOS, pad_token_id=PAD)
     assert torch.equal(out.responses, ref)
+    assert prefills == [8 if prompts == "distinct" else 3]
 
 
 @pytest.mark.parametrize("arch", ["qwen2", "qwen3", "llama"])
 @pytest.mark.parametrize("fast", [True, False])
 @pytest.mark.parametrize("temperature,top_p", [(1.0, 1.0), (0.7, 0.9), (1.3, 0.5)])
-def test_sampling_equals_generate_token_for_token(arch, fast, temperature, top_p):
+@pytest.mark.parametrize("prompts", ["distinct", "groups"])
+def test_sampling_equals_generate_token_for_token(arch, fast, temperature, top_p, prompts):
     """From the same global RNG state, sampling draws the same tokens as ``generate(do_sample=True)``,
-    through the lean decode step (``fast``) and through the model's own forward."""
+    through the lean decode step (``fast``) and through the model's own forward, with repeated prompts
+    prefilled once."""
     model = build_tiny_model(arch, vocab_size=V, seed=3)
     assert supports_fast_decode(model)
-    ids, mask = left_padded_prompts()
+    ids, mask = prompt_batch(prompts)
     kwargs = {"max_new_tokens": 40, "pad_token_id": PAD, "eos_token_id": EOS}
     torch.manual_seed(11)
     ref = model.generate(

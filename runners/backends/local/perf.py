@@ -3,7 +3,10 @@
 
 from __future__ import annotations
 
+import torch
+
 from runners.backends.local.rollout import RolloutBatch
+from runners.models.sampler import first_of_equal_rows
 from runners.perf.flops import TransformerShape
 from runners.perf.hardware import Ceiling
 from runners.perf.roofline import optimizer_steps, phase_work, roofline_metrics
@@ -18,13 +21,33 @@ def model_shape(model) -> TransformerShape | None:
 
 
 def batch_work(
-    shape: TransformerShape, batch: RolloutBatch, *, old_pass: bool, epochs: int, mini_batch_share: float
+    shape: TransformerShape,
+    batch: RolloutBatch,
+    *,
+    old_pass: bool,
+    epochs: int,
+    mini_batch_share: float,
+    packed: bool = False,
 ) -> dict[str, tuple[float, float]]:
-    """``phase_work`` of the batch: its real prompt and response lengths, its prompt groups' mini-batches."""
-    prompts = batch.attention_mask[:, : batch.context_length].sum(-1).tolist()
+    """``phase_work`` of the batch: its real prompt and response lengths, its prompt groups' mini-batches.
+    Rows with equal contexts share one prefill (the sampler) and, with ``packed`` (the forward of
+    ``runners.backends.local.packed``), one run of the context in every forward."""
+    context = batch.context_length
+    prompts = batch.attention_mask[:, :context].sum(-1).tolist()
     responses = batch.response_mask.sum(-1).long().tolist()
     steps = optimizer_steps(len(set(batch.group_index.tolist())), epochs, mini_batch_share)
-    return phase_work(shape, prompts, responses, old_pass=old_pass, epochs=epochs, steps=steps)
+    first = first_of_equal_rows(batch.input_ids[:, :context], batch.attention_mask[:, :context])
+    own = (first == torch.arange(len(prompts))).tolist()
+    return phase_work(
+        shape,
+        prompts,
+        responses,
+        old_pass=old_pass,
+        epochs=epochs,
+        steps=steps,
+        prefilled=own,
+        own_prompt=own if packed else None,
+    )
 
 
 def perf_metrics(
@@ -35,12 +58,19 @@ def perf_metrics(
     *,
     old_pass: bool,
     settings,
+    packed: bool = False,
 ) -> dict[str, float]:
-    """``roofline_metrics`` of the step; none for a model ``model_shape`` cannot read. ``settings``: UpdateSettings."""
+    """``roofline_metrics`` of the step; none for a model ``model_shape`` cannot read. ``settings``: UpdateSettings;
+    ``packed``: the forwards run shared contexts once (``batch_work``)."""
     if shape is None:
         return {}
     work = batch_work(
-        shape, batch, old_pass=old_pass, epochs=settings.ppo_epochs, mini_batch_share=settings.mini_batch_share
+        shape,
+        batch,
+        old_pass=old_pass,
+        epochs=settings.ppo_epochs,
+        mini_batch_share=settings.mini_batch_share,
+        packed=packed,
     )
     return roofline_metrics(work, timing, ceiling)
 

@@ -45,6 +45,7 @@ from runners.backends.local.actor import OldFromUpdate, UpdateSettings, old_pass
 from runners.backends.local.batching import micro_rows, policy_mask, to_device
 from runners.backends.local.critic import CriticSettings, update_critic
 from runners.backends.local.diagnostics import post_update_metrics
+from runners.backends.local.packed import supports_packed
 from runners.backends.local.perf import model_shape, perf_metrics
 from runners.backends.local.policy import dropout_free, segment_logits
 from runners.backends.local.rollout_policy import RolloutPolicy
@@ -83,6 +84,7 @@ class LocalTrainer:
         self.optimizer, self.scheduler, self.critic_optimizer = m.optimizer, m.scheduler, m.critic_optimizer
         self.pad_id, self.eos_id = self.tokenizer.pad_token_id, self.tokenizer.eos_token_id
         self.shape, self.ceiling = model_shape(self.model), machine_ceiling(self.device)  # MFU, Roofline
+        self.packed = supports_packed(self.model)  # its forwards run a shared context once (FLOP counts)
         self.rollout_policy = RolloutPolicy(self.model, staleness=cfg.rollout.staleness, dtype=cfg.rollout.dtype)
         self._sampler = self.model
         self.estimator = ESTIMATORS.get(self.method.estimator)
@@ -289,7 +291,11 @@ class LocalTrainer:
         metrics.update(timing)
         metrics.update(throughput_metrics(batch, timing))
         settings = self.update_settings
-        metrics.update(perf_metrics(self.shape, self.ceiling, batch, timing, old_pass=old_pass, settings=settings))
+        metrics.update(
+            perf_metrics(
+                self.shape, self.ceiling, batch, timing, old_pass=old_pass, settings=settings, packed=self.packed
+            )
+        )
         metrics.update(load_metrics())
         if self.device.type == "cuda":
             metrics[names.MAX_MEMORY_ALLOCATED_GB] = torch.cuda.max_memory_allocated() / 2**30
