@@ -15,6 +15,14 @@ forward (its keys and values are copied into the static cache), so only decode s
 path. Rotary embeddings come from the model's own ``rotary_emb`` module (every RoPE scaling type).
 tests/models/test_sampler.py checks it against ``model.generate`` token for token.
 
+Decode attention on CPU (``attention="bmm"``): one new query per row against at most a few hundred
+keys is too small for SDPA's CPU flash kernel, whose per-call set-up dominates (~230 us for 64 rows x
+4 heads x 80 keys on one thread). There the query heads sharing a key/value head form a [g, D] block,
+scores are one ``baddbmm`` against a key cache stored transposed (``[B, H_kv, D, S]``, so each
+block's keys are a plain strided matrix) with the padding mask as its additive input, then a softmax
+and one ``bmm`` with the values: 0.6x the time of SDPA on the same shapes. Elsewhere (CUDA) SDPA
+runs on a ``[B, H_kv, S, D]`` cache (``attention="sdpa"``).
+
     decoder = make_decoder(model, batch=32, max_length=96)
     logits = decoder.prefill(input_ids, attention_mask, position_ids)   # [B,V]
     logits = decoder.step(tokens, positions, mask, length)              # [B,V]
@@ -129,7 +137,7 @@ class LlamaFamilyDecoder:
     separate matmuls).
     """
 
-    def __init__(self, model, *, batch: int, max_length: int) -> None:
+    def __init__(self, model, *, batch: int, max_length: int, attention: str | None = None) -> None:
         self.model = model
         base = model.model
         config = model.config
@@ -173,8 +181,14 @@ class LlamaFamilyDecoder:
         positions = torch.arange(max_length, device=weight.device)[None]
         cos, sin = base.rotary_emb(weight[None, :1], positions)  # [1, max_length, D]
         self.cos, self.sin = cos[0], sin[0]
+        if attention is None:
+            attention = "bmm" if weight.device.type == "cpu" else "sdpa"
+        if attention not in ("bmm", "sdpa"):
+            raise ValueError(f"attention must be 'bmm' or 'sdpa', got {attention!r}")
+        self.attention = attention
         shape = (batch, self.n_kv, max_length, self.head_dim)
-        self.keys = [torch.zeros(shape, dtype=weight.dtype, device=weight.device) for _ in layers]
+        key_shape = (batch, self.n_kv, self.head_dim, max_length) if attention == "bmm" else shape
+        self.keys = [torch.zeros(key_shape, dtype=weight.dtype, device=weight.device) for _ in layers]
         self.values = [torch.zeros(shape, dtype=weight.dtype, device=weight.device) for _ in layers]
 
     def prefill(self, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor) -> Tensor:
@@ -192,7 +206,10 @@ class LlamaFamilyDecoder:
         )
         rows, prompt_len = input_ids.shape  # rows <= the cache's batch: ``select`` then spreads them
         for i, layer in enumerate(cache.layers[: len(self.layers)]):
-            self.keys[i][:rows, :, :prompt_len] = layer.keys
+            if self.attention == "bmm":
+                self.keys[i][:rows, :, :, :prompt_len] = layer.keys.transpose(-1, -2)
+            else:
+                self.keys[i][:rows, :, :prompt_len] = layer.keys
             self.values[i][:rows, :, :prompt_len] = layer.values
         return out.logits[:, -1, :].float()
 
@@ -209,6 +226,7 @@ class LlamaFamilyDecoder:
         hidden = self.embed(tokens[:, None])  # [B,1,H]
         cos = self.cos[positions][:, :, None]  # [B,1,1,D]
         sin = self.sin[positions][:, :, None]
+        bias = self._score_bias(mask, batch, length) if self.attention == "bmm" else None
         for i, layer in enumerate(self.layers):
             x = _rms_norm(hidden, *layer["norm1"])
             qkv = _project(x, layer["qkv"]).view(batch, 1, n_qk + self.n_kv, self.head_dim)
@@ -216,22 +234,50 @@ class LlamaFamilyDecoder:
             if layer["qk_norm"] is not None:
                 qk = _rms_norm(qk, *layer["qk_norm"])
             qk = _rotate(qk, cos, sin)
-            self.keys[i][:, :, slot] = qk[:, 0, n_q:]
             self.values[i][:, :, slot] = v[:, 0]
-            out = F.scaled_dot_product_attention(
-                qk[:, :, :n_q].transpose(1, 2),
-                self.keys[i][:, :, :length],
-                self.values[i][:, :, :length],
-                attn_mask=mask,
-                scale=self.scaling,
-                enable_gqa=self.n_kv != self.n_heads,
-            )
-            hidden = hidden + F.linear(out.transpose(1, 2).reshape(batch, 1, -1), *layer["o"])
+            if self.attention == "bmm":
+                self.keys[i][:, :, :, slot] = qk[:, 0, n_q:]
+                out = self._bmm_attention(qk[:, 0, :n_q], i, length, bias)  # [B, n_q * D]
+            else:
+                self.keys[i][:, :, slot] = qk[:, 0, n_q:]
+                out = F.scaled_dot_product_attention(
+                    qk[:, :, :n_q].transpose(1, 2),
+                    self.keys[i][:, :, :length],
+                    self.values[i][:, :, :length],
+                    attn_mask=mask,
+                    scale=self.scaling,
+                    enable_gqa=self.n_kv != self.n_heads,
+                ).reshape(batch, -1)
+            hidden = hidden + F.linear(out[:, None], *layer["o"])
             x = _rms_norm(hidden, *layer["norm2"])
             gate, up = _project(x, layer["gate_up"]).chunk(2, dim=-1)
             hidden = hidden + F.linear(layer["act"](gate) * up, *layer["down"])
         hidden = _rms_norm(hidden, self.final_norm.weight, self.final_norm.variance_epsilon)
         return F.linear(hidden[:, -1], self.lm_head.weight, self.lm_head.bias).float()
+
+    def _score_bias(self, mask: Tensor | None, batch: int, length: int) -> Tensor | None:
+        """The additive form of a step's [B,1,1,length] bool mask as baddbmm's input [B * H_kv, g, length]
+        (0 where attended, -inf elsewhere), built once per step for every layer; None without a mask."""
+        if mask is None:
+            return None
+        group = self.n_heads // self.n_kv
+        bias = torch.zeros(mask.shape, dtype=self.values[0].dtype, device=mask.device).masked_fill_(
+            ~mask, float("-inf")
+        )
+        return bias.view(batch, 1, 1, length).expand(batch, self.n_kv, group, length).reshape(-1, group, length)
+
+    def _bmm_attention(self, q: Tensor, layer: int, length: int, bias: Tensor | None) -> Tensor:
+        """q [B, n_q, D] (RoPE applied) against the first ``length`` cache slots -> [B, n_q * D]."""
+        batch, group, d = q.shape[0], self.n_heads // self.n_kv, self.head_dim
+        # query heads h = kv * group + j share key/value head kv: [B * H_kv, g, D]
+        q = q.reshape(batch * self.n_kv, group, d)
+        keys = self.keys[layer][..., :length].view(batch * self.n_kv, d, length)
+        values = self.values[layer][:, :, :length].view(batch * self.n_kv, length, d)
+        if bias is None:
+            scores = torch.bmm(q, keys).mul_(self.scaling)
+        else:
+            scores = torch.baddbmm(bias, q, keys, alpha=self.scaling)
+        return torch.bmm(scores.softmax(dim=-1), values).view(batch, -1)
 
     def select(self, rows: Tensor) -> None:
         """Keep only batch rows ``rows`` [B'] long of the cache."""
@@ -239,8 +285,9 @@ class LlamaFamilyDecoder:
         self.values = [v.index_select(0, rows) for v in self.values]
 
 
-def make_decoder(model, *, batch: int, max_length: int, fast: bool = True):
-    """``LlamaFamilyDecoder`` when ``fast`` and the model is supported, else ``HFDecoder``."""
+def make_decoder(model, *, batch: int, max_length: int, fast: bool = True, attention: str | None = None):
+    """``LlamaFamilyDecoder`` (decode ``attention``: None picks by device) when ``fast`` and the model is
+    supported, else ``HFDecoder``."""
     if fast and supports_fast_decode(model):
-        return LlamaFamilyDecoder(model, batch=batch, max_length=max_length)
+        return LlamaFamilyDecoder(model, batch=batch, max_length=max_length, attention=attention)
     return HFDecoder(model)

@@ -132,6 +132,42 @@ def test_fast_and_generic_decoding_agree_with_compaction():
     torch.testing.assert_close(fast.logp, generic.logp, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("attention", ["bmm", "sdpa"])
+@pytest.mark.parametrize("prompts", ["distinct", "groups"])
+def test_both_decode_attention_kernels_sample_what_generate_samples(attention, prompts, monkeypatch):
+    """The lean decoder's CPU attention (batched matmuls over a transposed key cache) and the one it runs
+    elsewhere (SDPA, as on CUDA), each forced on CPU, with padded prompts and grouped-query heads (qwen3:
+    4 query heads over 2): the same tokens as ``generate(do_sample=True)``, and with compaction the
+    log-prob of every sampled token as a cache-free forward gives it."""
+    import runners.models.decoders as decoders
+
+    real, kinds = decoders.make_decoder, []
+    monkeypatch.setattr(decoders, "make_decoder", lambda *a, **kw: real(*a, **kw, attention=attention))
+    step = decoders.LlamaFamilyDecoder.step
+    monkeypatch.setattr(
+        decoders.LlamaFamilyDecoder, "step", lambda self, *a: kinds.append(self.attention) or step(self, *a)
+    )
+    model = build_tiny_model("qwen3", vocab_size=V, seed=3)
+    assert model.config.num_attention_heads > model.config.num_key_value_heads
+    ids, mask = prompt_batch(prompts)
+    kwargs = {"max_new_tokens": 40, "pad_token_id": PAD, "eos_token_id": EOS}
+    torch.manual_seed(5)
+    ref = model.generate(input_ids=ids, attention_mask=mask, do_sample=True, top_k=0, **kwargs)[:, ids.shape[1] :]
+    torch.manual_seed(5)
+    assert torch.equal(generate(model, ids, mask, compact=False, **kwargs).responses, ref)
+    assert kinds and set(kinds) == {attention}
+    # sampled with compaction (rows finishing at different steps on any of 6 EOS ids): each token's
+    # log-prob is the cache-free forward's
+    kwargs["eos_token_id"] = [EOS, 2, 3, 4, 5, 6]
+    out = generate(model, ids, mask, compact=True, generator=torch.Generator().manual_seed(2), **kwargs)
+    lengths = out.response_mask.sum(-1)
+    assert int((2 * lengths < lengths.max()).sum()) >= len(lengths) // 2  # compaction ran
+    logits = full_forward_logits(model, ids, mask, out.responses, out.response_mask)
+    expected = torch.log_softmax(logits.double(), dim=-1).gather(-1, out.responses[..., None]).squeeze(-1)
+    real = out.response_mask.bool()
+    torch.testing.assert_close(out.logp[real].double(), expected[real], atol=1e-5, rtol=0)
+
+
 def tiny_gpt2():
     from transformers import GPT2Config, GPT2LMHeadModel
 
