@@ -19,7 +19,8 @@ Decode attention on CPU (``attention="bmm"``): one new query per row against at 
 keys is too small for SDPA's CPU flash kernel, whose per-call set-up dominates (~230 us for 64 rows x
 4 heads x 80 keys on one thread). There the query heads sharing a key/value head form a [g, D] block,
 scores are one ``baddbmm`` against a key cache stored transposed (``[B, H_kv, D, S]``, so each
-block's keys are a plain strided matrix) with the padding mask as its additive input, then a softmax
+block's keys are a plain strided matrix) with the padding mask as its additive input (kept from
+the prefill in that layout), then a softmax
 and one ``bmm`` with the values: 0.6x the time of SDPA on the same shapes. Elsewhere (CUDA) SDPA
 runs on a ``[B, H_kv, S, D]`` cache (``attention="sdpa"``).
 
@@ -97,11 +98,11 @@ def _rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     return weight * h.to(x.dtype)
 
 
-def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """RoPE of x [B,1,H,D] with cos/sin [B,1,1,D] (half-split rotation, as HF's rotate_half)."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin
+def _rotate(x: Tensor, cos: Tensor, signed_sin: Tensor) -> Tensor:
+    """RoPE of x [B,H,D] with cos [B,1,D] and ``signed_sin`` [B,1,D] = (-sin[:D/2], sin[D/2:]): HF's
+    ``x * cos + rotate_half(x) * sin`` with the same products, since rotate_half(x) = (-x2, x1) is the
+    halves swapped (a roll by D/2) with the first negated, and (-a) * b = a * (-b) exactly."""
+    return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * signed_sin
 
 
 # fuse q|k|v and gate|up weights only while the copies stay small (SmolLM2: 70M elements)
@@ -180,7 +181,11 @@ class LlamaFamilyDecoder:
         # RoPE tables for every position a row can reach (positions never exceed the padded width)
         positions = torch.arange(max_length, device=weight.device)[None]
         cos, sin = base.rotary_emb(weight[None, :1], positions)  # [1, max_length, D]
-        self.cos, self.sin = cos[0], sin[0]
+        half = self.head_dim // 2
+        self.cos, self.signed_sin = cos[0], torch.cat((-sin[0, :, :half], sin[0, :, half:]), dim=-1)
+        # the per-step calls skip Python wrappers: torch.rms_norm (float32), F.silu (SiLU models)
+        self.fp32 = weight.dtype == torch.float32
+        self.silu = getattr(config, "hidden_act", None) in ("silu", "swish")
         if attention is None:
             attention = "bmm" if weight.device.type == "cpu" else "sdpa"
         if attention not in ("bmm", "sdpa"):
@@ -190,6 +195,14 @@ class LlamaFamilyDecoder:
         key_shape = (batch, self.n_kv, self.head_dim, max_length) if attention == "bmm" else shape
         self.keys = [torch.zeros(key_shape, dtype=weight.dtype, device=weight.device) for _ in layers]
         self.values = [torch.zeros(shape, dtype=weight.dtype, device=weight.device) for _ in layers]
+        # bmm: the additive attention mask of every slot, already in baddbmm's [B, H_kv, g, S] layout;
+        # -inf on prompt padding, 0 elsewhere (a generated slot is attended by every later step)
+        group = self.n_heads // self.n_kv
+        self.bias = (
+            torch.zeros((batch, self.n_kv, group, max_length), dtype=weight.dtype, device=weight.device)
+            if attention == "bmm"
+            else None
+        )
 
     def prefill(self, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor) -> Tensor:
         """The model's own forward over the prompt; its keys/values seed the static cache."""
@@ -205,6 +218,11 @@ class LlamaFamilyDecoder:
             logits_to_keep=1,
         )
         rows, prompt_len = input_ids.shape  # rows <= the cache's batch: ``select`` then spreads them
+        if self.bias is not None:
+            padding = ~attention_mask.bool()[:, None, None, :]
+            self.bias[:rows, :, :, :prompt_len] = torch.zeros_like(padding, dtype=self.bias.dtype).masked_fill_(
+                padding, float("-inf")
+            )
         for i, layer in enumerate(cache.layers[: len(self.layers)]):
             if self.attention == "bmm":
                 self.keys[i][:rows, :, :, :prompt_len] = layer.keys.transpose(-1, -2)
@@ -217,72 +235,71 @@ class LlamaFamilyDecoder:
         """One token per row at cache slot ``length - 1``.
 
         tokens [B], positions [B,1] (RoPE positions), mask None or bool [B,1,1,length] -> [B,V] float32.
+        The mask must be the prefill's attention mask followed by ones (what the sampler passes); the
+        bmm attention reads that from its own copy (``bias``), SDPA from ``mask``.
+        Activations are [B, features] (no sequence axis), and each layer makes as few tensor calls as
+        its arithmetic allows: at the embedded model's size their Python and dispatch overhead, not
+        the arithmetic, is most of a step.
         """
         if mask is not None and mask.dim() != 4:
             raise ValueError("LlamaFamilyDecoder.step needs a [B,1,1,S] boolean mask or None")
         slot = length - 1
-        batch = tokens.shape[0]
+        batch, d = tokens.shape[0], self.head_dim
         n_q, n_qk = self.n_heads, self.n_heads + self.n_kv
-        hidden = self.embed(tokens[:, None])  # [B,1,H]
-        cos = self.cos[positions][:, :, None]  # [B,1,1,D]
-        sin = self.sin[positions][:, :, None]
-        bias = self._score_bias(mask, batch, length) if self.attention == "bmm" else None
+        bmm = self.attention == "bmm"
+        hidden = self.embed(tokens)  # [B,H]
+        cos, signed_sin = self.cos[positions], self.signed_sin[positions]  # [B,1,D]
+        bias = self.bias[..., :length].view(-1, n_q // self.n_kv, length) if bmm else None
         for i, layer in enumerate(self.layers):
-            x = _rms_norm(hidden, *layer["norm1"])
-            qkv = _project(x, layer["qkv"]).view(batch, 1, n_qk + self.n_kv, self.head_dim)
-            qk, v = qkv[:, :, :n_qk], qkv[:, :, n_qk:]
+            x = self._norm(hidden, *layer["norm1"])
+            qkv = _project(x, layer["qkv"]).view(batch, n_qk + self.n_kv, d)
+            qk = qkv[:, :n_qk]
             if layer["qk_norm"] is not None:
-                qk = _rms_norm(qk, *layer["qk_norm"])
-            qk = _rotate(qk, cos, sin)
-            self.values[i][:, :, slot] = v[:, 0]
-            if self.attention == "bmm":
-                self.keys[i][:, :, :, slot] = qk[:, 0, n_q:]
-                out = self._bmm_attention(qk[:, 0, :n_q], i, length, bias)  # [B, n_q * D]
+                qk = self._norm(qk, *layer["qk_norm"])
+            qk = _rotate(qk, cos, signed_sin)
+            self.values[i].select(2, slot).copy_(qkv[:, n_qk:])
+            self.keys[i].select(3 if bmm else 2, slot).copy_(qk[:, n_q:])
+            if bmm:
+                out = self._bmm_attention(qk[:, :n_q], i, length, bias)  # [B, n_q * D]
             else:
-                self.keys[i][:, :, slot] = qk[:, 0, n_q:]
                 out = F.scaled_dot_product_attention(
-                    qk[:, :, :n_q].transpose(1, 2),
+                    qk[:, :n_q, None],
                     self.keys[i][:, :, :length],
                     self.values[i][:, :, :length],
                     attn_mask=mask,
                     scale=self.scaling,
                     enable_gqa=self.n_kv != self.n_heads,
-                ).reshape(batch, -1)
-            hidden = hidden + F.linear(out[:, None], *layer["o"])
-            x = _rms_norm(hidden, *layer["norm2"])
+                ).view(batch, -1)
+            hidden = hidden + F.linear(out, *layer["o"])
+            x = self._norm(hidden, *layer["norm2"])
             gate, up = _project(x, layer["gate_up"]).chunk(2, dim=-1)
-            hidden = hidden + F.linear(layer["act"](gate) * up, *layer["down"])
-        hidden = _rms_norm(hidden, self.final_norm.weight, self.final_norm.variance_epsilon)
-        return F.linear(hidden[:, -1], self.lm_head.weight, self.lm_head.bias).float()
+            gate = F.silu(gate) if self.silu else layer["act"](gate)
+            hidden = hidden + F.linear(gate * up, *layer["down"])
+        hidden = self._norm(hidden, self.final_norm.weight, self.final_norm.variance_epsilon)
+        return F.linear(hidden, self.lm_head.weight, self.lm_head.bias).float()
 
-    def _score_bias(self, mask: Tensor | None, batch: int, length: int) -> Tensor | None:
-        """The additive form of a step's [B,1,1,length] bool mask as baddbmm's input [B * H_kv, g, length]
-        (0 where attended, -inf elsewhere), built once per step for every layer; None without a mask."""
-        if mask is None:
-            return None
-        group = self.n_heads // self.n_kv
-        bias = torch.zeros(mask.shape, dtype=self.values[0].dtype, device=mask.device).masked_fill_(
-            ~mask, float("-inf")
-        )
-        return bias.view(batch, 1, 1, length).expand(batch, self.n_kv, group, length).reshape(-1, group, length)
+    def _norm(self, x: Tensor, weight: Tensor, eps: float) -> Tensor:
+        """``_rms_norm``; in float32 the fused op called directly."""
+        if self.fp32 and weight.dim() == 1:
+            return torch.rms_norm(x, (x.shape[-1],), weight, eps)
+        return _rms_norm(x, weight, eps)
 
-    def _bmm_attention(self, q: Tensor, layer: int, length: int, bias: Tensor | None) -> Tensor:
+    def _bmm_attention(self, q: Tensor, layer: int, length: int, bias: Tensor) -> Tensor:
         """q [B, n_q, D] (RoPE applied) against the first ``length`` cache slots -> [B, n_q * D]."""
         batch, group, d = q.shape[0], self.n_heads // self.n_kv, self.head_dim
         # query heads h = kv * group + j share key/value head kv: [B * H_kv, g, D]
         q = q.reshape(batch * self.n_kv, group, d)
         keys = self.keys[layer][..., :length].view(batch * self.n_kv, d, length)
         values = self.values[layer][:, :, :length].view(batch * self.n_kv, length, d)
-        if bias is None:
-            scores = torch.bmm(q, keys).mul_(self.scaling)
-        else:
-            scores = torch.baddbmm(bias, q, keys, alpha=self.scaling)
+        scores = torch.baddbmm(bias, q, keys, alpha=self.scaling)
         return torch.bmm(scores.softmax(dim=-1), values).view(batch, -1)
 
     def select(self, rows: Tensor) -> None:
         """Keep only batch rows ``rows`` [B'] long of the cache."""
         self.keys = [k.index_select(0, rows) for k in self.keys]
         self.values = [v.index_select(0, rows) for v in self.values]
+        if self.bias is not None:
+            self.bias = self.bias.index_select(0, rows)
 
 
 def make_decoder(model, *, batch: int, max_length: int, fast: bool = True, attention: str | None = None):
