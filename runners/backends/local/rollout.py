@@ -197,19 +197,21 @@ class RolloutManager:
         if self.mode == "full":
             finished = torch.ones(len(slots), dtype=torch.bool)
 
-        scores = torch.zeros(len(slots))
-        token_rewards = torch.zeros_like(mask)
-        full_lengths = torch.zeros(len(slots), dtype=torch.long)
-        for i, slot in enumerate(slots):
-            new_tokens = responses[i, : lengths[i]].tolist()
-            slot.response_ids.extend(new_tokens)
+        # per slot in Python lists (a tensor element read or write per slot costs more than the work)
+        scores_list, full_list = [0.0] * len(slots), [0] * len(slots)
+        for i, (slot, row, n, done) in enumerate(zip(slots, responses.tolist(), lengths.tolist(), finished.tolist())):
+            slot.response_ids.extend(row[:n])
             slot.steps += 1
-            slot.finished = bool(finished[i])
-            full_lengths[i] = len(slot.response_ids)
-            if slot.finished:
-                scores[i] = float(self.reward(slot.example, self.decode(slot.response_ids)))
-                if lengths[i] > 0:
-                    token_rewards[i, lengths[i] - 1] = scores[i]
+            slot.finished = done
+            full_list[i] = len(slot.response_ids)
+            if done:
+                scores_list[i] = float(self.reward(slot.example, self.decode(slot.response_ids)))
+        scores = torch.tensor(scores_list)
+        full_lengths = torch.tensor(full_list, dtype=torch.long)
+        # the score on the last new token of each finished slot that has one
+        token_rewards = torch.zeros_like(mask)
+        scored = finished & (lengths > 0)
+        token_rewards[scored, lengths[scored] - 1] = scores[scored]
         responses[mask == 0] = self.pad_token_id
         input_ids = torch.cat([ctx, responses], dim=1)
         attention_mask = torch.cat([ctx_mask, mask.long()], dim=1)
