@@ -75,6 +75,30 @@ def test_every_preset_trains_a_tiny_model(preset, tb_home):
         assert metric_names.TIMING_UPDATE_CRITIC in tracker.history[2]
 
 
+def test_the_optimisers_are_torchs_fused_adamw_with_its_single_tensor_update(tb_home):
+    """The policy's and the critic's AdamW run torch's fused kernel on CPU; from the same state and
+    gradients two steps give what the single-tensor implementation gives."""
+    cfg, _ = compose(["algorithm=ppo", *TINY, "trainer.weight_decay=0.01"])
+    trainer = LocalTrainer(cfg, MemoryTracker(), tb_home / "run")
+    for model, optimizer in ((trainer.model, trainer.optimizer), (trainer.critic, trainer.critic_optimizer)):
+        assert all(group["fused"] for group in optimizer.param_groups)
+        params = [p for p in model.parameters() if p.requires_grad]
+        reference = [p.detach().clone().requires_grad_() for p in params]
+        group = optimizer.param_groups[0]
+        single = torch.optim.AdamW(
+            reference, lr=group["lr"], betas=group["betas"], weight_decay=group["weight_decay"], foreach=False
+        )
+        g = torch.Generator().manual_seed(0)
+        for _ in range(2):
+            for p, q in zip(params, reference):
+                p.grad = torch.randn(p.shape, generator=g)
+                q.grad = p.grad.clone()
+            optimizer.step()
+            single.step()
+        for p, q in zip(params, reference):
+            torch.testing.assert_close(p.detach(), q.detach(), rtol=1e-6, atol=1e-7)
+
+
 @pytest.mark.parametrize("method", ["grpo_troll", "grpo_trm", "gspo_troll"])
 def test_methods_needing_the_old_distribution_train(method, tb_home):
     cfg, _ = compose([f"+method={method}", *TINY])
