@@ -426,13 +426,16 @@ def _check_trm_monitoring(name: str, params: dict, call: dict) -> float:
     return m[mn.TRM_ACCEPT_RATE]
 
 
-MASKS = {  # thresholds inside the spread of the second micro-batch's sequences (after one update)
-    "trm_avg": {"delta_avg": 0.0015},
-    "trm_max_avg": {"delta": 0.0021, "delta_avg": 0.0015},
-    "trm_avg_k3": {"delta_avg": 0.08},
-    "trm_max_avg_sample": {"delta": 0.35, "delta_avg": 0.1},
-    "ln_trm": {"delta": 1e-4, "delta_w": 0.3},
-    "ser": {"delta_ser": 0.3},
+# thresholds inside the spread of the second micro-batch's four sequences (the first after an update):
+# the run's data depend on the sampler's draws, so a change there moves the spread (the test's last
+# assertion then says so); where a mask has two thresholds, each alone keeps 2 or 3 of the 4
+MASKS = {
+    "trm_avg": {"delta_avg": 0.00056},
+    "trm_max_avg": {"delta": 0.00085, "delta_avg": 0.00056},
+    "trm_avg_k3": {"delta_avg": 0.095},
+    "trm_max_avg_sample": {"delta": 0.5, "delta_avg": 0.095},
+    "ln_trm": {"delta": 1e-4, "delta_w": 0.40},
+    "ser": {"delta_ser": 0.30},
 }
 
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from runners.models.decoders import supports_fast_decode
-from runners.models.sampler import filter_top_p, generate, join_left_padded, left_pad, sample_next
+from runners.models.sampler import draw, filter_top_p, generate, join_left_padded, left_pad, sample_next
 from runners.models.tiny import build_tiny_model
 
 V = 64
@@ -51,6 +51,19 @@ def count_prefill_rows(model) -> list[int]:
 
     model.get_input_embeddings().register_forward_hook(hook)
     return rows
+
+
+@pytest.fixture
+def hf_draws_like_the_sampler(monkeypatch):
+    """``generate(do_sample=True)`` samples with ``torch.multinomial(probs, num_samples=1)``; the sampler
+    draws from the same probabilities by inverse CDF (``draw``), which consumes the RNG differently.
+    With multinomial replaced by ``draw`` on the global RNG, the two must pick the same tokens."""
+
+    def multinomial(probs, num_samples, *args, **kwargs):
+        assert num_samples == 1 and not args and not kwargs.get("generator")
+        return draw(probs, None)[:, None]
+
+    monkeypatch.setattr(torch, "multinomial", multinomial)
 
 
 @pytest.fixture(scope="module")
@@ -93,10 +106,10 @@ def test_greedy_equals_generate(arch, attn, padded, prompts):
 @pytest.mark.parametrize("fast", [True, False])
 @pytest.mark.parametrize("temperature,top_p", [(1.0, 1.0), (0.7, 0.9), (1.3, 0.5)])
 @pytest.mark.parametrize("prompts", ["distinct", "groups"])
-def test_sampling_equals_generate_token_for_token(arch, fast, temperature, top_p, prompts):
-    """From the same global RNG state, sampling draws the same tokens as ``generate(do_sample=True)``,
-    through the lean decode step (``fast``) and through the model's own forward, with repeated prompts
-    prefilled once."""
+def test_sampling_equals_generate_token_for_token(arch, fast, temperature, top_p, prompts, hf_draws_like_the_sampler):
+    """From the same global RNG state, sampling draws the same tokens as ``generate(do_sample=True)``
+    (its multinomial replaced by ``draw``), through the lean decode step (``fast``) and through the
+    model's own forward, with repeated prompts prefilled once."""
     model = build_tiny_model(arch, vocab_size=V, seed=3)
     assert supports_fast_decode(model)
     ids, mask = prompt_batch(prompts)
@@ -134,7 +147,9 @@ def test_fast_and_generic_decoding_agree_with_compaction():
 
 @pytest.mark.parametrize("attention", ["bmm", "sdpa"])
 @pytest.mark.parametrize("prompts", ["distinct", "groups"])
-def test_both_decode_attention_kernels_sample_what_generate_samples(attention, prompts, monkeypatch):
+def test_both_decode_attention_kernels_sample_what_generate_samples(
+    attention, prompts, monkeypatch, hf_draws_like_the_sampler
+):
     """The lean decoder's CPU attention (batched matmuls over a transposed key cache) and the one it runs
     elsewhere (SDPA, as on CUDA), each forced on CPU, with padded prompts and grouped-query heads (qwen3:
     4 query heads over 2): the same tokens as ``generate(do_sample=True)``, and with compaction the
@@ -271,6 +286,35 @@ def chi_square_pvalue(counts: torch.Tensor, probs: torch.Tensor) -> float:
         obs = torch.cat([obs, counts[small].double().sum(0, keepdim=True)])
         exp = torch.cat([exp, expected[small].sum(0, keepdim=True)])
     return float(chisquare(obs.numpy(), exp.numpy()).pvalue)
+
+
+def test_draw_follows_its_probabilities_and_never_draws_a_zero():
+    """20,000 draws from rows of a 1,000-token distribution with five heavy tokens, a light tail and
+    zeros inside it and at its end: the counts fit (chi-square over the heavy tokens and the tail) and
+    no zero-probability token comes up; rows need not be normalised."""
+    V, n = 1000, 20_000
+    probs = torch.full((V,), 0.1 / 900, dtype=torch.float32)
+    probs[:5] = torch.tensor([0.3, 0.25, 0.15, 0.1, 0.1])
+    zero = torch.zeros(V, dtype=torch.bool)
+    zero[5:100:7], zero[-50:] = True, True
+    probs[zero] = 0.0
+    scale = 3.0  # unnormalised rows
+    tokens = torch.cat([draw(probs.expand(2000, V) * scale, torch.Generator().manual_seed(s)) for s in range(10)])
+    assert tokens.shape == (n,) and tokens.dtype == torch.long
+    assert not zero[tokens].any()
+    counts = torch.bincount(tokens, minlength=V)
+    binned = torch.cat([counts[:5], counts[5:].sum()[None]])
+    expected = torch.cat([probs[:5], probs[5:].sum()[None]])
+    assert chi_square_pvalue(binned, expected / expected.sum()) > 1e-3
+
+
+def test_draw_at_a_uniform_number_of_one_picks_the_last_token_that_has_probability(monkeypatch):
+    """torch's uniform numbers lie in [0, 1), but the draw does not rely on it: even at u = 1 (u times
+    the row's total equal to the total) it stays on the last token of nonzero probability instead of
+    running onto trailing zeros or past the row."""
+    probs = torch.tensor([[0.5, 0.0, 0.25, 0.25, 0.0, 0.0], [0.0, 1.0, 0.0, 0.0, 0.0, 0.0]])
+    monkeypatch.setattr(torch, "rand", lambda *a, **kw: torch.ones(a[0], dtype=torch.float64))
+    assert draw(probs, None).tolist() == [3, 1]
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.1])
