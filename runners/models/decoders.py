@@ -135,7 +135,8 @@ class LlamaFamilyDecoder:
     together, the new key/value written into the static cache, grouped-query attention over the
     filled slots, one fused gate|up matmul. Fused weights are built once per decoder (a copy of the
     attention and MLP input projections, so only below ``FUSE_MAX_ELEMENTS``; larger models run the
-    separate matmuls).
+    separate matmuls). ``attention``: "bmm" (batched matmuls over a transposed key cache; the default
+    on CPU) or "sdpa" (the default elsewhere); see the module doc.
     """
 
     def __init__(self, model, *, batch: int, max_length: int, attention: str | None = None) -> None:
