@@ -79,6 +79,9 @@ def test_same_points_as_the_builtin_trainer(model_dir, monkeypatch):
         attention[i, context - p : context + r] = 1
         response_mask[i, :r] = 1
     batch = SimpleNamespace(
+        # distinct contexts: the built-in trainer runs a context shared by several rows once and counts
+        # it once; verl's path counts every row's
+        input_ids=torch.arange(4 * (context + width)).view(4, context + width),
         attention_mask=attention,
         context_length=context,
         response_mask=response_mask,
