@@ -20,8 +20,8 @@ keys is too small for SDPA's CPU flash kernel, whose per-call set-up dominates (
 4 heads x 80 keys on one thread). There the query heads sharing a key/value head form a [g, D] block,
 scores are one ``baddbmm`` against a key cache stored transposed (``[B, H_kv, D, S]``, so each
 block's keys are a plain strided matrix) with the padding mask as its additive input (kept from
-the prefill in that layout), then a softmax
-and one ``bmm`` with the values: 0.6x the time of SDPA on the same shapes. Elsewhere (CUDA) SDPA
+the prefill in that layout), then a softmax and one ``bmm`` with the values: 0.6x the time of SDPA
+on the same shapes. Elsewhere (CUDA) SDPA
 runs on a ``[B, H_kv, S, D]`` cache (``attention="sdpa"``).
 
     decoder = make_decoder(model, batch=32, max_length=96)
@@ -91,8 +91,8 @@ def _rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     """RMSNorm as the HF Llama/Qwen modules compute it (float32 statistics, then the input dtype)."""
     if x.dtype == torch.float32:  # fused op, same arithmetic; a [heads, D] weight is applied after
         if weight.dim() == 1:
-            return F.rms_norm(x, (x.shape[-1],), weight, eps)
-        return weight * F.rms_norm(x, (x.shape[-1],), None, eps)
+            return torch.rms_norm(x, (x.shape[-1],), weight, eps)  # the op itself, not F's Python wrapper
+        return weight * torch.rms_norm(x, (x.shape[-1],), None, eps)
     h = x.float()
     h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
     return weight * h.to(x.dtype)
@@ -184,8 +184,7 @@ class LlamaFamilyDecoder:
         cos, sin = base.rotary_emb(weight[None, :1], positions)  # [1, max_length, D]
         half = self.head_dim // 2
         self.cos, self.signed_sin = cos[0], torch.cat((-sin[0, :, :half], sin[0, :, half:]), dim=-1)
-        # the per-step calls skip Python wrappers: torch.rms_norm (float32), F.silu (SiLU models)
-        self.fp32 = weight.dtype == torch.float32
+        # SiLU models call F.silu directly, not the HF activation module
         self.silu = getattr(config, "hidden_act", None) in ("silu", "swish")
         if attention is None:
             attention = "bmm" if weight.device.type == "cpu" else "sdpa"
@@ -252,11 +251,11 @@ class LlamaFamilyDecoder:
         cos, signed_sin = self.cos[positions], self.signed_sin[positions]  # [B,1,D]
         bias = self.bias[..., :length].view(-1, n_q // self.n_kv, length) if bmm else None
         for i, layer in enumerate(self.layers):
-            x = self._norm(hidden, *layer["norm1"])
+            x = _rms_norm(hidden, *layer["norm1"])
             qkv = _project(x, layer["qkv"]).view(batch, n_qk + self.n_kv, d)
             qk = qkv[:, :n_qk]
             if layer["qk_norm"] is not None:
-                qk = self._norm(qk, *layer["qk_norm"])
+                qk = _rms_norm(qk, *layer["qk_norm"])
             qk = _rotate(qk, cos, signed_sin)
             self.values[i].select(2, slot).copy_(qkv[:, n_qk:])
             self.keys[i].select(3 if bmm else 2, slot).copy_(qk[:, n_q:])
@@ -272,18 +271,12 @@ class LlamaFamilyDecoder:
                     enable_gqa=self.n_kv != self.n_heads,
                 ).view(batch, -1)
             hidden = hidden + F.linear(out, *layer["o"])
-            x = self._norm(hidden, *layer["norm2"])
+            x = _rms_norm(hidden, *layer["norm2"])
             gate, up = _project(x, layer["gate_up"]).chunk(2, dim=-1)
             gate = F.silu(gate) if self.silu else layer["act"](gate)
             hidden = hidden + F.linear(gate * up, *layer["down"])
-        hidden = self._norm(hidden, self.final_norm.weight, self.final_norm.variance_epsilon)
+        hidden = _rms_norm(hidden, self.final_norm.weight, self.final_norm.variance_epsilon)
         return F.linear(hidden, self.lm_head.weight, self.lm_head.bias).float()
-
-    def _norm(self, x: Tensor, weight: Tensor, eps: float) -> Tensor:
-        """``_rms_norm``; in float32 the fused op called directly."""
-        if self.fp32 and weight.dim() == 1:
-            return torch.rms_norm(x, (x.shape[-1],), weight, eps)
-        return _rms_norm(x, weight, eps)
 
     def _bmm_attention(self, q: Tensor, layer: int, length: int, bias: Tensor) -> Tensor:
         """q [B, n_q, D] (RoPE applied) against the first ``length`` cache slots -> [B, n_q * D]."""

@@ -198,14 +198,13 @@ class RolloutManager:
             finished = torch.ones(len(slots), dtype=torch.bool)
 
         # per slot in Python lists (a tensor element read or write per slot costs more than the work)
-        scores_list, full_list = [0.0] * len(slots), [0] * len(slots)
-        for i, (slot, row, n, done) in enumerate(zip(slots, responses.tolist(), lengths.tolist(), finished.tolist())):
+        scores_list, full_list = [], []
+        for slot, row, n, done in zip(slots, responses.tolist(), lengths.tolist(), finished.tolist()):
             slot.response_ids.extend(row[:n])
             slot.steps += 1
             slot.finished = done
-            full_list[i] = len(slot.response_ids)
-            if done:
-                scores_list[i] = float(self.reward(slot.example, self.decode(slot.response_ids)))
+            full_list.append(len(slot.response_ids))
+            scores_list.append(float(self.reward(slot.example, self.decode(slot.response_ids))) if done else 0.0)
         scores = torch.tensor(scores_list)
         full_lengths = torch.tensor(full_list, dtype=torch.long)
         # the score on the last new token of each finished slot that has one
