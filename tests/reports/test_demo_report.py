@@ -19,7 +19,7 @@ from reports.chromium import ChromiumMissingError, dump_dom, find_chromium, scre
 from reports.registry import get_report
 from tests.backends._tiny import TINY
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
 
 def _chromium_or_skip() -> None:

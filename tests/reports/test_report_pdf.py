@@ -42,6 +42,7 @@ def _env(home: Path, path: str) -> dict[str, str]:
 
 
 @pytest.mark.slow
+@pytest.mark.e2e
 def test_report_command_without_chromium_exits_0_with_html_and_a_pdf(demo_store, tmp_path):
     home, uri = demo_store
     empty = tmp_path / "bin"

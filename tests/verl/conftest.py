@@ -1,6 +1,6 @@
 """Fixtures of the verl tests: the shared Ray clusters and the "verl on CPU" stage (marker ``verl_cpu``).
 
-The stage runs last in the session (tests/conftest.py orders it), so its summary line's wall time
+The stage is one xdist group, handed out first (tests/conftest.py orders it); its summary line's wall time
 (from the setup of its first test, the Ray clusters' start included, to its last test's end) and
 memory peak are the stage's own. The line also gives the verl launches, the mean of each ``timing_s/*``
 phase over the stage's iterations and the peak summed PSS of its processes.
@@ -14,6 +14,7 @@ from __future__ import annotations
 import statistics
 import time
 
+from tests.suite_timing import report_line
 from tests.verl.cpu_ray import cpu_ray  # noqa: F401  (session fixture, registered once)
 from tests.verl.cpu_stage import STAGE, cpu_stage  # noqa: F401  (session fixture, registered once)
 
@@ -30,7 +31,7 @@ def pytest_runtest_teardown(item, nextitem):
         _SPAN["end"] = time.monotonic()
 
 
-def pytest_terminal_summary(terminalreporter):
+def pytest_sessionfinish(session):
     stage = STAGE.get("stage")
     if stage is None or "start" not in _SPAN:
         return
@@ -40,10 +41,10 @@ def pytest_terminal_summary(terminalreporter):
         f"{key.split('/', 1)[1]} {statistics.mean(values):.2f}" for key, values in sorted(timings.items()) if values
     )
     cells = ", ".join(f"{name} {run.wall_s:.0f}" for name, run in stage.runs.items())
-    terminalreporter.write_sep(
-        "-",
+    report_line(
+        session.config,
         f"verl CPU stage: {wall:.0f} s, {stage.launches} verl launches (s per cell: {cells}); "
         f"peak PSS {stage.sampler.peak_bytes / 2**30:.1f} GiB",
     )
     if phases:
-        terminalreporter.write_line(f"verl CPU stage, mean timing_s per iteration: {phases}")
+        report_line(session.config, f"verl CPU stage, mean timing_s per iteration: {phases}")
