@@ -3,6 +3,7 @@
 #   make test        set up .venv with the test extra and run the whole test suite (what CI runs)
 #   make test-fast   the edit loop: every test but the stages (Slurm cluster, verl launches, end-to-end)
 #   make test-times  the whole suite, then where its time went (per stage, slowest tests)
+#   make coverage    line and branch coverage of the library over the fast tier
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -10,7 +11,7 @@ BIN := $(VENV)/bin
 TORCH ?= torch==2.13.0
 PIP := $(BIN)/python -m pip -q --disable-pip-version-check
 
-.PHONY: setup setup-test demo test test-fast test-times bench clean-state
+.PHONY: setup setup-test demo test test-fast test-times coverage bench clean-state
 
 $(VENV)/.setup: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -32,9 +33,10 @@ demo: $(VENV)/.setup
 	$(BIN)/trustbench sweep demo
 	$(BIN)/trustbench report demo
 
-# the suite in parallel: TEST_WORKERS pytest-xdist workers; each stage (tests/conftest.py) is one
-# xdist group run by one worker, so the Slurm cluster and the verl stage overlap the other tests
-TEST_WORKERS ?= 3
+# the suite in parallel: TEST_WORKERS pytest-xdist workers (one more than the CPUs this process may
+# use, at most 8: a third of the suite waits on processes and servers); each stage (tests/conftest.py)
+# is one xdist group run by one worker, so the Slurm cluster and the verl stage overlap the other tests
+TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); echo $$(( n < 8 ? n + 1 : 8 )))
 XDIST := -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
 # the fast tier leaves out only the stages (markers in pyproject.toml)
 FAST_TIER := not slurm and not verl_cpu and not e2e
@@ -47,6 +49,12 @@ test-fast: $(VENV)/.setup-test
 
 test-times: $(VENV)/.setup-test
 	$(BIN)/python tests/benchmarks/suite_times.py -- $(XDIST)
+
+# line and branch coverage of runners/, analysis/, reports/ ([tool.coverage.*] in pyproject.toml) over
+# COVERAGE_TIER (a marker expression: the fast tier by default; COVERAGE_TIER= for every test)
+COVERAGE_TIER ?= $(FAST_TIER)
+coverage: $(VENV)/.setup-test
+	$(BIN)/python -m pytest $(XDIST) -m "$(COVERAGE_TIER)" --cov --cov-report=term --cov-report=json:coverage.json
 
 # bench_vs_trl.py needs TRL, which breaks verl 0.9.1 in the same environment: it gets its own
 BENCH_VENV ?= .venv-bench

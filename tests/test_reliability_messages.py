@@ -29,6 +29,9 @@ from runners import cli
 from runners.config import CONF_DIR, SWEEPS_DIR
 from tests.reliability import FAST, command_env, free_port, one_message, runs
 
+# reliability scenarios (README, "Reliability tests"): left out of make test-fast
+pytestmark = pytest.mark.e2e
+
 
 @pytest.fixture
 def home(tmp_path, monkeypatch):

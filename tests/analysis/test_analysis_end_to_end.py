@@ -10,10 +10,14 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
 from mlflow import MlflowClient
 
 from analysis.load import load_experiment
 from reports.cli import add_report_parser
+
+# the report command end to end, on a store, and in a fresh interpreter: left out of make test-fast
+pytestmark = pytest.mark.e2e
 
 
 def _parser():

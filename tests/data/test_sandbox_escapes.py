@@ -47,6 +47,8 @@ from tests.data.sandbox_programs import (
 )
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+# reliability scenarios (README, "Reliability tests"): left out of make test-fast
+pytestmark = pytest.mark.e2e
 MODES = ["auto", "off"]  # namespaces when the kernel allows them; the fallback, forced
 NAMESPACES = isolation()["namespaces"]
 needs_private_fs = pytest.mark.skipif("mount" not in NAMESPACES, reason="no mount namespace on this machine")

@@ -81,6 +81,9 @@ PARALLEL = max(1, int(os.environ.get("TRUSTBENCH_VERL_STAGE_PARALLEL", "2")))
 # launch order, longest first (the requeued cell is two launches, README's cell evaluates too)
 LAUNCH_ORDER = [REQUEUE_CELL, README_CELL, *(name for name in CELLS if name not in (REQUEUE_CELL, README_CELL))]
 CELL_TIMEOUT_S = 600
+# a stage test waits for its cell, which may queue behind other cells (PARALLEL at a time) that share
+# the machine with the rest of the suite: the per-test limit is that of the whole stage
+STAGE_TEST_TIMEOUT_S = 2400
 COMPOSE_LOCK = threading.Lock()
 
 
@@ -300,8 +303,10 @@ class CpuStage:
             self.pool.shutdown(wait=True, cancel_futures=True)
 
 
-def signal_on_file(proc: subprocess.Popen, path: Path, timeout_s: float = 300.0) -> threading.Thread:
-    """SIGUSR1 to ``proc`` as soon as ``path`` exists (while it runs)."""
+def signal_on_file(proc: subprocess.Popen, path: Path, timeout_s: float = CELL_TIMEOUT_S) -> threading.Thread:
+    """SIGUSR1 to ``proc`` as soon as ``path`` exists (while it runs, at most ``timeout_s``: the cell's
+    own limit; in a fresh HOME under the whole suite's load the command once took 5.5 minutes, the
+    embedded model's build included, to reach verl, and a 300 s watch had given up by then)."""
 
     def wait_and_signal():
         deadline = time.monotonic() + timeout_s
@@ -374,6 +379,7 @@ def cpu_stage(request, tmp_path_factory, cpu_ray) -> Iterator[CpuStage]:
 
 __all__ = [
     "CELLS",
+    "CELL_TIMEOUT_S",
     "COMMON",
     "EXPERIMENT",
     "LAUNCH_ORDER",
@@ -382,6 +388,7 @@ __all__ = [
     "README_COMMAND",
     "REQUEUE_CELL",
     "STAGE",
+    "STAGE_TEST_TIMEOUT_S",
     "CellRun",
     "CpuStage",
     "cells_of",

@@ -28,7 +28,9 @@ from __future__ import annotations
 
 import pytest
 
-pytestmark = [pytest.mark.verl, pytest.mark.verl_cpu, pytest.mark.slow]
+from tests.verl.cpu_stage import STAGE_TEST_TIMEOUT_S
+
+pytestmark = [pytest.mark.verl, pytest.mark.verl_cpu, pytest.mark.slow, pytest.mark.timeout(STAGE_TEST_TIMEOUT_S)]
 
 REL = 1e-4
 

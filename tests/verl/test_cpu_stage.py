@@ -36,9 +36,9 @@ import re
 import pytest
 
 from runners import metric_names
-from tests.verl.cpu_stage import CELLS, EXPERIMENT, README_CELL, REQUEUE_CELL, uses_cells
+from tests.verl.cpu_stage import CELLS, EXPERIMENT, README_CELL, REQUEUE_CELL, STAGE_TEST_TIMEOUT_S, uses_cells
 
-pytestmark = [pytest.mark.verl, pytest.mark.verl_cpu, pytest.mark.slow]
+pytestmark = [pytest.mark.verl, pytest.mark.verl_cpu, pytest.mark.slow, pytest.mark.timeout(STAGE_TEST_TIMEOUT_S)]
 
 BUCKET = re.compile(r"/(len|pos)_\d+_\d+$")
 # the cells checked here (REPO-R is the requeue test's)
