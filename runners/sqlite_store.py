@@ -10,6 +10,14 @@ find the file done. A process killed while building leaves only its temporary fi
 half-built store. A store left broken by such a race before (it has ``_alembic_tmp_*`` tables) is
 reported with the file to move away, instead of MLflow's migration error.
 
+Building the schema costs about 2.5 s of CPU (the migrations), in every new trustbench home. So the
+first build for an MLflow version also keeps an empty store as a template in the cache
+(``$TRUSTBENCH_CACHE/mlflow-store/<version>.db``, made the same way: locked, built aside, renamed
+into place); later stores are copies of it whose default experiment gets its own artifact location
+and creation time, the only fields of an empty store that depend on where and when it was made.
+Where the cache cannot be written, or the template does not look as expected, the store is built
+from scratch as before.
+
     ensure_sqlite_store(Path(".trustbench/mlflow.db"))
 """
 
@@ -17,8 +25,14 @@ from __future__ import annotations
 
 import fcntl
 import os
+import shutil
 import sqlite3
+import time
+from contextlib import closing
 from pathlib import Path
+
+# the artifact root the template is built with: replaced by each store's own in its copy
+TEMPLATE_ARTIFACTS = Path("/trustbench-template/artifacts")
 
 
 class BrokenStore(RuntimeError):
@@ -31,6 +45,11 @@ def ensure_sqlite_store(db: Path) -> None:
         _check_not_half_built(db)
         return
     db.parent.mkdir(parents=True, exist_ok=True)
+    _create_once(db, lambda tmp: _build(tmp, artifact_root=db.parent / "artifacts"))
+
+
+def _create_once(db: Path, build) -> None:
+    """``build(tmp)`` then ``tmp`` renamed to ``db``, under ``db``'s lock, unless ``db`` exists by then."""
     lock = os.open(db.with_name(db.name + ".lock"), os.O_RDWR | os.O_CREAT, 0o644)
     try:
         fcntl.flock(lock, fcntl.LOCK_EX)  # another process may be building it: wait for it
@@ -38,7 +57,7 @@ def ensure_sqlite_store(db: Path) -> None:
             return
         tmp = db.with_name(f".{db.name}.{os.getpid()}.building")
         try:
-            _build(tmp, artifact_root=db.parent / "artifacts")
+            build(tmp)
             os.replace(tmp, db)
         finally:
             tmp.unlink(missing_ok=True)
@@ -54,7 +73,48 @@ def _exists(db: Path) -> bool:
 
 
 def _build(path: Path, artifact_root: Path) -> None:
-    """The schema and MLflow's default experiment, in ``path`` (which nobody else opens)."""
+    """The schema and MLflow's default experiment, in ``path`` (which nobody else opens): a copy of
+    the cached template when there is one, else from scratch."""
+    template = _template()
+    if template is not None:
+        shutil.copyfile(template, path)
+        if _adopt(path, artifact_root):
+            return
+    _build_from_scratch(path, artifact_root)
+
+
+def _template() -> Path | None:
+    """This MLflow version's empty store in the cache, built on first use; None if it cannot be."""
+    import mlflow
+
+    from runners.paths import model_cache_dir
+
+    template = model_cache_dir() / "mlflow-store" / f"{mlflow.__version__}.db"
+    try:
+        if not _exists(template):
+            template.parent.mkdir(parents=True, exist_ok=True)
+            _create_once(template, lambda tmp: _build_from_scratch(tmp, TEMPLATE_ARTIFACTS))
+        return template
+    except OSError:
+        return None
+
+
+def _adopt(path: Path, artifact_root: Path) -> bool:
+    """Point a copy of the template at ``artifact_root``, dated now; False if it is not the template."""
+    old, new = TEMPLATE_ARTIFACTS.as_uri(), artifact_root.as_uri()
+    now = int(time.time() * 1000)
+    with closing(sqlite3.connect(path)) as con, con:
+        rows = con.execute("SELECT experiment_id, artifact_location FROM experiments").fetchall()
+        if len(rows) != 1 or not str(rows[0][1]).startswith(old):
+            return False
+        con.execute(
+            "UPDATE experiments SET artifact_location = ?, creation_time = ?, last_update_time = ?",
+            (new + rows[0][1][len(old) :], now, now),
+        )
+    return True
+
+
+def _build_from_scratch(path: Path, artifact_root: Path) -> None:
     from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
 
     path.unlink(missing_ok=True)
