@@ -99,6 +99,7 @@ def test_extractors_by_hand():
     assert extract_last_boxed(r"\boxed 7 apples") == "7"
     assert extract_last_boxed(r"\fbox{8}") == "8"
     assert extract_last_boxed("no box") is None
+    assert extract_last_boxed(r"\boxedx{3}") is None  # another command that starts with \boxed
     assert extract_gsm8k_answer("x\n#### 12\n") == "12"
     assert extract_gsm8k_answer("####") is None
     assert extract_answer_line("Final Answer: $\\frac{1}{2}$") == "\\frac{1}{2}"
