@@ -104,12 +104,12 @@ def _adopt(path: Path, artifact_root: Path) -> bool:
     old, new = TEMPLATE_ARTIFACTS.as_uri(), artifact_root.as_uri()
     now = int(time.time() * 1000)
     with closing(sqlite3.connect(path)) as con, con:
-        rows = con.execute("SELECT experiment_id, artifact_location FROM experiments").fetchall()
-        if len(rows) != 1 or not str(rows[0][1]).startswith(old):
+        rows = con.execute("SELECT artifact_location FROM experiments").fetchall()
+        if len(rows) != 1 or not str(rows[0][0]).startswith(old):
             return False
         con.execute(
             "UPDATE experiments SET artifact_location = ?, creation_time = ?, last_update_time = ?",
-            (new + rows[0][1][len(old) :], now, now),
+            (new + rows[0][0][len(old) :], now, now),
         )
     return True
 

@@ -20,6 +20,7 @@ ran the stage; ``report_line`` carries them to the controlling process's termina
 
 from __future__ import annotations
 
+import bisect
 import json
 import os
 import resource
@@ -28,6 +29,8 @@ import time
 from dataclasses import asdict, dataclass
 
 import pytest
+
+from runners.resources import available_cpus
 
 STAGES = ("unit", "e2e", "slurm", "verl_cpu")
 _CPU_KEY = pytest.StashKey[float]()
@@ -41,7 +44,7 @@ def stage_of(item) -> str:
     return "unit"
 
 
-def test_id(nodeid: str) -> str:
+def plain_nodeid(nodeid: str) -> str:
     """``nodeid`` without the ``@group`` suffix xdist's loadgroup adds (a parameter id may hold an @)."""
     at = nodeid.rfind("@")
     return nodeid[:at] if at > nodeid.rfind("]") else nodeid
@@ -72,15 +75,8 @@ def _machine_busy_s() -> float:
     return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
 
 
-def available_cpus() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover - not Linux
-        return os.cpu_count() or 1
-
-
 @dataclass
-class TestTime:
+class TestRecord:
     nodeid: str
     stage: str
     worker: str
@@ -104,14 +100,13 @@ class MachineSampler(threading.Thread):
             self.samples.append((time.time(), _machine_busy_s()))
 
     def busy_at(self, t: float) -> float:
-        """Busy seconds at time ``t``, interpolated between samples."""
+        """Busy seconds at time ``t``, interpolated between samples (clamped to the sampled span)."""
         s = self.samples
-        if t <= s[0][0]:
-            return s[0][1]
-        for (t0, b0), (t1, b1) in zip(s, s[1:]):
-            if t <= t1:
-                return b0 + (b1 - b0) * (t - t0) / max(t1 - t0, 1e-9)
-        return s[-1][1]
+        i = bisect.bisect_left(s, t, key=lambda sample: sample[0])
+        if i == 0 or i == len(s):
+            return s[min(i, len(s) - 1)][1]
+        (t0, b0), (t1, b1) = s[i - 1], s[i]
+        return b0 + (b1 - b0) * (t - t0) / max(t1 - t0, 1e-9)
 
     def busy_between(self, t0: float, t1: float) -> float:
         return self.busy_at(t1) - self.busy_at(t0)
@@ -122,7 +117,7 @@ class SuiteTiming:
 
     def __init__(self, config) -> None:
         self.config = config
-        self.tests: dict[str, TestTime] = {}
+        self.tests: dict[str, TestRecord] = {}
         self.started = time.time()
         self.first_test: float | None = None
         self.sampler: MachineSampler | None = None
@@ -151,10 +146,10 @@ class SuiteTiming:
             return
         node = getattr(report, "node", None)
         worker = getattr(getattr(node, "gateway", None), "id", "main")
-        nodeid = test_id(report.nodeid)
+        nodeid = plain_nodeid(report.nodeid)
         rec = self.tests.get(nodeid)
         if rec is None:
-            rec = self.tests[nodeid] = TestTime(
+            rec = self.tests[nodeid] = TestRecord(
                 nodeid, getattr(report, "tb_stage", "unit"), worker, report.outcome, start=report.start
             )
         rec.wall_s += report.duration
@@ -182,7 +177,6 @@ class SuiteTiming:
                 "wall_s": t1 - t0,
                 "test_cpu_s": sum(r.cpu_s for r in recs),
                 "machine_cpu_s": sampler.busy_between(t0, t1) if sampler else None,
-                "start_s": t0 - self.started,
             }
         wall = ended - self.started
         machine = sampler.busy_between(self.started, ended) if sampler else None
@@ -203,26 +197,35 @@ class SuiteTiming:
         data = self.summary()
         if self.sampler is not None:
             self.sampler.stopped.set()
-        write = terminalreporter.write_line
         terminalreporter.write_sep("-", "suite time by stage")
-        write(
-            f"{'stage':<9} {'tests':>6} {'wall s':>8} {'tests CPU s':>12} {'machine CPU s':>14}  (side by side under xdist)"
-        )
-        for name, s in data["stages"].items():
-            machine = f"{s['machine_cpu_s']:.0f}" if s["machine_cpu_s"] is not None else "-"
-            write(f"{name:<9} {s['tests']:>6} {s['wall_s']:>8.0f} {s['test_cpu_s']:>12.0f} {machine:>14}")
-        collection = f"{data['collection_s']:.0f}" if data["collection_s"] is not None else "-"
-        write(
-            f"whole run: {data['wall_s']:.0f} s wall (collection and worker start {collection} s), machine CPU "
-            f"{data['machine_cpu_s']:.0f} s: {data['cores_busy']:.2f} of {data['cores']} cores busy on average; "
-            f"{data['workers'] or 'no'} xdist workers"
-        )
+        for line in stage_table(data):
+            terminalreporter.write_line(line)
         for line in _LINES:
             terminalreporter.write_sep("-", line)
         path = os.environ.get("TB_SUITE_TIMES")
         if path:
             with open(path, "w") as f:
                 json.dump(data, f, indent=1)
+
+
+def stage_table(data: dict) -> list[str]:
+    """The per-stage table and the whole run's line of a ``SuiteTiming.summary``."""
+    lines = [
+        f"{'stage':<9} {'tests':>6} {'wall s':>8} {'tests CPU s':>12} {'machine CPU s':>14} {'cores busy':>11}"
+        "  (stages side by side under xdist)"
+    ]
+    for name, s in data["stages"].items():
+        machine = s["machine_cpu_s"]
+        busy = f"{machine / s['wall_s']:.2f}" if machine is not None and s["wall_s"] > 0 else "-"
+        machine = f"{machine:.0f}" if machine is not None else "-"
+        lines.append(f"{name:<9} {s['tests']:>6} {s['wall_s']:>8.0f} {s['test_cpu_s']:>12.0f} {machine:>14} {busy:>11}")
+    collection = f"{data['collection_s']:.0f}" if data["collection_s"] is not None else "-"
+    lines.append(
+        f"whole run: {data['wall_s']:.0f} s wall (collection and worker start {collection} s), machine CPU "
+        f"{data['machine_cpu_s']:.0f} s: {data['cores_busy']:.2f} of {data['cores']} cores busy on average; "
+        f"{data['workers'] or 'no'} xdist workers"
+    )
+    return lines
 
 
 def register(config) -> None:

@@ -55,8 +55,8 @@ def test_work_is_handed_out_verl_stage_first_then_slurm_in_its_order_then_e2e_th
         ("tests/a.py::test_x", "tests/a.py::test_x"),
     ],
 )
-def test_test_id_drops_only_the_group_suffix(nodeid, plain):
-    assert suite_timing.test_id(nodeid) == plain
+def test_plain_nodeid_drops_only_the_group_suffix(nodeid, plain):
+    assert suite_timing.plain_nodeid(nodeid) == plain
 
 
 def test_machine_cpu_between_two_times_is_interpolated_from_the_samples():

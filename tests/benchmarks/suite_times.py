@@ -27,7 +27,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from tests.suite_timing import _machine_busy_s, available_cpus  # noqa: E402
+from runners.resources import available_cpus  # noqa: E402
+from tests.suite_timing import _machine_busy_s, stage_table  # noqa: E402
 
 
 def run(pytest_args: list[str]) -> tuple[int, dict]:
@@ -58,15 +59,8 @@ def show(data: dict, slowest: int, before: dict | None) -> None:
         f"whole command: {cmd['wall_s']:.0f} s wall; CPU {cmd['cpu_s']:.0f} s (pytest and what it waited for), "
         f"machine {cmd['machine_cpu_s']:.0f} s: {cmd['machine_cpu_s'] / cmd['wall_s']:.2f} of {cores} cores busy"
     )
-    if data.get("collection_s") is not None:
-        print(f"collection and worker start: {data['collection_s']:.0f} s")
-    print(f"{'stage':<9} {'tests':>6} {'wall s':>8} {'tests CPU s':>12} {'machine CPU s':>14} {'cores busy':>11}")
-    for name, s in data["stages"].items():
-        machine = s.get("machine_cpu_s")
-        busy = f"{machine / s['wall_s']:.2f}" if machine is not None and s["wall_s"] > 0 else "-"
-        print(
-            f"{name:<9} {s['tests']:>6} {s['wall_s']:>8.0f} {s['test_cpu_s']:>12.0f} {machine or 0:>14.0f} {busy:>11}"
-        )
+    if data["stages"]:
+        print("\n".join(stage_table(data)))
     if before is not None:
         b = before["command"]
         print(
