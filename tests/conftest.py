@@ -1,7 +1,9 @@
 """Shared test configuration: marker routing (gpu, verl, slurm), the Slurm stage, small fixtures.
 
 Markers route expensive tests; tests that need what this machine lacks are *skipped* and pytest's
-``-ra`` summary lists every skip with its reason, so a skip is never counted as a pass.
+``-ra`` summary lists every skip with its reason, so a skip is never counted as a pass. CI
+(``TRUSTBENCH_REQUIRE_DEPS=1`` or ``--require-deps``) turns a skip for a dependency it installs
+itself into a failure naming it (``tests/required_deps.py``); GPU skips stay skips.
 
 The suite runs in parallel (``make test``: pytest-xdist, ``--dist loadgroup --no-loadscope-reorder``).
 Each stage is one xdist group, which one worker runs whole and in order while the other workers run
@@ -25,6 +27,11 @@ import time
 import pytest
 
 from tests import suite_timing
+from tests.required_deps import (  # noqa: F401  (hooks: skips CI must not pass, TRUSTBENCH_REQUIRE_DEPS=1)
+    pytest_addoption,
+    pytest_make_collect_report,
+    pytest_runtest_makereport,
+)
 from tests.slurm import cluster
 from tests.slurm.cluster import slurm_cluster  # noqa: F401  (session fixture, registered once for all tests)
 from tests.slurm.sweeps import slurm_sweeps  # noqa: F401  (session fixture, registered once for all tests)
