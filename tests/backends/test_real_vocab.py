@@ -9,6 +9,12 @@ verifiable reward, so nothing would update). So do the objectives and masks no p
 ``trm_max_avg_sample``, ``ln_trm``, ``ser``), and Qwen's output size (V = 151,936,
 ``tiny_qwen2_v152k`` with TROLL, ``tiny_qwen3_v152k`` with PPO and exact-KL TRM).
 
+For every preset, the gradient of the trainer's loss with respect to all V logits of each on-policy
+micro-batch (the first mini-batch of each iteration) is compared entry by entry with the gradient of
+the preset's loss written here from the papers over the dense float64 distributions (log_softmax
+over the whole vocabulary, gathered at the sampled tokens; the entropy over the whole vocabulary for
+GTPO's penalty and the entropy bonus).
+
 For the method metrics, the trainer's old-log-prob pass and micro-batch losses are recorded (their
 dense logits included) and each metric of the last off-policy micro-batch is recomputed here from the
 dense [T, V] distributions, independently of the library's sparse code:
@@ -138,12 +144,169 @@ def _train(overrides, home, monkeypatch, record=False, keep_last=False):
     return result, recorder
 
 
+class OnPolicyUpdates:
+    """Records the micro-batches that see the sampling policy itself (the first mini-batch of each
+    iteration, before its optimiser step): dense logits, the gradient of the trainer's loss with
+    respect to them (a hook on the logits) and the loss's inputs."""
+
+    def __init__(self, monkeypatch):
+        from runners.backends.local import actor
+
+        self.calls: list[dict] = []
+        real_micro = actor.micro_batch_loss
+
+        def micro_batch_loss(loss_fn, logits, data, old, advantages, mask, rows, **kw):
+            dense = logits.detach().double()
+            responses = data["responses"][rows]
+            logp = torch.log_softmax(dense, -1).gather(-1, responses[..., None])[..., 0]
+            real = mask[rows] > 0
+            if real.any() and float((logp - old["logp"][rows].double())[real].abs().max()) < 1e-5:
+                call = {
+                    "logits": dense,
+                    "responses": responses,
+                    "groups": data["group_index"][rows],
+                    "mask": mask[rows].double(),
+                    "advantages": advantages[rows].double(),
+                    "old_logp": old["logp"][rows].double(),
+                    "ref": "ref_logp" in old,
+                    "method": loss_fn.method,
+                    "kw": dict(kw),
+                    # the entropy controllers' coefficients now (REPO's zeta, the bonus's beta): they start
+                    # at the configured zeta0 / beta0 and move once per iteration
+                    "zeta": getattr(loss_fn.controller, "zeta", None),
+                    "beta": getattr(loss_fn.controller, "beta", None),
+                }
+
+                def keep(grad):  # returns None: the gradient itself is left as it is
+                    call["grad"] = grad.detach().double()
+
+                logits.register_hook(keep)
+                self.calls.append(call)
+            return real_micro(loss_fn, logits, data, old, advantages, mask, rows, **kw)
+
+        monkeypatch.setattr(actor, "micro_batch_loss", micro_batch_loss)
+
+
+def _gtpo_weights(call: dict) -> torch.Tensor:
+    """GTPO (arXiv 2508.03772) eq. 5 with spans combined by OR (section 5.1): lambda = 1 off the
+    conflict spans; on them 2 for A > 0 and 0 for A < 0 responses (plain loops, ``_leading_conflicts``)."""
+    mask = call["mask"] > 0
+    lengths = mask.sum(-1).tolist()
+    seqs = [row[:n] for row, n in zip(call["responses"].tolist(), lengths)]
+    groups = call["groups"].tolist()
+    adv = [float(call["advantages"][i][mask[i]].mean()) if lengths[i] else 0.0 for i in range(len(seqs))]
+    lam = torch.ones(mask.shape, dtype=torch.float64)
+    for i in range(len(seqs)):
+        if adv[i] == 0:
+            continue
+        mates = [j for j in range(len(seqs)) if groups[j] == groups[i]]
+        pos, neg = [j for j in mates if adv[j] > 0], [j for j in mates if adv[j] < 0]
+        forward = _leading_conflicts(seqs, i, pos, neg)
+        backward = _leading_conflicts([s[::-1] for s in seqs], i, pos, neg)
+        for t in set(range(forward)) | {lengths[i] - 1 - k for k in range(backward)}:
+            lam[i, t] = 2.0 if adv[i] > 0 else 0.0
+    return lam
+
+
+def _dense_reference_loss(call: dict, logits: torch.Tensor) -> torch.Tensor:
+    """The preset's loss of the recorded micro-batch, from the dense distributions over the whole
+    vocabulary (float64 log_softmax, gathered at the sampled tokens), written from the papers:
+
+    - ratio r = exp(logp - logp_old); PPO clip, DAPO / BAPO / ADAPO bounds and Token-IS give the
+      per-token loss -r A at r = 1 (every bound is inactive there: calls are recorded only where
+      |logp - logp_old| < 1e-5); GSPO
+      -s A with s = exp(mean_t(logp - logp_old)) (sequence ratio); GPG -logp A;
+    - GTPO (arXiv 2508.03772) eq. 7: -delta_i A lambda r + gamma H (the penalty form), H the token
+      entropy over the whole vocabulary, delta_i the entropy filter of eq. 6;
+    - REPO-R / REPO-D (Entropy-preserving RL, arXiv 2603.11682, section 5): A(1 - zeta logp) clamped
+      at >= 0 for A > 0, A(1 + zeta logp) clamped at <= 0 for A < 0 / A - zeta logp, logp detached;
+      the entropy bonus adds -beta H per token (appendix C.3); zeta / beta as the controller holds
+      them at the call (the first call's are checked against the configured zeta0 / beta0);
+    - aggregation (verl's agg_loss): token-mean over the mini-batch's tokens, seq-mean-token-mean,
+      seq-mean-token-sum-norm (Dr.GRPO, arXiv 2503.20783: token sum / a constant length).
+    """
+    method = call["method"]
+    mask, adv, old = call["mask"], call["advantages"], call["old_logp"]
+    logq = torch.log_softmax(logits, -1)
+    logp = logq.gather(-1, call["responses"][..., None])[..., 0]
+    entropy = -(logq.exp() * logq).sum(-1)
+    if method.entropy_control == "repo_r":
+        zeta, lp = call["zeta"], logp.detach()
+        adv = torch.where(
+            adv > 0,
+            (adv * (1 - zeta * lp)).clamp(min=0),
+            torch.where(adv < 0, (adv * (1 + zeta * lp)).clamp(max=0), adv),
+        )
+    elif method.entropy_control == "repo_d":
+        adv = adv - call["zeta"] * logp.detach()
+    ratio = torch.exp(logp - old)
+    kw = dict(method.objective_kw)
+    if method.objective in ("clip", "bapo", "token_is"):
+        loss = -ratio * adv
+    elif method.objective == "gspo":
+        seq_ratio = torch.exp(((logp - old) * mask).sum(-1) / mask.sum(-1).clamp(min=1))
+        loss = -seq_ratio[:, None] * adv
+    elif method.objective == "gpg":
+        loss = -logp * adv
+    elif method.objective == "gtpo":
+        assert kw.get("entropy_term", "penalty") == "penalty" and kw.get("combine", "or") == "or"
+        h_seq = (entropy.detach() * mask).sum(-1) / mask.sum(-1).clamp(min=1)
+        h_ini = call["kw"].get("h_ini")
+        delta = torch.ones_like(h_seq)
+        if h_ini is not None and h_ini < math.log(2):
+            delta = (h_seq <= kw.get("entropy_threshold", math.log(2))).double()
+        loss = -delta[:, None] * adv * _gtpo_weights(call) * ratio + kw["gamma"] * entropy
+    else:
+        raise AssertionError(f"no reference for objective {method.objective!r}")
+    if method.entropy_control == "bonus":
+        loss = loss - call["beta"] * entropy
+    num_tokens, num_seqs = float(call["kw"]["num_tokens"]), float(call["kw"]["num_seqs"])
+    if method.loss_agg == "token-mean":
+        return (loss * mask).sum() / num_tokens
+    if method.loss_agg == "seq-mean-token-mean":
+        return ((loss * mask).sum(-1) / mask.sum(-1).clamp(min=1)).sum() / num_seqs
+    if method.loss_agg == "seq-mean-token-sum-norm":
+        return ((loss * mask).sum(-1) / method.norm_len).sum() / num_seqs
+    raise AssertionError(f"no reference for loss_agg {method.loss_agg!r}")
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("preset", PRESETS)
 def test_every_preset_trains_with_a_real_vocabulary(preset, home, monkeypatch):
+    """Each preset's on-policy updates (the first mini-batch of each iteration): the gradient of the
+    trainer's loss with respect to the logits, all V = 49,152 of them at every token, equals the
+    gradient of the preset's loss computed here from the dense float64 distributions
+    (``_dense_reference_loss``). Off the sampled token each entry is -coefficient x p(v); a log-prob
+    taken from part of the vocabulary, a sign, a missing normalisation or a wrong aggregation shows."""
     extra = ["rollout.max_response_length=16", "rollout.window=8"] if preset == "tppo" else []
+    updates = OnPolicyUpdates(monkeypatch)
     result, _ = _train([f"algorithm={preset}", *extra], home, monkeypatch)
     assert result["metrics"]["actor/grad_norm"] > 0, "the update must move the policy"
+    assert len(updates.calls) >= 2, "the first mini-batch of each iteration is on-policy"
+    method = updates.calls[0]["method"]
+    if method.entropy_control in ("repo_r", "repo_d"):
+        assert updates.calls[0]["zeta"] == method.entropy_control_kw["zeta0"] > 0
+    if method.entropy_control == "bonus":
+        assert updates.calls[0]["beta"] == method.entropy_control_kw.get("beta0", 1e-3) > 0
+    for call in updates.calls:
+        assert call["logits"].shape[-1] == V and "grad" in call
+        assert not call["ref"] and call["kw"].get("is_weights") is None  # no KL or rollout-correction term
+        real = call["mask"] > 0
+        logits = call["logits"].clone().requires_grad_(True)
+        (expected,) = torch.autograd.grad(_dense_reference_loss(call, logits), logits)
+        grad = call["grad"]
+        assert bool((grad[~real] == 0).all())  # padding (where there is any) gets no gradient
+        # entry by entry: the trainer's float32 gradients are within 3e-6 of the float64 reference
+        # (relative), 2e-5 where the entropy's gradient nearly cancels; off the sampled token entries
+        # are ~ scale / V, so the absolute floor (for entries near 0) sits far below them
+        scale = float(expected.abs().max())
+        torch.testing.assert_close(grad, expected, rtol=1e-4, atol=1e-9 * scale)
+    adv = torch.cat([call["advantages"][call["mask"] > 0] for call in updates.calls])
+    assert bool((adv > 0).any() and (adv < 0).any()), "positive and negative advantages among the checked updates"
+    acting = [(c["grad"][c["advantages"] != 0], c["responses"][c["advantages"] != 0]) for c in updates.calls]
+    grad, sampled = torch.cat([g for g, _ in acting]), torch.cat([r for _, r in acting])
+    off = grad.scatter(-1, sampled[:, None], 0.0)  # the entries off the sampled token
+    assert float((off != 0).double().mean()) > 0.99, "the gradient reaches the whole vocabulary"
 
 
 # -- dense references ------------------------------------------------------------------------------

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import threading
 from pathlib import Path
@@ -65,10 +66,78 @@ def test_infinite_loop_is_killed_at_the_time_limit(namespaces):
     assert res.status == "timeout"
 
 
-def test_sleeping_child_processes_are_killed_with_the_program():
-    code = "import subprocess, sys\nsubprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\nwhile True: pass"
-    res = run_python(code, config=SandboxConfig(timeout_s=1.0))
+def _live_with_marker(marker: str) -> dict[int, bytes]:
+    """Host pids (and command lines) of live, not zombie, processes whose command line holds ``marker``
+    (read from /proc: a pid reused by another process does not carry the marker)."""
+    found = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            cmdline = Path(f"/proc/{name}/cmdline").read_bytes()
+            state = Path(f"/proc/{name}/stat").read_bytes().rsplit(b")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if marker.encode() in cmdline and state not in (b"Z", b"X"):
+            found[int(name)] = cmdline
+    return found
+
+
+def _sleeping_family(marker: str) -> str:
+    """A child that starts a grandchild, both sleeping 60 s with ``marker`` in their command lines; the
+    program says so once the grandchild runs, then spins until the time limit."""
+    grandchild = "import pathlib, time; pathlib.Path('grandchild').touch(); time.sleep(60)"
+    child = (
+        "import subprocess, sys, time; "
+        f"subprocess.Popen([sys.executable, '-c', {grandchild!r}, 'grandchild-{marker}']); time.sleep(60)"
+    )
+    return (
+        "import os, subprocess, sys, time\n"
+        f"subprocess.Popen([sys.executable, '-c', {child!r}, 'child-{marker}'])\n"
+        "for _ in range(1000):\n"
+        "    if os.path.exists('grandchild'):\n"
+        "        break\n"
+        "    time.sleep(0.01)\n"
+        "print('grandchild started', flush=True)\n"
+        "while True:\n"
+        "    pass\n"
+    )
+
+
+@pytest.mark.parametrize("namespaces", MODES)
+def test_sleeping_child_processes_are_killed_with_the_program(namespaces):
+    """The program's child and grandchild (sleeping 60 s) are seen from the host while the program
+    spins, and are gone (not even zombies) when ``run_python`` returns at the time limit. The time
+    limit leaves room for three interpreters to start on a loaded machine."""
+    marker = f"trustbench-sleeper-{os.getpid()}-{threading.get_ident()}-{namespaces}"
+    done, seen = threading.Event(), {}
+
+    def run():
+        seen["result"] = run_python(
+            _sleeping_family(marker), config=SandboxConfig(timeout_s=3.0, namespaces=namespaces)
+        )
+        done.set()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    while not done.wait(0.02):
+        seen.update(_live_with_marker(marker))  # a forked child carries its parent's command line until exec
+    thread.join()
+    leftover = _live_with_marker(marker)
+    for pid in leftover:  # do not leave them to the rest of the suite
+        os.kill(pid, signal.SIGKILL)
+    res = seen.pop("result")
     assert res.status == "timeout"
+    assert "grandchild started" in res.stdout, res.stderr
+    last_args = {cmdline.split(b"\0")[-2].decode() for cmdline in seen.values()}
+    assert last_args == {f"child-{marker}", f"grandchild-{marker}"}, seen  # both ran, seen from here
+    assert leftover == {}
+    for pid, cmdline in seen.items():  # gone, or a zombie, or the pid already reused by another process
+        try:
+            state = Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[0]
+            assert state in (b"Z", b"X") or Path(f"/proc/{pid}/cmdline").read_bytes() != cmdline, pid
+        except FileNotFoundError:
+            pass
 
 
 @pytest.mark.parametrize("namespaces", MODES)

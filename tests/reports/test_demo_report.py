@@ -2,14 +2,25 @@
 MLflow -> `trustbench report demo` -> headless Chromium (screenshot non-blank, every registered
 figure rendered from the runs) and the PDF rendered by pdftoppm.
 
+What the report shows is checked against the MLflow store the sweep wrote, read here with plain
+sqlite3 (not MLflow, not the analysis loader): the runs per method, each method's final values and
+evaluation before/after training (mean and sample std over seeds, as the captions define them) in
+the HTML tables and in the PDF's text (pdftotext), and the curves of the success and entropy
+figures (the per-step mean over seeds, their axes, their legend).
+
 The cells run the real demo sweep file with overrides that make them fast (a tiny random model, two
 steps); the report is the demo's registered report. Needs Chromium and poppler-utils (skipped
 with the reason otherwise)."""
 
 from __future__ import annotations
 
+import re
 import shutil
+import sqlite3
+import statistics
 import subprocess
+from collections import defaultdict
+from html.parser import HTMLParser
 
 import numpy as np
 import pytest
@@ -30,8 +41,13 @@ def _chromium_or_skip() -> None:
 
 
 @pytest.fixture(scope="module")
-def demo_report(tmp_path_factory):
-    home = tmp_path_factory.mktemp("demo_home")
+def demo_home(tmp_path_factory):
+    return tmp_path_factory.mktemp("demo_home")
+
+
+@pytest.fixture(scope="module")
+def demo_report(demo_home):
+    home = demo_home
     mp = pytest.MonkeyPatch()
     mp.setenv("TRUSTBENCH_HOME", str(home))
     mp.delenv("MLFLOW_TRACKING_URI", raising=False)
@@ -81,3 +97,208 @@ def test_demo_report_pdf_renders(demo_report, tmp_path):
     pages = sorted(tmp_path.glob("p-*.png"))
     assert pages
     assert all((np.asarray(Image.open(p).convert("L"), dtype=float) < 200).mean() > 0.01 for p in pages[:3])
+
+
+# -- what the report shows, against the MLflow store read with sqlite3 ---------------------------------
+FINAL_METRICS = ["critic/score/mean", "actor/entropy", "response_length/mean", "timing_s/step"]
+EVAL_METRIC = "val-core/embedded/acc/mean_at_4"
+
+
+class _Store:
+    """The demo experiment's training runs (active, finished, not the report's own run) and their
+    metric histories, straight from the sqlite tables MLflow writes."""
+
+    def __init__(self, path):
+        db = sqlite3.connect(path)
+        try:
+            (exp,) = db.execute("SELECT experiment_id FROM experiments WHERE name = 'demo'").fetchone()
+            runs = [
+                r
+                for (r,) in db.execute(
+                    "SELECT run_uuid FROM runs WHERE experiment_id = ? AND lifecycle_stage = 'active' "
+                    "AND status = 'FINISHED'",
+                    (exp,),
+                )
+            ]
+            tags = {
+                r: dict(db.execute("SELECT key, value FROM tags WHERE run_uuid = ?", (r,)).fetchall()) for r in runs
+            }
+            self.runs = [r for r in runs if "trustbench.report" not in tags[r]]
+            self.tags = {r: tags[r] for r in self.runs}
+            self.history = {}
+            for r in self.runs:
+                for key, step, value in db.execute(
+                    "SELECT key, step, value FROM metrics WHERE run_uuid = ? ORDER BY key, step, timestamp", (r,)
+                ):
+                    self.history.setdefault((r, key), {})[int(step)] = float(value)  # the last value of a step
+        finally:
+            db.close()
+        self.by_method = defaultdict(list)
+        for r in self.runs:
+            self.by_method[self.tags[r]["method"]].append(r)
+
+    def points(self, run, key):
+        return sorted(self.history[(run, key)].items())
+
+
+def _mean_std(values):
+    return statistics.fmean(values), statistics.stdev(values)
+
+
+def _cell(mean, std, sign=False):
+    return f"{'+' if sign and mean > 0 else ''}{mean:.3f} ± {std:.3f}"
+
+
+def _expected_final(store):
+    """{metric: {method: cell}}: each run's final value is the mean of its last 3 logged points."""
+    return {
+        m: {
+            method: _cell(*_mean_std([statistics.fmean(v for _, v in store.points(r, m)[-3:]) for r in runs]))
+            for method, runs in store.by_method.items()
+        }
+        for m in FINAL_METRICS
+    }
+
+
+def _expected_eval(store):
+    """{method: [start, end, change]}: the first and the last evaluation of each run."""
+    out = {}
+    for method, runs in store.by_method.items():
+        first = [store.points(r, EVAL_METRIC)[0][1] for r in runs]
+        last = [store.points(r, EVAL_METRIC)[-1][1] for r in runs]
+        change = [b - a for a, b in zip(first, last)]
+        out[method] = [_cell(*_mean_std(first)), _cell(*_mean_std(last)), _cell(*_mean_std(change), sign=True)]
+    return out
+
+
+class _Tables(HTMLParser):
+    """Every <table id=...> of a page as rows of cell texts (header and body rows alike)."""
+
+    def __init__(self, page):
+        super().__init__()
+        self.tables, self._current, self._row, self._cell = {}, None, None, None
+        self.feed(page)
+
+    def handle_starttag(self, tag, attrs):
+        if tag == "table":
+            self._current = self.tables.setdefault(dict(attrs).get("id"), [])
+        elif tag == "tr" and self._current is not None:
+            self._row = []
+            self._current.append(self._row)
+        elif tag in ("td", "th") and self._row is not None:
+            self._cell = []
+
+    def handle_endtag(self, tag):
+        if tag in ("td", "th") and self._cell is not None:
+            self._row.append("".join(self._cell).strip())
+            self._cell = None
+        elif tag == "table":
+            self._current = self._row = None
+
+    def handle_data(self, data):
+        if self._cell is not None:
+            self._cell.append(data)
+
+
+@pytest.fixture(scope="module")
+def store(demo_report, demo_home):
+    store = _Store(demo_home / "mlflow.db")
+    assert len(store.by_method) >= 6 and all(len(runs) == 3 for runs in store.by_method.values()), store.by_method
+    return store
+
+
+def test_demo_report_tables_show_the_runs_metrics(demo_report, store):
+    tables = _Tables(demo_report.html.read_text(encoding="utf-8")).tables
+    overview = {row[0]: row[1:] for row in tables["table-overview"][1:]}
+    assert set(overview) == set(store.by_method)
+    for method, runs in store.by_method.items():
+        seeds = ", ".join(sorted(store.tags[r]["seed"] for r in runs))
+        last_step = max(max(steps) for (r, _key), steps in store.history.items() if r in runs)
+        assert overview[method][:2] == [str(len(runs)), seeds], method
+        assert overview[method][-1] == str(last_step), method
+
+    header, *rows = tables["table-final_metrics"]
+    assert header[0] == "metric" and set(header[1:]) == set(store.by_method)
+    shown = {row[0]: dict(zip(header[1:], row[1:])) for row in rows}
+    assert shown == _expected_final(store)
+
+    header = tables["table-eval_start_end"][1]  # under the data set's name
+    assert header == ["Method", "start", "end", "change"]
+    shown = {row[0]: row[1:] for row in tables["table-eval_start_end"][2:]}
+    expected = _expected_eval(store)
+    assert shown == expected
+    moved = [cells[2] for cells in expected.values() if not cells[2].startswith(("0.000", "-0.000", "+0.000"))]
+    assert moved, "training must move some method's pass@1"
+
+
+def test_demo_report_pdf_shows_the_runs_metrics(demo_report, store):
+    """The PDF's text (pdftotext, layout kept) holds each table row with the store's numbers in the
+    columns' order."""
+    _chromium_or_skip()
+    if shutil.which("pdftotext") is None:
+        pytest.skip("pdftotext not installed (apt-get install poppler-utils)")
+    text = subprocess.run(
+        ["pdftotext", "-layout", str(demo_report.pdf), "-"], check=True, capture_output=True, text=True, timeout=120
+    ).stdout
+    lines = [" ".join(line.split()) for line in text.splitlines()]
+    header = _Tables(demo_report.html.read_text(encoding="utf-8")).tables["table-final_metrics"][0]
+    final = _expected_final(store)
+    for metric in FINAL_METRICS:
+        row = " ".join([metric, *(final[metric][method] for method in header[1:])])
+        assert row in lines, row
+    for method, cells in _expected_eval(store).items():
+        row = " ".join([method, *cells])
+        assert row in lines, row
+
+
+def _plotted(fig, panel_title):
+    """(axes, {method: (x, y) of its raw, faint curve}) of the panel titled ``panel_title``: the raw
+    curve of a method is the faint line with the colour and line style of its legend entry."""
+    (ax,) = [a for a in fig.axes if a.get_title() == panel_title]
+    labelled = {line.get_label(): line for line in ax.lines if not line.get_label().startswith("_")}
+    raw = {}
+    for method, line in labelled.items():
+        faint = [
+            other
+            for other in ax.lines
+            if other.get_label().startswith("_")
+            and other.get_color() == line.get_color()
+            and other.get_linestyle() == line.get_linestyle()
+            and (other.get_alpha() or 1.0) < 1.0
+        ]
+        assert len(faint) == 1, method
+        raw[method] = (np.asarray(faint[0].get_xdata(), float), np.asarray(faint[0].get_ydata(), float))
+    return ax, raw
+
+
+def _mean_curve(store, runs, key):
+    steps = sorted({s for r in runs for s, _ in store.points(r, key)})
+    values = [statistics.fmean(dict(store.points(r, key))[s] for r in runs) for s in steps]
+    return np.asarray(steps, float), np.asarray(values, float)
+
+
+@pytest.mark.parametrize(
+    "key, metric, panel, ylabel",
+    [
+        ("success_curves", "critic/score/mean", "training success (critic/score/mean)", "success rate"),
+        ("success_curves", EVAL_METRIC, "eval: embedded", "success rate"),
+        ("entropy_curves", "actor/entropy", "token entropy of the policy (actor/entropy)", "entropy (nats)"),
+    ],
+)
+def test_demo_report_figures_plot_the_runs_metrics(demo_report, store, key, metric, panel, ylabel):
+    """The figure's panel plots, per method, the mean over seeds of the store's values at each step
+    (the raw curve; the smoothed one is drawn over it), with its axes labelled, every method in the
+    figure's legend."""
+    (item,) = [i for i in demo_report.items if i.key == key and i.status == "ok"]
+    fig = item.obj.mpl
+    ax, raw = _plotted(fig, panel)
+    assert (ax.get_xlabel(), ax.get_ylabel()) == ("training step", ylabel)
+    assert set(raw) == set(store.by_method)
+    legend = {t.get_text() for t in fig.legends[0].get_texts()}
+    assert legend == set(store.by_method)
+    for method, runs in store.by_method.items():
+        steps, means = _mean_curve(store, runs, metric)
+        assert len(steps) >= 2
+        np.testing.assert_array_equal(raw[method][0], steps, err_msg=method)
+        np.testing.assert_allclose(raw[method][1], means, rtol=1e-12, atol=0, err_msg=method)
+    assert re.search(rf'data-key="{key}"', demo_report.html.read_text(encoding="utf-8"))

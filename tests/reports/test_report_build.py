@@ -116,8 +116,50 @@ def test_a_failing_item_does_not_hide_the_rest(tmp_path, monkeypatch):
     assert len(result.figures()) == get_report("demo").count("figure") - 1
 
 
-def test_skip_item_is_an_exception_with_a_message():
-    assert str(SkipItem("no run logs x")) == "no run logs x"
+def test_a_skip_item_shows_its_message_in_place_of_the_item(tmp_path, monkeypatch):
+    """A builder that raises ``SkipItem`` leaves a skipped item, not a failure: the page shows the
+    exception's message (escaped) where the table would be, in the item's place, no file of the table
+    is written, and the next item still builds."""
+    import analysis.tables.generic as generic
+    import reports.build
+
+    data, _ = synthetic_data(_without_trm(profile("demo", steps=6, seeds=(0,))))
+    message = "no run logs <metric/x> & y"
+
+    def lacking(_data):
+        raise SkipItem(message)
+
+    monkeypatch.setattr(generic, "overview_table", lacking)
+    spec = ReportSpec(
+        "skip_check",
+        "t",
+        "d",
+        (
+            Item("table", "analysis.tables.generic:overview_table"),
+            Item("table", "analysis.tables.generic:config_diff_table"),
+        ),
+    )
+    monkeypatch.setattr(reports.build, "get_report", lambda _name: spec)
+    result = build_report(
+        "skip_check", tracking_uri="sqlite:///unused.db", out_dir=tmp_path, data=data, pdf=False, log_to_mlflow=False
+    )
+    assert result.failures == []
+    assert [(i.key, i.status, i.reason) for i in result.items] == [
+        ("overview_table", "skipped", message),
+        ("config_diff", "ok", ""),
+    ]
+    html = result.html.read_text()
+    section = re.search(r'<section class="item table" id="item-1-overview_table"([^>]*)>(.*?)</section>', html, re.S)
+    assert section, "the skipped item keeps its place (first item) in the page"
+    assert 'data-status="skipped"' in section.group(1)
+    assert '<div class="skipped">Skipped: no run logs &lt;metric/x&gt; &amp; y</div>' in section.group(2)
+    assert "<table" not in section.group(2) and "Failed to build" not in html
+    assert html.count("<table") == 1  # the config differences
+    assert sorted(p.name for p in (tmp_path / "tables").iterdir()) == [
+        "config_diff.csv",
+        "config_diff.md",
+        "config_diff.tex",
+    ]
 
 
 def _with_code(data, codes):
