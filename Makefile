@@ -5,6 +5,7 @@
 #   make test-fast   the edit loop: every test but the stages (Slurm cluster, verl launches, end-to-end)
 #   make test-times  the whole suite, then where its time went (per stage, slowest tests)
 #   make coverage    line and branch coverage of the library over the fast tier
+#   make mutation    mutation score of the algorithm library (hours; MUTANTS='runners.algorithms.troll.*' for one file)
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -12,7 +13,7 @@ BIN := $(VENV)/bin
 TORCH ?= torch==2.13.0
 PIP := $(BIN)/python -m pip -q --disable-pip-version-check
 
-.PHONY: setup setup-test demo test test-fast test-times coverage bench clean-state
+.PHONY: setup setup-test demo test test-fast test-times coverage mutation bench clean-state
 
 $(VENV)/.setup: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -56,6 +57,16 @@ test-times: $(VENV)/.setup-test
 COVERAGE_TIER ?= $(FAST_TIER)
 coverage: $(VENV)/.setup-test
 	$(BIN)/python -m pytest $(XDIST) -m "$(COVERAGE_TIER)" --cov --cov-report=term --cov-report=json:coverage.json
+
+# mutation testing of runners/algorithms/ and analysis/stats.py ([tool.mutmut] in pyproject.toml), not
+# in make test: every mutant reruns the tests that reach its function, hours on 2 cores for all of them.
+# MUTANTS: mutmut name patterns (module.x_function__mutmut_N); a rerun resumes where the last stopped.
+# The score and every survivor without a reason in tests/mutation/equivalent.toml: tests/mutation/score.py
+MUTANTS ?=
+mutation: $(VENV)/.setup-test
+	$(PIP) install -e '.[mutation]' $(TORCH)
+	OMP_NUM_THREADS=1 $(BIN)/mutmut run --max-children $$(nproc) $(MUTANTS)
+	$(BIN)/python tests/mutation/score.py --diffs
 
 # bench_vs_trl.py needs TRL, which breaks verl 0.9.1 in the same environment: it gets its own
 BENCH_VENV ?= .venv-bench
