@@ -241,6 +241,7 @@ COMMANDS: dict[str, Case] = {
     "make test-fast": Case("make -n test-fast", "runs every test but the stages (minutes)", _make_target),
     "make test-times": Case("make -n test-times", "runs this whole suite and times it", _make_target),
     "make coverage": Case("make -n coverage", "runs the fast tier under coverage (minutes)", _make_target),
+    "make mutation": Case("make -n mutation", "installs mutmut and runs every mutant (hours)", _make_target),
     # trustbench commands
     "trustbench run": Case("1 step of a small batch (+ logged to experiment demo)", LONG, _train_shortened),
     "trustbench run algorithm=gspo objective=troll": Case("--cfg job, then validated", LONG, _compose_only),
