@@ -8,18 +8,26 @@
   Definition A.1;
 - Theorem A.2 and eq. 23: the paper's printed numbers, and the inequality on random distributions;
 - sparsification: hand-computed cases;
-- hypothesis properties: one-hot, uniform, -inf logits, tiny eps, length-1 sequences.
+- hypothesis properties: one-hot, uniform, -inf logits, tiny eps, length-1 sequences;
+- the objective's other paths and contracts: responses=None (sparsify's layout) against the
+  responses-given path and test_ref_troll.py's reference, input errors naming the field, the
+  kept-mass metric against a float64 sum, the log-ratio clamp, float32 / bf16 inputs, the GSPO
+  token count, the solver options (bracketing steps of Listing 3) and the defaults (paper values,
+  conf/objective/troll.yaml).
 
 Run: ``pytest tests/algorithms/test_troll.py``.
 """
 
 from __future__ import annotations
 
+import inspect
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy.optimize import brentq, minimize
@@ -39,6 +47,9 @@ from runners.algorithms.troll import (
 from runners.algorithms.troll_solver import categorical_kl
 from runners.algorithms.troll_sparse import chunked_logsumexp, reduce_on_kept_set
 from runners.algorithms.types import PolicyInputs
+from runners.config.components import TrollObjective
+
+from .test_ref_troll import ref_loss
 
 EPS = 0.05
 PRECISE = {"polish_steps": 3}  # eta* to machine precision, as finite differences need
@@ -72,7 +83,9 @@ def _sparse_batch(batch=2, length=4, vocab=24, k=6, delta=1e-3, seed=0, shift=1.
     g = torch.Generator().manual_seed(seed)
     old_logits = torch.randn(batch, length, vocab, generator=g) * 3
     new_logits = (old_logits + torch.randn(batch, length, vocab, generator=g) * shift).double()
-    responses = torch.distributions.Categorical(logits=old_logits).sample()
+    # a local generator: the global one's state depends on which tests ran before
+    probs = torch.softmax(old_logits, -1).reshape(-1, vocab)
+    responses = torch.multinomial(probs, 1, generator=g).reshape(batch, length)
     index, logp = sparsify(old_logits, responses, k=k, delta=delta)
     return old_logits, new_logits, responses, index, logp
 
@@ -511,3 +524,301 @@ def test_property_objective_no_nan(new_kind, old_kind, length, eps, sequence, se
     out.loss_mat.sum().backward()
     assert not torch.isnan(new_logits.grad).any()
     assert all(math.isfinite(v) for v in out.metrics.values())
+
+
+@pytest.mark.parametrize("sparse", [True, False], ids=["sparse", "dense"])
+def test_micro_batch_without_response_tokens_gives_zero_loss_gradient_and_metrics(sparse):
+    """A micro-batch whose response mask is all zero (a padded shard): loss and gradient exactly 0 and
+    every troll/* metric 0.0, not the NaN of a mean over no tokens."""
+    old_logits, new_logits, responses, index, logp = _sparse_batch(seed=5)
+    logits = new_logits.clone().requires_grad_(True)
+    mask = torch.zeros(responses.shape)
+    if sparse:
+        inp = _inputs(logits, index, logp, responses, mask=mask)
+    else:
+        inp = _inputs(logits, None, torch.log_softmax(old_logits.double(), -1), responses, mask=mask)
+    out = troll_objective(inp, eps=EPS)
+    assert not out.loss_mat.any()
+    out.loss_mat.sum().backward()
+    assert not logits.grad.any()
+    for key in (
+        metric_names.TROLL_PROJECTED_FRAC,
+        metric_names.TROLL_KEPT_TOKENS,
+        metric_names.TROLL_KL_BEFORE,
+        metric_names.TROLL_KL_AFTER,
+        metric_names.TROLL_KEPT_MASS,
+    ):
+        assert out.metrics[key] == 0.0, key
+
+
+# -- paths and checks the tests above leave out ------------------------------------------------------
+
+
+def _full_layout(batch=2, length=3, vocab=16, k=4, seed=21):
+    """A sparse layout with every slot kept ([B,T,K+1], distinct ids, old log-probs at those ids), the
+    sampled token in the last slot as ``sparsify`` puts it; returns (new logits, index, logp, responses)."""
+    g = torch.Generator().manual_seed(seed)
+    old = torch.log_softmax(torch.randn(batch, length, vocab, generator=g, dtype=torch.float64) * 2, -1)
+    ids = torch.stack([torch.randperm(vocab, generator=g)[: k + 1] for _ in range(batch * length)])
+    index = ids.reshape(batch, length, k + 1)
+    new = old + torch.randn(batch, length, vocab, generator=g, dtype=torch.float64)
+    return new, index, old.gather(-1, index), index[..., -1].clone()
+
+
+def _seeded_batch(**kwargs):
+    """``_sparse_batch`` with the sampled tokens drawn under a fixed global seed (Categorical.sample
+    reads torch's global generator, whose state depends on the tests run before)."""
+    with torch.random.fork_rng():
+        torch.manual_seed(kwargs.get("seed", 0))
+        return _sparse_batch(**kwargs)
+
+
+def _sample(logits, g):
+    """Token ids [...] drawn from softmax(logits [..., V]) with the generator g."""
+    probs = torch.softmax(logits.double(), -1).reshape(-1, logits.shape[-1])
+    return torch.multinomial(probs, 1, generator=g).reshape(logits.shape[:-1])
+
+
+def test_sparse_without_responses_reads_the_sampled_token_from_the_last_slot():
+    """responses=None (sparsify's layout, sampled token in slot K): the same loss and gradient as with
+    the sampled ids given, and the loss of the eq. 5 / eq. 21 reference (TROLL, arXiv 2510.03817) of
+    test_ref_troll.py on the explicit V-dimensional sparse pair."""
+    _, new_logits, responses, index, logp = _seeded_batch(k=5, seed=9, shift=1.0)
+    mask = torch.ones(responses.shape)
+    mask[1, 3] = 0
+    adv = torch.tensor([[-1.0, 0.5, 2.0, -0.3], [1.5, -2.0, 0.7, 1.0]], dtype=torch.float64)
+    rows = int(mask.sum())
+    assert rows != index.shape[-1]  # slot R - 1 and slot K differ
+    assert (logp[mask.bool()] == -math.inf).any()  # some rows cut before K: empty slots in the middle
+    grads, outs = [], []
+    for with_responses in (True, False):
+        x = new_logits.clone().requires_grad_()
+        inp = _inputs(x, index, logp, responses, mask, adv, with_responses=with_responses)
+        out = troll_objective(inp, eps=EPS, alpha=0.7, **PRECISE)
+        out.loss_mat.sum().backward()
+        outs.append(out)
+        grads.append(x.grad)
+    assert 0 < outs[1].metrics[metric_names.TROLL_PROJECTED_FRAC] < 1
+    assert torch.equal(outs[1].loss_mat, outs[0].loss_mat)
+    assert torch.equal(grads[1], grads[0])
+    assert outs[1].metrics == outs[0].metrics
+    kept = [
+        [
+            (index[b, t][logp[b, t] > -math.inf].numpy(), logp[b, t][logp[b, t] > -math.inf].double().numpy())
+            for t in range(index.shape[1])
+        ]
+        for b in range(index.shape[0])
+    ]
+    ref, projected = ref_loss(
+        new_logits.numpy(), None, responses.numpy(), adv.numpy(), mask.numpy(),
+        eps=EPS, alpha=0.7, sequence=False, kept=kept,
+    )  # fmt: skip
+    assert projected[mask.numpy() > 0].any() and not projected[mask.numpy() > 0].all()
+    np.testing.assert_allclose(outs[1].loss_mat.detach().numpy(), ref, rtol=1e-8, atol=1e-9)
+
+
+def test_objective_input_errors_name_the_offending_field():
+    """Each invalid input raises ValueError naming the field (and the check is not left to a later
+    IndexError or NaN)."""
+    new, index, logp, responses = _full_layout()
+    batch, length, vocab = new.shape
+    ok = troll_objective(_inputs(new, index, logp, responses, with_responses=False))
+    assert torch.isfinite(ok.loss_mat).all()  # the full layout itself is valid without responses
+    with pytest.raises(ValueError, match="PolicyInputs.logits"):
+        troll_objective(_inputs(None, index, logp, responses))
+    with pytest.raises(ValueError, match="PolicyInputs.old_topk_logp"):
+        troll_objective(_inputs(new, index, None, responses))
+    with pytest.raises(ValueError, match="PolicyInputs.responses"):  # dense mode needs the sampled ids
+        troll_objective(_inputs(new, None, torch.log_softmax(new, -1), responses, with_responses=False))
+    with pytest.raises(ValueError, match="PolicyInputs.responses"):  # a sampled id outside the kept set
+        troll_objective(_inputs(new, index, logp, (responses + 1) % vocab))
+    with pytest.raises(ValueError, match="logits .*response_mask"):  # [B,T,V] logits, a [B,T+1] mask
+        troll_objective(_inputs(new, index, logp, responses, mask=torch.ones(batch, length + 1)))
+    for bad_id in (vocab, -1):  # one kept id out of [0, V)
+        bad = index.clone()
+        bad[0, 0, 0] = bad_id
+        with pytest.raises(ValueError, match="old_topk_index"):
+            troll_objective(_inputs(new, bad, logp, responses))
+    empty = logp.clone()
+    empty[1, 2] = -math.inf  # one response position without any kept entry, the others full
+    for with_responses in (True, False):
+        with pytest.raises(ValueError, match="old_topk_logp"):
+            troll_objective(_inputs(new, index, empty, responses, with_responses=with_responses))
+    no_last = logp.clone()
+    no_last[0, 1, -1] = -math.inf  # sampled slot empty at one position, every other slot kept everywhere
+    with pytest.raises(ValueError, match="PolicyInputs.responses"):
+        troll_objective(_inputs(new, index, no_last, responses, with_responses=False))
+    on_policy = _inputs(new, None, new.clone(), responses)  # KL = 0: nothing to project, no solver call
+    assert troll_objective(on_policy, eps=EPS).metrics[metric_names.TROLL_KL_BEFORE] == 0.0
+    for eps in (0.0, -0.1):
+        with pytest.raises(ValueError, match="eps"):
+            troll_objective(on_policy, eps=eps)
+    with pytest.raises(ValueError, match="alpha"):
+        troll_objective(on_policy, alpha=-0.5)
+
+
+def test_kept_mass_metric_is_the_current_mass_on_the_old_kept_set():
+    """troll/kept_mass: mean over response tokens of sum_{x in S} q_new(x) (sparse, S = the old kept
+    set, each id once), computed here in float64 from the logits; dense mode keeps all V: exactly 1."""
+    g = torch.Generator().manual_seed(22)
+    batch, length, vocab = 2, 4, 30
+    old_logits = torch.randn(batch, length, vocab, generator=g, dtype=torch.float64) * 3
+    old_logits[..., 0] = -8.0  # token 0 (the id of unused slots) is outside the old kept sets ...
+    new_logits = old_logits + torch.randn(batch, length, vocab, generator=g, dtype=torch.float64)
+    new_logits[..., 0] = 4.0  # ... and holds much of the current mass
+    responses = _sample(old_logits, g)
+    index, logp = sparsify(old_logits, responses, k=6, delta=1e-2)
+    mask = torch.ones(batch, length)
+    mask[0, 3] = 0
+    q_new = torch.softmax(new_logits, -1)
+    masses = []
+    for b in range(batch):
+        for t in range(length):
+            if mask[b, t]:
+                ids = sorted({int(i) for i, v in zip(index[b, t], logp[b, t]) if v > -math.inf})
+                assert 0 not in ids
+                masses.append(float(q_new[b, t, ids].sum()))
+    expected = sum(masses) / len(masses)
+    assert (logp[mask.bool()] == -math.inf).any()  # unused slots (id 0) at response positions
+    assert expected < 0.9  # far from the dense value 1
+    out = troll_objective(_inputs(new_logits, index, logp, responses, mask=mask))
+    assert math.isclose(out.metrics[metric_names.TROLL_KEPT_MASS], expected, rel_tol=1e-5)
+    dense = troll_objective(_inputs(new_logits, None, torch.log_softmax(old_logits, -1), responses, mask=mask))
+    assert dense.metrics[metric_names.TROLL_KEPT_MASS] == 1.0
+    assert (
+        metric_names.TROLL_KEPT_MASS
+        not in troll_objective(_inputs(new_logits, index, logp, responses, mask=mask), log_kept_mass=False).metrics
+    )
+
+
+def test_log_ratio_is_clamped_at_20_as_verl_does():
+    """An unprojected token with q_new(y)/q_old(y) = e^24 (KL(q_new || q_old) = 0.023 < eps): the ratio is
+    exp(20), the loss -A e^20, and the clamped token passes no gradient; the next token is on-policy."""
+    old_row = torch.tensor([0.0, 0.0, 0.0, -30.0], dtype=torch.float64)
+    new_row = torch.tensor([0.0, 0.0, 0.0, math.log(3e-3)], dtype=torch.float64)
+    logits = torch.stack([new_row, new_row]).unsqueeze(0).requires_grad_()
+    old = torch.log_softmax(torch.stack([old_row, new_row]).unsqueeze(0), -1)
+    responses = torch.tensor([[3, 1]])
+    adv = torch.tensor([[0.5, -2.0]], dtype=torch.float64)
+    log_r = float(torch.log_softmax(new_row, -1)[3] - old[0, 0, 3])
+    assert log_r > 24
+    out = troll_objective(_inputs(logits, None, old, responses, adv=adv))
+    assert out.metrics[metric_names.TROLL_PROJECTED_FRAC] == 0.0
+    torch.testing.assert_close(
+        out.loss_mat, torch.tensor([[-0.5 * math.exp(20.0), 2.0]], dtype=torch.float64), rtol=1e-12, atol=1e-12
+    )
+    out.loss_mat[0, 0].backward()
+    assert not logits.grad.any()
+
+
+def test_float32_logits_give_a_float32_loss_equal_to_float64_to_its_precision():
+    """float32 logits (the training dtype) with float64 advantages, projection active: the loss is
+    float32 in both modes and matches the float64 run of the same values."""
+    old_logits, new_logits, responses, index, logp = _seeded_batch(seed=9, shift=1.0)
+    adv = torch.linspace(-1.0, 2.0, 8, dtype=torch.float64).reshape(2, 4)
+    x32 = new_logits.float()
+    for old_index, old_logp in ((index, logp), (None, torch.log_softmax(old_logits.double(), -1))):
+        outs, grads = [], []
+        for x in (x32, x32.double()):
+            x = x.clone().requires_grad_()
+            out = troll_objective(_inputs(x, old_index, old_logp, responses, adv=adv))
+            out.loss_mat.sum().backward()
+            outs.append(out)
+            grads.append(x.grad)
+        assert 0 < outs[0].metrics[metric_names.TROLL_PROJECTED_FRAC] < 1
+        assert outs[0].loss_mat.dtype == torch.float32 and grads[0].dtype == torch.float32
+        assert outs[1].loss_mat.dtype == torch.float64
+        torch.testing.assert_close(outs[0].loss_mat.double(), outs[1].loss_mat, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(grads[0].double(), grads[1], rtol=1e-4, atol=1e-5)
+
+
+def test_dense_mode_upcasts_bf16_logits_and_old_log_probs():
+    """bf16 logits or bf16 old log-probs in dense mode: exactly the result of their float32 upcast
+    (the normalisation runs in float32, not in bf16)."""
+    old_logits, new_logits, responses, _, _ = _seeded_batch(seed=13, shift=0.5)
+    new16 = new_logits.bfloat16()
+    old16 = torch.log_softmax(old_logits.double(), -1).bfloat16()
+    upcast = troll_objective(_inputs(new16.float(), None, old16.float(), responses))
+    assert 0 < upcast.metrics[metric_names.TROLL_PROJECTED_FRAC] < 1
+    for logits, old in ((new16, old16.float()), (new16.float(), old16), (new16, old16)):
+        out = troll_objective(_inputs(logits, None, old, responses))
+        assert out.loss_mat.dtype == torch.float32
+        assert torch.equal(out.loss_mat, upcast.loss_mat)
+        assert out.metrics == upcast.metrics
+
+
+def test_gspo_sequence_with_one_response_token_keeps_its_own_ratio():
+    """sequence=True: a response of a single token has the geometric mean of one ratio, its own."""
+    _, new_logits, responses, index, logp = _seeded_batch(seed=14)
+    mask = torch.ones(2, 4)
+    mask[1, 1:] = 0
+    adv = torch.ones(2, 4, dtype=torch.float64)
+    tok = troll_objective(_inputs(new_logits, index, logp, responses, mask, adv), alpha=0.0)
+    seq = troll_objective(_inputs(new_logits, index, logp, responses, mask, adv), alpha=0.0, sequence=True)
+    assert abs(float(tok.loss_mat[1, 0]) + 1) > 1e-2  # the ratio is not 1
+    torch.testing.assert_close(seq.loss_mat[1], tok.loss_mat[1], rtol=1e-12, atol=0.0)
+
+
+def test_gspo_mean_counts_response_tokens_exactly_with_a_bf16_mask():
+    """sequence=True over 301 response tokens with a bf16 response mask (which cannot hold the count 301):
+    the same loss as with a float32 mask."""
+    g = torch.Generator().manual_seed(23)
+    length, vocab = 301, 6
+    old_logits = torch.randn(1, length, vocab, generator=g)
+    new_logits = (old_logits + 0.5 * torch.randn(1, length, vocab, generator=g)).double()
+    responses = _sample(old_logits, g)
+    index, logp = sparsify(old_logits, responses, k=3, delta=1e-3)
+    adv = torch.ones(1, length, dtype=torch.float64)
+    mask = torch.ones(1, length)
+    base = troll_objective(_inputs(new_logits, index, logp, responses, mask, adv), alpha=0.0, sequence=True)
+    assert abs(float(base.loss_mat[0, 0]) + 1) > 1e-3  # the geometric mean is not 1
+    for low in (torch.bfloat16, torch.float16, torch.bool):
+        out = troll_objective(_inputs(new_logits, index, logp, responses, mask.to(low), adv), alpha=0.0, sequence=True)
+        assert torch.equal(out.loss_mat, base.loss_mat), low
+
+
+def test_solver_options_reach_the_dual_solver():
+    """Each solver option changes the number of bracketing steps (troll/dual_steps) as Listing 3 sets
+    it: the first n with log(eta_max / eta_min) (2 / (num_points + 1))^n < tol, at most max_steps
+    (20 by default: tol = 1e-12 would need 21)."""
+    _, new_logits, responses, index, logp = _seeded_batch(seed=9, shift=1.0)
+    inp = _inputs(new_logits, index, logp, responses)
+
+    def expected(num_points=8, max_steps=20, tol=1e-5, eta_min=1e-7, eta_max=1e2):
+        width = math.log(eta_max) - math.log(eta_min)
+        return min(max_steps, next(n for n in range(1, 200) if width * (2 / (num_points + 1)) ** n < tol))
+
+    seen = set()
+    for options in (
+        {}, {"num_points": 4}, {"max_steps": 3}, {"tol": 1e-2}, {"eta_min": 1.0}, {"eta_max": 1e12}, {"tol": 1e-12},
+    ):  # fmt: skip
+        out = troll_objective(inp, **options)
+        assert out.metrics[metric_names.TROLL_PROJECTED_FRAC] > 0
+        assert out.metrics[metric_names.TROLL_DUAL_STEPS] == expected(**options), options
+        seen.add(expected(**options))
+    assert len(seen) == 7  # every option moves the count off the default 10
+    assert expected(tol=1e-12, max_steps=10**6) > 20
+
+
+def test_defaults_are_the_paper_and_config_values():
+    """troll_objective's defaults: TROLL (arXiv 2510.03817) eps = 0.05, alpha = 1, p_d = 1e-12, Listing 3's
+    solver (8 points, 20 steps, stop width 1e-5, eta in [1e-7, 1e2]), 1024-token chunks; the same as
+    conf/objective/troll.yaml and its schema; and a call without options equals one that names them."""
+    paper = dict(
+        eps=0.05, alpha=1.0, sequence=False, p_default=1e-12, chunk_size=1024, log_kept_mass=True,
+        num_points=8, max_steps=20, tol=1e-5, eta_min=1e-7, eta_max=1e2, polish_steps=0,
+    )  # fmt: skip
+    params = inspect.signature(troll_objective).parameters.values()
+    defaults = {p.name: p.default for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY}
+    assert defaults == paper
+    conf = yaml.safe_load((Path(__file__).resolve().parents[2] / "conf/objective/troll.yaml").read_text())
+    assert conf["name"] == "troll" and (conf["eps"], conf["alpha"]) == (paper["eps"], paper["alpha"])
+    schema = TrollObjective(name="troll")
+    for name in ("eps", "alpha", "sequence", "p_default", "chunk_size", "num_points", "max_steps", "tol"):
+        assert getattr(schema, name) == paper[name], name
+    assert (schema.eta_min, schema.eta_max) == (paper["eta_min"], paper["eta_max"])
+    _, new_logits, responses, index, logp = _seeded_batch(seed=9, shift=1.0)
+    inp = _inputs(new_logits, index, logp, responses)
+    plain, named = troll_objective(inp), troll_objective(inp, **paper)
+    assert 0 < plain.metrics[metric_names.TROLL_PROJECTED_FRAC] < 1
+    assert torch.equal(plain.loss_mat, named.loss_mat) and plain.metrics == named.metrics
