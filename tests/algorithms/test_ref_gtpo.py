@@ -373,6 +373,25 @@ def test_on_policy_gradient_is_eq23():
     assert int((want_logp == 0).sum()) > int((case.mask == 0).sum())  # some real tokens get no gradient
 
 
+def ref_gtpo_on_logits(case, h_ini, *, entropy_term="penalty", combine="or"):
+    """``ref_gtpo_loss`` with log-probs and entropies taken from the case's logits: (loss, d loss / d logits)."""
+    logits = case.logits.clone().requires_grad_(True)
+    loss = ref_gtpo_loss(
+        ref_token_logp(logits, case.responses),
+        case.logp_old,
+        ref_token_entropy(logits),
+        case.rows,
+        case.advs,
+        case.groups,
+        h_ini=h_ini,
+        gamma=GAMMA,
+        combine=combine,
+        entropy_term=entropy_term,
+    )
+    (grad,) = torch.autograd.grad(loss, logits)
+    return loss.detach(), grad
+
+
 @pytest.mark.parametrize(("entropy_term", "combine"), FORMS)
 def test_trainer_policy_loss_matches_reference_through_logits(entropy_term, combine):
     """The trainer's PolicyLoss (GTPO with its natural seq-mean-token-mean): loss and d/d logits, where
@@ -388,21 +407,7 @@ def test_trainer_policy_loss_matches_reference_through_logits(entropy_term, comb
     inp = make_inputs(case, ref_token_logp(logits, case.responses), ref_token_entropy(logits))
     out = PolicyLoss(method)(inp, h_ini=h_ini)
     (grad,) = _grads(out.loss, (logits,))
-
-    ref_logits = case.logits.clone().requires_grad_(True)
-    ref = ref_gtpo_loss(
-        ref_token_logp(ref_logits, case.responses),
-        case.logp_old,
-        ref_token_entropy(ref_logits),
-        case.rows,
-        case.advs,
-        case.groups,
-        h_ini=h_ini,
-        gamma=GAMMA,
-        combine=combine,
-        entropy_term=entropy_term,
-    )
-    (ref_grad,) = _grads(ref, (ref_logits,))
+    ref, ref_grad = ref_gtpo_on_logits(case, h_ini, entropy_term=entropy_term, combine=combine)
     torch.testing.assert_close(out.loss, ref, **TOL)
     torch.testing.assert_close(grad, ref_grad, **TOL)
     assert float(grad.abs().sum()) > 0

@@ -31,7 +31,7 @@ from tests.algorithms.test_ref_entropy_control import (
     make_control_case,
     objective_params_for,
     ref_coefficients,
-    ref_controlled_loss,
+    reference_loss,
 )
 from tests.algorithms.test_ref_entropy_control import TOL as CONTROL_TOL
 from tests.algorithms.test_ref_gtpo import (
@@ -39,7 +39,7 @@ from tests.algorithms.test_ref_gtpo import (
     GAMMA,
     LN2,
     make_gtpo_case,
-    ref_gtpo_loss,
+    ref_gtpo_on_logits,
     ref_mean_entropies,
     ref_token_entropy,
     ref_token_logp,
@@ -109,24 +109,6 @@ def _gtpo_policy_loss(entropy_term="penalty", combine="or", h_ini_prompts=100):
     return _policy_loss("trustbench_gtpo", params)
 
 
-def _gtpo_reference(case, h_ini, entropy_term="penalty", combine="or"):
-    logits = case.logits.clone().requires_grad_(True)
-    loss = ref_gtpo_loss(
-        ref_token_logp(logits, case.responses),
-        case.logp_old,
-        ref_token_entropy(logits),
-        case.rows,
-        case.advs,
-        case.groups,
-        h_ini=h_ini,
-        gamma=GAMMA,
-        combine=combine,
-        entropy_term=entropy_term,
-    )
-    (grad,) = torch.autograd.grad(loss, logits)
-    return loss.detach(), grad
-
-
 def _gtpo_verl(case, policy_loss, runtime, info=None):
     return _verl_loss(
         policy_loss,
@@ -148,7 +130,7 @@ def _gtpo_verl(case, policy_loss, runtime, info=None):
 def test_trustbench_gtpo_matches_reference(entropy_term, combine, h_ini):
     case = make_gtpo_case()
     loss, grad = _gtpo_verl(case, _gtpo_policy_loss(entropy_term, combine), {"h_ini": h_ini})
-    ref_loss, ref_grad = _gtpo_reference(case, h_ini, entropy_term, combine)
+    ref_loss, ref_grad = ref_gtpo_on_logits(case, h_ini, entropy_term=entropy_term, combine=combine)
     torch.testing.assert_close(loss, ref_loss, **GTPO_TOL)
     torch.testing.assert_close(grad, ref_grad, **GTPO_TOL)
 
@@ -160,7 +142,7 @@ def test_trustbench_gtpo_with_verl_global_sequence_count():
     n = len(case.rows)
     info = {"dp_size": 2, "global_batch_size": 4 * n}
     loss, grad = _gtpo_verl(case, _gtpo_policy_loss(), {"h_ini": 0.5}, info)
-    ref_loss, ref_grad = _gtpo_reference(case, 0.5)
+    ref_loss, ref_grad = ref_gtpo_on_logits(case, 0.5)
     torch.testing.assert_close(loss, ref_loss / 2, **GTPO_TOL)
     torch.testing.assert_close(grad, ref_grad / 2, **GTPO_TOL)
 
@@ -203,7 +185,7 @@ def test_h_ini_measured_by_the_driver_reaches_the_loss():
     assert want != pytest.approx(ref_initial_entropy(first_entropy, first_lengths, first_uids, 4), rel=1e-3)
 
     loss, grad = _gtpo_verl(case, policy_loss, control.runtime())
-    ref_loss, ref_grad = _gtpo_reference(case, want)
+    ref_loss, ref_grad = ref_gtpo_on_logits(case, want)
     torch.testing.assert_close(loss, ref_loss, **GTPO_TOL)
     torch.testing.assert_close(grad, ref_grad, **GTPO_TOL)
     means = ref_mean_entropies(ref_token_entropy(case.logits), case.rows)
@@ -257,16 +239,6 @@ def test_trustbench_clip_with_entropy_control_follows_reference(control):
             case.mask,
             runtime=driver.runtime(),
         )
-        logits = case.logits.clone().requires_grad_(True)
-        ref_loss = ref_controlled_loss(
-            ref_token_logp(logits, case.responses),
-            case.logp_old,
-            ref_token_entropy(logits),
-            case.advantages,
-            LENGTHS,
-            control,
-            coef,
-        )
-        (ref_grad,) = torch.autograd.grad(ref_loss, logits)
+        ref_loss, ref_grad = reference_loss(case, control, coef)
         torch.testing.assert_close(loss, ref_loss.detach(), **CONTROL_TOL, msg=lambda m, s=step: f"step {s}: {m}")
         torch.testing.assert_close(grad, ref_grad, **CONTROL_TOL, msg=lambda m, s=step: f"step {s}: {m}")
