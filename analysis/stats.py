@@ -16,7 +16,7 @@ methods). Every comparison a report prints therefore goes through these function
   ``sd`` of the differences (noncentral t power; the observed difference or a stated minimal effect).
 
     from analysis.stats import t_interval, paired_test, holm
-    t_interval([0.61, 0.58, 0.66]).text()            # '0.617 [0.517, 0.716] (n=3)'
+    t_interval([0.61, 0.58, 0.66]).text()            # '0.617 [0.516, 0.717] (n=3)'
     paired_test({0: 0.6, 1: 0.7}, {0: 0.5, 1: 0.55})  # PairedTest(n=2, mean=0.125, ...)
 """
 
@@ -55,7 +55,7 @@ class MeanCI:
         return self.n >= 2 and np.isfinite(self.lo) and np.isfinite(self.hi)
 
     def text(self, digits: int = 3, signed: bool = False, show_n: bool = True) -> str:
-        """'0.617 [0.517, 0.716] (n=3)'; '0.617 (n=1, no CI)'; '–' without values (``show_n=False``: no "(n=3)")."""
+        """'0.617 [0.516, 0.717] (n=3)'; '0.617 (n=1, no CI)'; '–' without values (``show_n=False``: no "(n=3)")."""
         if self.n == 0 or not np.isfinite(self.mean):
             return "–"
         f = f"{{:{'+' if signed else ''}.{digits}f}}"
@@ -211,16 +211,23 @@ def paired_t_power(n: int, delta: float, sd: float, alpha: float = ALPHA) -> flo
 
 def seeds_needed(delta: float, sd: float, alpha: float = ALPHA, power: float = POWER, n_max: int = 1000) -> int | None:
     """Smallest n >= 2 with ``paired_t_power(n, delta, sd, alpha) >= power``; None if above ``n_max``
-    (or if delta or sd are not finite, or delta is 0)."""
+    (or if delta or sd are not finite, or delta is 0). ``power`` and ``alpha`` must be in (0, 1)."""
+    if not (0 < power < 1 and 0 < alpha < 1):
+        raise ValueError(f"seeds_needed: power and alpha must be in (0, 1), got power={power!r}, alpha={alpha!r}")
     if not (np.isfinite(delta) and np.isfinite(sd)) or delta == 0:
         return None
     if sd == 0:
         return 2
-    # normal approximation as the starting point, then walk to the exact noncentral-t answer
+    # normal approximation as the starting point, then walk to the exact noncentral-t answer; the
+    # start can overshoot (a target power near alpha): then the answer is at most n_max exactly when
+    # n_max seeds reach the target (power grows with n), and the walk starts there
     z = _st.norm.ppf(1 - alpha / 2) + _st.norm.ppf(power)
-    n = max(2, int(math.floor((z * sd / abs(delta)) ** 2)))
-    if n > n_max:
-        return None
+    start = (z * sd / abs(delta)) ** 2
+    if start > n_max:
+        if paired_t_power(n_max, delta, sd, alpha) < power:
+            return None
+        start = n_max
+    n = max(2, int(math.floor(start)))
     while n > 2 and paired_t_power(n - 1, delta, sd, alpha) >= power:
         n -= 1
     while paired_t_power(n, delta, sd, alpha) < power:
