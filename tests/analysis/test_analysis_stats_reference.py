@@ -349,3 +349,17 @@ def test_seeds_text():
     assert seeds_text(None, have=3) == "> 1000"
     assert seeds_text(None, have=3, n_max=50) == "> 50"
     assert seeds_text(5, have=1) == "–"
+    assert seeds_text(5, have=2) == "5"  # two paired seeds give a variance
+
+
+def test_paired_test_names_the_valid_tests():
+    with pytest.raises(ValueError, match="test must be one of"):
+        paired_test({0: 1.0, 1: 2.0}, {0: 0.5, 1: 1.0}, test="wilcoxon")
+
+
+def test_seeds_needed_target_met_exactly_at_the_cap():
+    """A target equal to the power n_max seeds give is met there ('power >= target'), also when the
+    normal start lies above the cap."""
+    target = paired_t_power(2, 1e-3, 1.0, 0.05)
+    assert ((st.norm.ppf(0.975) + st.norm.ppf(target)) / 1e-3) ** 2 > 2
+    assert seeds_needed(1e-3, 1.0, 0.05, target, n_max=2) == 2
