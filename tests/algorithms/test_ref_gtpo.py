@@ -326,18 +326,7 @@ def test_objective_loss_and_gradient_match_reference(entropy_term, combine, h_in
     grads = _grads(loss, (logp, entropy))
 
     ref_logp, ref_entropy = _leaves(case)
-    ref = ref_gtpo_loss(
-        ref_logp,
-        case.logp_old,
-        ref_entropy,
-        case.rows,
-        case.advs,
-        case.groups,
-        h_ini=h_ini,
-        gamma=GAMMA,
-        combine=combine,
-        entropy_term=entropy_term,
-    )
+    ref = ref_gtpo_case_loss(case, ref_logp, ref_entropy, h_ini, entropy_term=entropy_term, combine=combine)
     ref_grads = _grads(ref, (ref_logp, ref_entropy))
     torch.testing.assert_close(loss, ref, **TOL)
     for got, want in zip(grads, ref_grads):
@@ -376,10 +365,24 @@ def test_on_policy_gradient_is_eq23():
 def ref_gtpo_on_logits(case, h_ini, *, entropy_term="penalty", combine="or"):
     """``ref_gtpo_loss`` with log-probs and entropies taken from the case's logits: (loss, d loss / d logits)."""
     logits = case.logits.clone().requires_grad_(True)
-    loss = ref_gtpo_loss(
+    loss = ref_gtpo_case_loss(
+        case,
         ref_token_logp(logits, case.responses),
-        case.logp_old,
         ref_token_entropy(logits),
+        h_ini,
+        entropy_term=entropy_term,
+        combine=combine,
+    )
+    (grad,) = torch.autograd.grad(loss, logits)
+    return loss.detach(), grad
+
+
+def ref_gtpo_case_loss(case, logp, entropy, h_ini, *, entropy_term="penalty", combine="or"):
+    """``ref_gtpo_loss`` of the case's completions, groups and advantages for the given log-probs and entropies."""
+    return ref_gtpo_loss(
+        logp,
+        case.logp_old,
+        entropy,
         case.rows,
         case.advs,
         case.groups,
@@ -388,8 +391,6 @@ def ref_gtpo_on_logits(case, h_ini, *, entropy_term="penalty", combine="or"):
         combine=combine,
         entropy_term=entropy_term,
     )
-    (grad,) = torch.autograd.grad(loss, logits)
-    return loss.detach(), grad
 
 
 @pytest.mark.parametrize(("entropy_term", "combine"), FORMS)

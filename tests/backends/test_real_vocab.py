@@ -189,21 +189,11 @@ class OnPolicyUpdates:
 
 def _gtpo_weights(call: dict) -> torch.Tensor:
     """GTPO (arXiv 2508.03772) eq. 5 with spans combined by OR (section 5.1): lambda = 1 off the
-    conflict spans; on them 2 for A > 0 and 0 for A < 0 responses (plain loops, ``_leading_conflicts``)."""
-    mask = call["mask"] > 0
-    lengths = mask.sum(-1).tolist()
-    seqs = [row[:n] for row, n in zip(call["responses"].tolist(), lengths)]
-    groups = call["groups"].tolist()
-    adv = [float(call["advantages"][i][mask[i]].mean()) if lengths[i] else 0.0 for i in range(len(seqs))]
+    conflict spans; on them 2 for A > 0 and 0 for A < 0 responses (plain loops, ``_conflict_positions``)."""
+    mask, adv, spans = _conflict_positions(call)
     lam = torch.ones(mask.shape, dtype=torch.float64)
-    for i in range(len(seqs)):
-        if adv[i] == 0:
-            continue
-        mates = [j for j in range(len(seqs)) if groups[j] == groups[i]]
-        pos, neg = [j for j in mates if adv[j] > 0], [j for j in mates if adv[j] < 0]
-        forward = _leading_conflicts(seqs, i, pos, neg)
-        backward = _leading_conflicts([s[::-1] for s in seqs], i, pos, neg)
-        for t in set(range(forward)) | {lengths[i] - 1 - k for k in range(backward)}:
+    for i, positions in spans.items():
+        for t in positions:
             lam[i, t] = 2.0 if adv[i] > 0 else 0.0
     return lam
 
@@ -429,14 +419,15 @@ def _leading_conflicts(seqs: list[list[int]], i: int, pos: list[int], neg: list[
     return run
 
 
-def _conflict_fraction(call: dict) -> float:
-    """GTPO section 5.1 by hand: forward spans on the responses, backward spans on them reversed."""
+def _conflict_positions(call: dict) -> tuple[torch.Tensor, list[float], dict[int, set[int]]]:
+    """GTPO section 5.1 by hand: (mask, each response's advantage, {response: its positions in a
+    conflict span}), forward spans on the responses, backward spans on them reversed."""
     mask = call["mask"] > 0
     lengths = mask.sum(-1).tolist()
     seqs = [row[:n] for row, n in zip(call["responses"].tolist(), lengths)]
     groups = call["groups"].tolist()
     adv = [float((call["advantages"][i] * mask[i]).sum()) / max(1, lengths[i]) for i in range(len(seqs))]
-    in_span = 0
+    spans = {}
     for i in range(len(seqs)):
         if adv[i] == 0:
             continue
@@ -444,8 +435,14 @@ def _conflict_fraction(call: dict) -> float:
         pos, neg = [j for j in mates if adv[j] > 0], [j for j in mates if adv[j] < 0]
         forward = _leading_conflicts(seqs, i, pos, neg)
         backward = _leading_conflicts([s[::-1] for s in seqs], i, pos, neg)
-        in_span += len(set(range(forward)) | {lengths[i] - 1 - t for t in range(backward)})
-    return in_span / max(1, int(mask.sum()))
+        spans[i] = set(range(forward)) | {lengths[i] - 1 - t for t in range(backward)}
+    return mask, adv, spans
+
+
+def _conflict_fraction(call: dict) -> float:
+    """Share of real tokens in a conflict span (``_conflict_positions``)."""
+    mask, _, spans = _conflict_positions(call)
+    return sum(map(len, spans.values())) / max(1, int(mask.sum()))
 
 
 def _filtered_fraction(call: dict) -> float:

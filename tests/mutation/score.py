@@ -85,7 +85,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"no mutmut results in {args.mutants}: run `make mutation` first", file=sys.stderr)
         return 2
     equivalent = load_equivalent()
-    counts, survivors = score(load_results(args.mutants), equivalent)
+    results = load_results(args.mutants)
+    counts, survivors = score(results, equivalent)
     total: Counter = Counter()
     print(f"{'module':40s} {'killed':>7s} {'survived':>8s} {'equiv.':>6s} {'other':>6s} {'score':>7s}")
     for module in sorted(counts):
@@ -102,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
         + (f", {dict(others)}" if others else "")
         + ("" if pct is None else f": score {pct:.1f}% of non-equivalent mutants killed")
     )
-    stale = sorted(set(equivalent) - set(load_results(args.mutants)))
+    stale = sorted(set(equivalent) - set(results))
     if stale:
         print(f"{len(stale)} entries of {EQUIVALENT.name} name no current mutant (the code moved): {stale[:5]}")
     if survivors:
