@@ -92,13 +92,14 @@ def troll_objective(
         raise ValueError(f"troll eps must be > 0, got {eps!r}")
     if alpha < 0:
         raise ValueError(f"troll alpha must be >= 0, got {alpha!r}")
-    logits, index, old = _check_inputs(inp)
+    logits, index, old, checks = _check_inputs(inp)
     batch, length, vocab = logits.shape
     flat = logits.reshape(-1, vocab)
     rows = inp.response_mask.reshape(-1).nonzero().squeeze(-1)
     dense = index is None
     old_r = old.reshape(-1, old.shape[-1]).index_select(0, rows)
-    pos = _sampled_slot(inp, rows, None if dense else index.reshape(-1, index.shape[-1]), old_r)
+    pos = _sampled_slot(inp, rows, None if dense else index.reshape(-1, index.shape[-1]), old_r, checks)
+    _raise_failed(checks)  # one host synchronisation for every check on the values
     if dense:
         # x - logsumexp(x), not log_softmax: ATen's CPU float32 log_softmax drifts with V (1.4e-4 at 151,936)
         logq = log_normalize(flat.index_select(0, rows).to(torch.promote_types(flat.dtype, torch.float32)))
@@ -115,11 +116,8 @@ def troll_objective(
     dtype = torch.promote_types(logits.dtype, torch.float32)  # loss dtype: float32, or float64 for checks
     log_ratio = (lp.gather(-1, pos) - logo.gather(-1, pos)).squeeze(-1).to(dtype)  # [R]
     log_ratio = log_ratio.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)  # -inf where q_proj(y) = 0
-    reg = torch.zeros_like(log_ratio)
-    proj_rows = info.projected.nonzero().squeeze(-1)
-    if proj_rows.numel():
-        kl_reg = categorical_kl(logq.index_select(0, proj_rows), lp.index_select(0, proj_rows).detach())
-        reg = reg.index_copy(0, proj_rows, kl_reg.to(dtype))
+    # regression term on the projected rows only (0 elsewhere, with no gradient), without a host sync
+    reg = torch.where(info.projected, categorical_kl(logq, lp.detach()).to(dtype), torch.zeros_like(log_ratio))
     log_ratio_bt = _scatter_rows(log_ratio, rows, batch * length).view(batch, length)
     if sequence:
         mask = inp.response_mask.to(log_ratio_bt.dtype)
@@ -134,8 +132,11 @@ def troll_objective(
     return ObjectiveOutput(loss_mat=loss, metrics=metrics)
 
 
-def _check_inputs(inp: PolicyInputs) -> tuple[Tensor, Tensor | None, Tensor]:
-    """Validate TROLL's fields of ``inp``; returns (logits [B,T,V], index or None, old log-probs)."""
+def _check_inputs(inp: PolicyInputs) -> tuple[Tensor, Tensor | None, Tensor, list]:
+    """Validate TROLL's fields of ``inp``; returns (logits [B,T,V], index or None, old log-probs, checks).
+
+    Shapes are checked here; checks on tensor values are returned as ``checks``, a list of (0-dim
+    bool tensor, True when the input is wrong; message), for ``_raise_failed``."""
     if inp.logits is None:
         raise ValueError("troll objective needs PolicyInputs.logits [B,T,V] (the current logits)")
     if inp.old_topk_logp is None:
@@ -161,32 +162,42 @@ def _check_inputs(inp: PolicyInputs) -> tuple[Tensor, Tensor | None, Tensor]:
             raise ValueError(
                 f"troll: old_topk_index {tuple(index.shape)} and old_topk_logp {tuple(old.shape)} differ in shape"
             )
-        if index.numel() and (int(index.min()) < 0 or int(index.max()) >= logits.shape[-1]):
-            raise ValueError(f"troll: old_topk_index values must be in [0, V={logits.shape[-1]})")
-    return logits, index, old
+        out_of_range = ((index < 0) | (index >= logits.shape[-1])).any()
+        checks = [(out_of_range, f"troll: old_topk_index values must be in [0, V={logits.shape[-1]})")]
+        return logits, index, old, checks
+    return logits, index, old, []
 
 
-def _sampled_slot(inp: PolicyInputs, rows: Tensor, index: Tensor | None, old_r: Tensor) -> Tensor:
-    """Slot [R,1] of the sampled token in each response row's (sparse or dense) distribution."""
+def _sampled_slot(inp: PolicyInputs, rows: Tensor, index: Tensor | None, old_r: Tensor, checks: list) -> Tensor:
+    """Slot [R,1] of the sampled token in each response row's (sparse or dense) distribution.
+
+    Checks on the values are appended to ``checks`` (see ``_check_inputs``)."""
     if index is None:
         if inp.responses is None:
             raise ValueError("troll dense mode (old_topk_index=None) needs PolicyInputs.responses [B,T]")
         return inp.responses.reshape(-1).index_select(0, rows).long().unsqueeze(-1)
     kept = old_r > -math.inf
-    if not bool(kept.any(-1).all()):
-        raise ValueError("troll: old_topk_logp has a response position without any kept (finite) entry")
+    checks.append((~kept.any(-1).all(), "troll: old_topk_logp has a response position without any kept (finite) entry"))
     if inp.responses is None:  # sparsify's layout: sampled token in the last slot
-        if not bool(kept[:, -1].all()):
-            raise ValueError(
-                "troll: PolicyInputs.responses is None and the last old_topk slot is empty at a response "
-                "position; pass responses or use sparsify's layout (sampled token last)"
-            )
+        checks.append((
+            ~kept[:, -1].all(),
+            "troll: PolicyInputs.responses is None and the last old_topk slot is empty at a response "
+            "position; pass responses or use sparsify's layout (sampled token last)",
+        ))  # fmt: skip
         return torch.full((rows.numel(), 1), old_r.shape[-1] - 1, dtype=torch.long, device=rows.device)
     y = inp.responses.reshape(-1).index_select(0, rows).long()
     match = (index.index_select(0, rows).long() == y.unsqueeze(-1)) & kept
-    if not bool(match.any(-1).all()):
-        raise ValueError("troll: a sampled token (PolicyInputs.responses) is missing from old_topk_index's kept set")
+    checks.append((
+        ~match.any(-1).all(),
+        "troll: a sampled token (PolicyInputs.responses) is missing from old_topk_index's kept set",
+    ))  # fmt: skip
     return match.int().argmax(-1, keepdim=True)
+
+
+def _raise_failed(checks: list) -> None:
+    """Raise ``ValueError`` with the message of the first failed check (one host read for all)."""
+    if checks and any(torch.stack([flag for flag, _ in checks]).tolist()):
+        raise ValueError(next(message for flag, message in checks if bool(flag)))
 
 
 def _scatter_rows(values: Tensor, rows: Tensor, n: int) -> Tensor:
@@ -194,25 +205,24 @@ def _scatter_rows(values: Tensor, rows: Tensor, n: int) -> Tensor:
     return torch.zeros(n, dtype=values.dtype, device=values.device).index_copy(0, rows, values)
 
 
-def _mean(x: Tensor) -> float:
-    return float(x.double().mean()) if x.numel() else 0.0
-
-
 def _metrics(info, kept: Tensor, rows: Tensor, flat: Tensor, kept_logits, log_kept_mass: bool, chunk: int):
-    """troll/* metrics (runners/metric_names.py) averaged over response tokens."""
-    metrics = {
-        metric_names.TROLL_PROJECTED_FRAC: _mean(info.projected.double()),
-        metric_names.TROLL_KEPT_TOKENS: _mean(kept.double()),
-        metric_names.TROLL_KL_BEFORE: _mean(info.kl_before),
-        metric_names.TROLL_KL_AFTER: _mean(info.kl_after),
-        metric_names.TROLL_DUAL_STEPS: float(info.steps),
+    """troll/* metrics (runners/metric_names.py) averaged over response tokens (one host read for all)."""
+    per_token = {
+        metric_names.TROLL_PROJECTED_FRAC: info.projected,
+        metric_names.TROLL_KEPT_TOKENS: kept,
+        metric_names.TROLL_KL_BEFORE: info.kl_before,
+        metric_names.TROLL_KL_AFTER: info.kl_after,
     }
-    if log_kept_mass:
-        if kept_logits is None:  # dense mode keeps the whole vocabulary
-            metrics[metric_names.TROLL_KEPT_MASS] = 1.0 if rows.numel() else 0.0
-        else:  # current policy's mass on the old kept set: exp(lse_S - lse_V)
-            with torch.no_grad():
-                lse_v = chunked_logsumexp(flat, rows, chunk_size=chunk)
-                lse_s = torch.logsumexp(kept_logits.float(), -1)
-            metrics[metric_names.TROLL_KEPT_MASS] = _mean((lse_s - lse_v).exp())
-    return metrics
+    if log_kept_mass and kept_logits is not None:  # current policy's mass on the old kept set: exp(lse_S - lse_V)
+        with torch.no_grad():
+            lse_v = chunked_logsumexp(flat, rows, chunk_size=chunk)
+            lse_s = torch.logsumexp(kept_logits.float(), -1)
+        per_token[metric_names.TROLL_KEPT_MASS] = (lse_s - lse_v).exp()
+    if rows.numel():
+        values = torch.stack([x.detach().double().mean() for x in per_token.values()]).tolist()
+    else:
+        values = [0.0] * len(per_token)
+    metrics = dict(zip(per_token, values))
+    if log_kept_mass and kept_logits is None:  # dense mode keeps the whole vocabulary
+        metrics[metric_names.TROLL_KEPT_MASS] = 1.0 if rows.numel() else 0.0
+    return {metric_names.TROLL_DUAL_STEPS: float(info.steps), **metrics}

@@ -70,18 +70,21 @@ def chunked_logsumexp(
 ) -> Tensor:
     """logsumexp over the last dim of x [N,V] (of ``rows`` [R] only if given) -> [N] or [R] in ``dtype``.
 
-    No grad. Works on contiguous row slices (no gathered copy of x), skips slices that hold none
-    of ``rows`` and upcasts at most ``chunk_size`` rows (on CPU: one cache-sized block) at a time.
-    On CPU a block is first summed without the max shift (one read of the block instead of two);
-    rows whose sum overflowed or fell below 1e-30 (max logit above ~88 or below ~-69, where the
-    unshifted sum is inaccurate) are recomputed with the shift. ``dtype=torch.float64`` sums in float64:
-    about 3x the time, but a float32 result of a V = 49,152 row is off by up to ~1e-6 (its rounding
-    at |lse| ~ 10 and the float32 sum), an offset every log-prob taken from it shares.
+    No grad. Upcasts at most ``chunk_size`` rows (on CPU: one cache-sized block) at a time. On CPU
+    it works on contiguous row slices (no gathered copy of x) and skips slices that hold none of
+    ``rows``; a block is first summed without the max shift (one read of the block instead of two),
+    and rows whose sum overflowed or fell below 1e-30 (max logit above ~88 or below ~-69, where the
+    unshifted sum is inaccurate) are recomputed with the shift. On other devices ``rows`` are
+    gathered ``chunk_size`` at a time and every block takes the shifted form, with no host
+    synchronisation. ``dtype=torch.float64`` sums in float64: about 3x the time, but a float32
+    result of a V = 49,152 row is off by up to ~1e-6 (its rounding at |lse| ~ 10 and the float32
+    sum), an offset every log-prob taken from it shares.
     """
+    if x.device.type != "cpu":
+        return _device_logsumexp(x, rows, chunk_size, dtype)
     n, vocab = x.shape
-    cpu = x.device.type == "cpu"
     block_values = _CPU_BLOCK_VALUES * 4 // torch.empty((), dtype=dtype).element_size()
-    step = max(1, min(chunk_size, block_values // max(1, vocab))) if cpu else max(1, chunk_size)
+    step = max(1, min(chunk_size, block_values // max(1, vocab)))
     wanted = None
     if rows is not None:
         wanted = torch.zeros(n, dtype=torch.bool, device=x.device)
@@ -93,21 +96,60 @@ def chunked_logsumexp(
             if wanted is not None and not bool(wanted[start:stop].any()):
                 continue
             block = x[start:stop].to(dtype)
-            if cpu:
-                total = block.exp().sum(-1)
-                bad = ~((total > 1e-30) & (total < math.inf))
-                out[start:stop] = total.log_()
-                if not bool(bad.any()):
-                    continue
-                block = block[bad]
-            top = block.amax(-1, keepdim=True)
-            top = torch.where(top > -math.inf, top, torch.zeros_like(top))
-            lse = (block - top).exp_().sum(-1).log_() + top.squeeze(-1)
-            if cpu:
-                out[start:stop][bad] = lse
-            else:
-                out[start:stop] = lse
+            total = block.exp().sum(-1)
+            bad = ~((total > 1e-30) & (total < math.inf))
+            out[start:stop] = total.log_()
+            if not bool(bad.any()):
+                continue
+            out[start:stop][bad] = _shifted_logsumexp(block[bad])
     return out if rows is None else out[rows]
+
+
+def _shifted_logsumexp(block: Tensor) -> Tensor:
+    """max + log sum exp(x - max) over the last dim; rows that are all -inf give -inf."""
+    top = block.amax(-1, keepdim=True)
+    top = torch.where(top > -math.inf, top, torch.zeros_like(top))
+    return (block - top).exp_().sum(-1).log_() + top.squeeze(-1)
+
+
+def _device_logsumexp(x: Tensor, rows: Tensor | None, chunk_size: int, dtype: torch.dtype) -> Tensor:
+    """``chunked_logsumexp`` on an accelerator: contiguous blocks of ``chunk_size`` rows (every row:
+    no per-block test of ``rows``, no gathered copy), then the selected rows; no host sync."""
+    n = x.shape[0]
+    step = max(1, chunk_size)
+    out = torch.empty(n, dtype=dtype, device=x.device)
+    with torch.no_grad():
+        for start in range(0, n, step):
+            out[start : start + step] = _shifted_logsumexp(x[start : start + step].to(dtype))
+    return out if rows is None else out[rows]
+
+
+# Top-K over a large vocabulary in two stages: the maxima of groups of _TOPK_GROUP consecutive
+# tokens, the K groups with the largest maxima (they hold every top-K token: a group that holds
+# one of them has a maximum at least as large, so at most K groups reach the K-th value), then
+# top-K among those K x _TOPK_GROUP candidates. Exact (ties aside, which torch.topk also orders
+# arbitrarily); used where V >= _TOPK_TWO_STAGE_MIN_V. On an H200, [1024, 151936] float32 with
+# K = 64: ~1.8 ms for one torch.topk.
+_TOPK_GROUP = 128
+_TOPK_TWO_STAGE_MIN_V = 16384
+
+
+def large_topk(x: Tensor, k: int) -> tuple[Tensor, Tensor]:
+    """``torch.topk(x, k, dim=-1)`` (values in decreasing order, int64 indices) for x [N,V]."""
+    n, vocab = x.shape
+    groups, rest = divmod(vocab, _TOPK_GROUP)
+    if vocab < _TOPK_TWO_STAGE_MIN_V or k > groups:
+        return torch.topk(x, k, dim=-1)
+    tiles = x[:, : groups * _TOPK_GROUP].reshape(n, groups, _TOPK_GROUP)
+    best_groups = torch.topk(tiles.amax(-1), k, dim=-1).indices  # [N,K]
+    cand = tiles.gather(1, best_groups.unsqueeze(-1).expand(n, k, _TOPK_GROUP)).reshape(n, -1)
+    cand_index = (best_groups.unsqueeze(-1) * _TOPK_GROUP + torch.arange(_TOPK_GROUP, device=x.device)).reshape(n, -1)
+    if rest:  # the last V mod _TOPK_GROUP tokens are always candidates
+        cand = torch.cat([cand, x[:, groups * _TOPK_GROUP :]], dim=-1)
+        tail = torch.arange(groups * _TOPK_GROUP, vocab, device=x.device).expand(n, rest)
+        cand_index = torch.cat([cand_index, tail], dim=-1)
+    values, where = torch.topk(cand, k, dim=-1)
+    return values, cand_index.gather(-1, where)
 
 
 def sparsify(
@@ -140,8 +182,10 @@ def sparsify(
         raise ValueError(f"sampled {tuple(sampled.shape)} must match logits' leading shape {tuple(logits.shape[:-1])}")
     flat = logits.detach().reshape(-1, vocab)
     ids = sampled.reshape(-1).long()
-    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= vocab):
-        raise ValueError(f"sampled token ids must be in [0, {vocab}), got range [{int(ids.min())}, {int(ids.max())}]")
+    if ids.numel():
+        low, high = torch.stack([ids.min(), ids.max()]).tolist()  # one host read
+        if low < 0 or high >= vocab:
+            raise ValueError(f"sampled token ids must be in [0, {vocab}), got range [{low}, {high}]")
     index = torch.zeros(flat.shape[0], k + 1, dtype=torch.int32, device=flat.device)
     logp = torch.full((flat.shape[0], k + 1), -math.inf, dtype=torch.float32, device=flat.device)
     mass = torch.empty(flat.shape[0], dtype=torch.float32, device=flat.device)
@@ -167,7 +211,7 @@ def _sparsify_chunk(
     # renormalised form cancels any shift (gamma divides by the same kept mass), so float32 does there
     dtype = torch.float32 if renormalize else torch.float64
     lse = chunked_logsumexp(x, chunk_size=x.shape[0] or 1, dtype=dtype).double()
-    top_val, top_idx = torch.topk(x, k, dim=-1)  # in the input dtype: no fp32 copy of the chunk
+    top_val, top_idx = large_topk(x, k)  # in the input dtype: no fp32 copy of the chunk
     top_lp = top_val.double() - lse.unsqueeze(-1)
     # keep the first n tokens with n = 1 + #{j < K-1 : cumsum_j < 1 - delta} (cut after reaching it)
     before = torch.cumsum(top_lp.exp(), -1) < 1 - delta

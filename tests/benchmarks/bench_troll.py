@@ -24,6 +24,7 @@ import time
 import torch
 
 from runners.algorithms.loss_agg import token_mean
+from runners.algorithms.numerics import token_logprobs
 from runners.algorithms.troll import dense_storage_bytes, sparsify, troll_objective
 from runners.algorithms.troll_solver import categorical_kl, project_with_info
 from runners.algorithms.troll_sparse import reduce_on_kept_set
@@ -69,19 +70,37 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def time_it(fn, leaf: torch.Tensor, repeats: int, device: str) -> tuple[list[float], list[float]]:
-    """Wall-clock and process CPU seconds of ``fn`` over ``repeats`` runs after one warm-up."""
-    fn()
-    wall, cpu = [], []
-    for _ in range(repeats):
-        leaf.grad = None
-        _sync(device)
-        start, start_cpu = time.perf_counter(), time.process_time()
+def time_alternating(fns: dict, leaf: torch.Tensor, repeats: int, device: str) -> dict[str, tuple[list, list]]:
+    """Wall-clock and process CPU seconds of each function over ``repeats`` rounds after one warm-up;
+    each round runs every function once, in turn, so that drifts of a shared machine hit them alike."""
+    for fn in fns.values():
         fn()
-        _sync(device)
-        wall.append(time.perf_counter() - start)
-        cpu.append(time.process_time() - start_cpu)
-    return wall, cpu
+    times: dict[str, tuple[list, list]] = {name: ([], []) for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            leaf.grad = None
+            _sync(device)
+            start, start_cpu = time.perf_counter(), time.process_time()
+            fn()
+            _sync(device)
+            times[name][0].append(time.perf_counter() - start)
+            times[name][1].append(time.process_time() - start_cpu)
+    return times
+
+
+def count_syncs(fn) -> int:
+    """Host synchronisations ``fn`` makes on a CUDA device (torch's sync debug mode, one warning each)."""
+    import warnings
+
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            fn()
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    return sum("synchroniz" in str(w.message) for w in caught)
 
 
 def solver_stats(old, new, sampled, eps: float = 0.05, batches: int = 4) -> dict[str, float]:
@@ -127,33 +146,65 @@ def main() -> None:
     leaf = new.clone().requires_grad_()
     with torch.no_grad():
         logp_old = torch.log_softmax(old, -1).gather(-1, sampled.unsqueeze(-1)).squeeze(-1)
-
-    t_ppo = time_it(lambda: ppo_step(leaf, logp_old, sampled, adv, mask), leaf, args.repeats, dev)
-    metrics: dict[str, float] = {}
-    t_troll = time_it(lambda: metrics.update(troll_step(leaf, old, sampled, adv, mask)), leaf, args.repeats, dev)
-    t_sparsify = time_it(lambda: sparsify(old, sampled), leaf, args.repeats, dev)
     index, logp = sparsify(old, sampled)
     inp = PolicyInputs(
         logp=None, logp_old=None, advantages=adv, response_mask=mask, logits=leaf,
         old_topk_index=index, old_topk_logp=logp, responses=sampled,
     )  # fmt: skip
-    t_loss = time_it(lambda: token_mean(troll_objective(inp).loss_mat, mask).backward(), leaf, args.repeats, dev)
+    metrics: dict[str, float] = {}
+
+    def old_ppo():  # the old-policy pass every method makes: log pi_old of the sampled tokens
+        with torch.no_grad():
+            return token_logprobs(old.view(-1, args.vocab), sampled.view(-1))
+
+    def old_troll():  # ... and TROLL's sparse store besides (the trainer's form: true log-probs)
+        old_ppo()
+        with torch.no_grad():
+            return sparsify(old, sampled, renormalize=False)
+
+    fns = {
+        "ppo_update": lambda: ppo_step(leaf, logp_old, sampled, adv, mask),
+        "troll_update": lambda: token_mean(troll_objective(inp).loss_mat, mask).backward(),
+        "troll_step": lambda: metrics.update(troll_step(leaf, old, sampled, adv, mask)),
+        "sparsify": lambda: sparsify(old, sampled),
+        "old_ppo": old_ppo,
+        "old_troll": old_troll,
+    }
+    times = time_alternating(fns, leaf, args.repeats, dev)
+    med = {name: (statistics.median(w), statistics.median(c)) for name, (w, c) in times.items()}
 
     tokens, vocab = args.tokens, args.vocab
     print(f"device={dev} tokens={tokens} vocab={vocab} repeats={args.repeats} threads={torch.get_num_threads()}")
-    print("wall = perf_counter, cpu = process CPU time (all threads); ratios are to the PPO row's medians")
+    print("wall = perf_counter, cpu = process CPU time (all threads); medians over rounds that run every row in turn")
     head = ["wall med", "wall best", "cpu med", "cpu best", "ratio wall", "ratio cpu"]
-    print(f"{'step':<42}" + "".join(f"{h:>11}" for h in head))
-    base_wall, base_cpu = statistics.median(t_ppo[0]), statistics.median(t_ppo[1])
-    for name, (wall, cpu) in [
-        ("PPO: log_softmax+gather+clip+backward", t_ppo),
-        ("TROLL: sparsify old+objective+backward", t_troll),
-        ("  of which sparsify(old)", t_sparsify),
-        ("  of which objective+backward", t_loss),
-    ]:
-        row = [statistics.median(wall), min(wall), statistics.median(cpu), min(cpu)]
-        row += [row[0] / base_wall, row[2] / base_cpu]
-        print(f"{name:<42}" + "".join(f"{v:>11.4f}" for v in row))
+    print(f"{'step':<46}" + "".join(f"{h:>11}" for h in head))
+    rows = [
+        ("update: PPO log_softmax+gather+clip+backward", "ppo_update", "ppo_update"),
+        ("update: TROLL objective+backward", "troll_update", "ppo_update"),
+        ("old pass: log pi_old (every method)", "old_ppo", "old_ppo"),
+        ("old pass: log pi_old + TROLL sparsify", "old_troll", "old_ppo"),
+        ("TROLL sparsify(old)+objective+backward", "troll_step", "ppo_update"),
+        ("  of which sparsify(old)", "sparsify", "ppo_update"),
+    ]
+    for label, name, base in rows:
+        wall, cpu = times[name]
+        row = [
+            med[name][0],
+            min(wall),
+            med[name][1],
+            min(cpu),
+            med[name][0] / med[base][0],
+            med[name][1] / med[base][1],
+        ]
+        print(f"{label:<46}" + "".join(f"{v:>11.4f}" for v in row))
+    for epochs in (1, 4):  # one rollout batch: the old pass once, then `epochs` updates of the same tokens
+        ppo = med["old_ppo"][0] + epochs * med["ppo_update"][0]
+        troll = med["old_troll"][0] + epochs * med["troll_update"][0]
+        print(f"rollout batch with {epochs} update(s) (old pass + updates), wall: TROLL / PPO = {troll / ppo:.3f}")
+    if dev.startswith("cuda"):
+        leaf.grad = None
+        print(f"host synchronisations: TROLL update {count_syncs(fns['troll_update'])}, "
+              f"sparsify {count_syncs(fns['sparsify'])}, PPO update {count_syncs(fns['ppo_update'])}")  # fmt: skip
     kept = (logp > -float("inf")).sum(-1).double()
     sparse_bytes = index.numel() * index.element_size() + logp.numel() * logp.element_size()
     dense_bytes = dense_storage_bytes(tokens, 1, vocab)
