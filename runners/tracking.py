@@ -8,11 +8,17 @@ Design:
   (``grpo+troll | embedded | arith | s0``) and tagged with ``trustbench.run_key``, a hash of the
   resolved config. Re-running the same cell finds its run by that key: a FINISHED run is skipped, any
   other is resumed into the same run id (``RunTracker.open``).
-- Metrics go through a buffer flushed asynchronously (``MlflowClient.log_batch(synchronous=False)``)
-  every few seconds, and synchronously at checkpoints and at the end, so that everything up to the
-  last checkpoint is durable. On resume, steps already in MLflow are not logged again
-  (``last_logged_step``); training resumes from the checkpoint with its RNG state, so the steps it
-  recomputes are the same steps.
+- Metrics go through a buffer flushed in the background every few seconds, and waited for at
+  checkpoints and at the end, so that everything up to the last checkpoint is durable. The store
+  only ever holds whole steps, in order, whenever the process is killed: the points of one
+  ``log_metrics`` call (one step, the step metric last) go into one ``log_batch`` (one transaction)
+  unless they alone exceed MLflow's 1,000-entity limit, and one writer thread commits the batches
+  in the order they were logged, each acknowledged before the next (MLflow's own asynchronous
+  logging commits them from a thread pool in any order: a kill could leave gaps below the last
+  stored step). On resume, steps up to the last one stored are not logged again
+  (``last_logged_step``): training resumes from the checkpoint with its RNG state, so the steps it
+  recomputes are the same steps; params missing from the run (a kill while it was created) are
+  added.
 - A store that fails (a full disk, a server gone) is reported once, by the command, in one line
   (``describe_error``); MLflow's own logging of each failed write (a traceback per SQL error, the
   whole exception per failed asynchronous batch) is filtered out: the same error reaches the
@@ -39,6 +45,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -208,8 +215,10 @@ class RunTracker:
     flush_every_s: float = 5.0
     # write HISTORY_ARTIFACT at checkpoints and at the end (module docstring)
     write_history: bool = True
-    _buffer: list = field(default_factory=list)
-    _pending: list = field(default_factory=list)
+    _buffer: list = field(default_factory=list)  # one list of points per log_metrics call
+    _pending: list = field(default_factory=list)  # futures of the writer's batches not yet waited for
+    _writer: Any = field(default=None, repr=False)  # one thread: batches committed in logging order
+    _write_error: BaseException | None = field(default=None, repr=False)  # the writer's first failure
     _last_flush: float = field(default_factory=time.monotonic)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     # the history of the points sent and the writing of its artifact (runners.metric_history)
@@ -256,6 +265,9 @@ class RunTracker:
                 client.delete_tag(run.info.run_id, metric_names.TAG_FAILURE)
         tracker = cls(uri=uri, experiment_id=experiment_id, run_id=run.info.run_id, resumed=resumed)
         if resumed:
+            missing = {key: value for key, value in params.items() if key not in run.data.params}
+            if missing:  # created by an attempt killed before all its params were stored
+                _log_params(client, run.info.run_id, missing)
             tracker.last_logged_step = last_logged_step(client, run.info.run_id)
         return tracker
 
@@ -271,7 +283,8 @@ class RunTracker:
         # never dropped silently: a NaN or inf stops the run (FAILED, naming the metric and step)
         check_finite(values, step)
         with self._lock:
-            self._buffer.extend(Metric(key=key, value=value, timestamp=now, step=step) for key, value in values.items())
+            points = [Metric(key=key, value=value, timestamp=now, step=step) for key, value in values.items()]
+            self._buffer.append(points)
         if time.monotonic() - self._last_flush > self.flush_every_s:
             self.flush(wait=False)
 
@@ -287,18 +300,30 @@ class RunTracker:
         if self.write_history:
             self._artifact.before_send(client)  # a resumed run: the store before this attempt's first point
         with self._lock:
-            batch, self._buffer = self._buffer, []
+            calls, self._buffer = self._buffer, []
             self._last_flush = time.monotonic()
-            if self.write_history and batch:
-                self._artifact.record(batch)
-        for i in range(0, len(batch), _BATCH_METRICS):
-            op = client.log_batch(self.run_id, metrics=batch[i : i + _BATCH_METRICS], synchronous=False)
-            if op is not None:
-                self._pending.append(op)
+            if self.write_history and calls:
+                self._artifact.record([point for call in calls for point in call])
+        if calls and self._writer is None:
+            self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="trustbench-metrics")
+        for chunk in whole_step_chunks(calls):
+            self._pending.append(self._writer.submit(self._commit, client, chunk))
         if wait:
-            for op in self._pending:
-                op.wait()
-            self._pending.clear()
+            pending, self._pending = self._pending, []
+            errors = [err for err in (future.exception() for future in pending) if err is not None]
+            if errors:
+                raise errors[0]
+
+    def _commit(self, client, chunk: list) -> None:
+        """One batch, on the writer thread. After a failed batch no later one is written (each
+        raises that failure): the store keeps whole steps 0..s with no gap above a failed one."""
+        if self._write_error is not None:
+            raise self._write_error
+        try:
+            client.log_batch(self.run_id, metrics=chunk, synchronous=True)
+        except BaseException as err:
+            self._write_error = err
+            raise
 
     # -- history artifact ------------------------------------------------------------------------
     def save_history(self, final: bool = False) -> bool:
@@ -344,6 +369,25 @@ class RunTracker:
                 errors.append(err)
         if errors:
             raise errors[0]
+
+
+def whole_step_chunks(calls: list[list], limit: int = _BATCH_METRICS) -> list[list]:
+    """The points of ``calls`` (one list per ``log_metrics`` call), in order, cut into ``log_batch``
+    chunks of at most ``limit`` points that never split a call, unless the call alone holds more
+    (then it is cut in order, its step metric in the last piece)."""
+    chunks: list[list] = []
+    current: list = []
+    for call in calls:
+        if current and len(current) + len(call) > limit:
+            chunks.append(current)
+            current = []
+        while len(call) > limit:
+            chunks.append(call[:limit])
+            call = call[limit:]
+        current.extend(call)
+    if current:
+        chunks.append(current)
+    return chunks
 
 
 def last_logged_step(client, run_id: str) -> int:
