@@ -1,8 +1,12 @@
 """Aggregations shared by the tables and figures: final/best values, smoothing, seeds, CIs, entropy change.
 
 Conventions (each chosen to match how the papers report numbers):
-- *final value* of a run: mean of its last ``last_n`` logged points of a metric (TROLL, arXiv 2510.03817, Table 1
-  reports final success; evaluations every 10 steps, so ``last_n`` evaluations = last 10*n steps).
+- *final evaluation* of a run (``final_evals``, the one rule every table uses): its LAST evaluation, labelled
+  with the step it was taken at (``final_eval_label``: "pass@1 at step 20 (last eval)"). Never a mean over the
+  last few evaluations: with evaluations every 10 steps of a 20-step run that mean includes the evaluation
+  at step 0, the same model for every method, and dilutes every difference by a third.
+- *final value* of a training metric: mean of its last ``last_n`` logged points (a smoothed end of the
+  training curve; the tables say "mean of the last n steps").
 - *smoothing*: centred moving average over ``window`` logged points, shrinking at the ends
   (TROLL, arXiv 2510.03817, section 4: windows 7 for training and 21 for evaluation curves, raw curves faint behind).
 - *across seeds*: mean, sample standard deviation (ddof=1; Entropy-preserving RL (arXiv 2603.11682) "mean +- std" over three
@@ -26,6 +30,14 @@ def final_value(series: pd.Series, last_n: int = 1) -> float:
         raise ValueError(f"last_n must be >= 1, got {last_n}")
     s = series.dropna().sort_index()
     return float(s.iloc[-last_n:].mean()) if len(s) else float("nan")
+
+
+def last_point(series: pd.Series) -> tuple[float, int | None]:
+    """(value, step) of the last logged point of a step-indexed series; (NaN, None) if it has none."""
+    s = series.dropna().sort_index()
+    if not len(s):
+        return float("nan"), None
+    return float(s.iloc[-1]), int(s.index[-1])
 
 
 def best_value(series: pd.Series, mode: str = "max") -> float:
@@ -109,6 +121,33 @@ def per_run(data: ExperimentData, metric: str, how: str = "final", last_n: int =
         raise ValueError(f"how must be one of {sorted(fns)}, got {how!r}")
     labels["value"] = [fns[how](series[r]) if r in series else float("nan") for r in labels["run_id"]]
     return labels
+
+
+def final_evals(data: ExperimentData, metric: str) -> pd.DataFrame:
+    """The final evaluation of every run: its last logged evaluation of ``metric`` and the step it was
+    taken at. Columns: ``data.labels()`` + ``value`` + ``step`` (NaN for a run without the metric).
+
+    Every table that prints a "final" evaluation figure takes it from here, so a method has one final
+    value per metric in the whole report."""
+    labels = data.labels()
+    series = run_series(data, metric)
+    points = [last_point(series[r]) if r in series else (float("nan"), None) for r in labels["run_id"]]
+    labels["value"] = [v for v, _ in points]
+    labels["step"] = [float("nan") if st is None else float(st) for _, st in points]
+    return labels
+
+
+def steps_text(steps) -> str:
+    """'step 20' when every run's evaluation was at the same step, 'steps 10-20' otherwise ('–' for none)."""
+    x = sorted({int(v) for v in np.asarray(list(steps), dtype=float) if np.isfinite(v)})
+    if not x:
+        return "–"
+    return f"step {x[0]}" if len(x) == 1 else f"steps {x[0]}-{x[-1]}"
+
+
+def final_eval_label(steps, what: str = "pass@1") -> str:
+    """'pass@1 at step 20 (last eval)': the label of a final evaluation figure, naming its step(s)."""
+    return f"{what} at {steps_text(steps)} (last eval)"
 
 
 def summarize(values: pd.DataFrame, by: list[str] | str = "method", ci: bool = True) -> pd.DataFrame:

@@ -13,6 +13,7 @@ returned the runs in, so the same sweep prints the same table on every machine.
 
     from analysis.arms import arm_table, per_seed, Baseline, resolve_baselines
     values = per_seed(data, "critic/score/mean", how="final", last_n=5)   # {arm: {seed: value}}
+    evals, steps = per_seed_final_eval(data, "val-core/gsm8k/acc/mean_at_1")  # each run's last evaluation
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from analysis.aggregate import final_value, run_series
+from analysis.aggregate import final_evals, final_value, run_series
 from analysis.frames import ExperimentData
 from runners import metric_names
 
@@ -151,14 +152,33 @@ def per_seed(
         raise ValueError(f"how must be one of {sorted(fns)} or a function, got {how!r}")
     labels = run_labels(data) if labels is None else labels
     series = run_series(data, metric)
+    values = {}
+    for rid in labels["run_id"]:
+        s = series.get(str(rid))
+        if s is not None and s.notna().any():
+            values[str(rid)] = float(fn(s.dropna()))
+    return _by_arm_and_seed(labels, values)
+
+
+def per_seed_final_eval(
+    data: ExperimentData, metric: str, labels: pd.DataFrame | None = None
+) -> tuple[dict[str, dict[int, float]], list[float]]:
+    """({arm: {seed: final evaluation}}, the steps those evaluations were taken at): each run's last
+    evaluation of ``metric`` (``analysis.aggregate.final_evals``, the rule every table shares)."""
+    labels = run_labels(data) if labels is None else labels
+    finals = final_evals(data, metric)
+    finals = finals[np.isfinite(finals["value"].to_numpy(dtype=float))]
+    values = dict(zip(finals["run_id"].astype(str), finals["value"].astype(float)))
+    return _by_arm_and_seed(labels, values), list(finals["step"])
+
+
+def _by_arm_and_seed(labels: pd.DataFrame, values: Mapping[str, float]) -> dict[str, dict[int, float]]:
+    """{arm: {seed: value}} from {run_id: value} (finite values only; runs of one arm and seed averaged)."""
     acc: dict[str, dict[int, list[float]]] = {}
     for rid, arm, seed in zip(labels["run_id"], labels["arm"], labels[metric_names.TAG_SEED]):
-        s = series.get(str(rid))
-        if s is None or not s.notna().any():
-            continue
-        value = float(fn(s.dropna()))
-        if np.isfinite(value):
-            acc.setdefault(arm, {}).setdefault(int(seed), []).append(value)
+        value = values.get(str(rid))
+        if value is not None and np.isfinite(value):
+            acc.setdefault(arm, {}).setdefault(int(seed), []).append(float(value))
     return {arm: {seed: float(np.mean(v)) for seed, v in seeds.items()} for arm, seeds in acc.items()}
 
 

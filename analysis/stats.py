@@ -13,7 +13,8 @@ methods). Every comparison a report prints therefore goes through these function
   controls the family-wise error rate; Holm 1979).
 - ``seeds_needed``: smallest number of paired seeds whose paired t-test reaches the wanted power
   (default 0.8 at alpha 0.05, two-sided) for a difference ``delta`` with per-seed standard deviation
-  ``sd`` of the differences (noncentral t power; the observed difference or a stated minimal effect).
+  ``sd`` of the differences (noncentral t power, integrated numerically: scipy's noncentral t CDF
+  returns NaN for large effects; the observed difference or a stated minimal effect).
 
     from analysis.stats import t_interval, paired_test, holm
     t_interval([0.61, 0.58, 0.66]).text()            # '0.617 [0.516, 0.717] (n=3)'
@@ -28,6 +29,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+from scipy import integrate as _integrate
+from scipy import special as _special
 from scipy import stats as _st
 
 LEVEL = 0.95
@@ -198,39 +201,76 @@ def holm(pvalues: Sequence[float] | np.ndarray) -> np.ndarray:
 
 def paired_t_power(n: int, delta: float, sd: float, alpha: float = ALPHA) -> float:
     """Power of the two-sided paired t-test with ``n`` pairs for a true mean difference ``delta`` and
-    per-pair standard deviation ``sd``: P(|T| > t_crit), T ~ noncentral t(n - 1, delta sqrt(n) / sd)."""
-    if n < 2:
+    per-pair standard deviation ``sd``: P(|T| > c), T ~ noncentral t(n - 1, nc = |delta| sqrt(n) / sd),
+    c = t_{1 - alpha/2, n - 1}. Finite in [0, 1] for every n >= 2 (NaN for n < 2).
+
+    Computed as an expectation over the sample standard deviation, not with ``scipy.stats.nct``: scipy's
+    noncentral t CDF returns NaN at scattered points of its far lower tail once nc exceeds about 7.5
+    (scipy 1.17: ``nct.cdf(-t_{0.975,1}, 1, 6.149 sqrt(2))``, the power of 2 seeds at delta / sd = 6.149),
+    which made the power NaN exactly where it is large. With
+    T = (Z + nc) / S, Z ~ N(0, 1) independent of S = sqrt(chi2_df / df),
+
+        P(|T| > c) = E_S[ Phi(nc - c S) + Phi(-nc - c S) ],
+
+    integrated numerically (``scipy.integrate.quad``) against the density of S,
+    f(s) = 2 (df/2)^(df/2) / Gamma(df/2) s^(df-1) exp(-df s^2 / 2). Agrees with scipy's nct wherever
+    scipy's value is finite: to 1e-13 up to n = 1000, 1e-10 at n = 100000.
+    """
+    if n < 2 or math.isnan(delta) or math.isnan(sd):
         return float("nan")
     if sd <= 0:
         return 1.0 if delta != 0 else alpha
     df = n - 1
     crit = float(_st.t.ppf(1.0 - alpha / 2.0, df))
     nc = abs(delta) * math.sqrt(n) / sd
-    return float(_st.nct.sf(crit, df, nc) + _st.nct.cdf(-crit, df, nc))
+    return _power_integral(df, crit, nc)
+
+
+def _power_integral(df: int, crit: float, nc: float) -> float:
+    """E_S[Phi(nc - crit S) + Phi(-nc - crit S)], S = sqrt(chi2_df / df) (see ``paired_t_power``)."""
+    log_k = math.log(2.0) + 0.5 * df * math.log(0.5 * df) - float(_special.gammaln(0.5 * df))
+
+    def integrand(s: float) -> float:
+        if s <= 0.0:
+            dens = math.exp(log_k) if df == 1 else 0.0
+        else:
+            dens = math.exp(log_k + (df - 1) * math.log(s) - 0.5 * df * s * s)
+        return dens * float(_special.ndtr(nc - crit * s) + _special.ndtr(-nc - crit * s))
+
+    # S beyond s_hi has probability 1e-18; the break points are the mode of S and where Phi(nc - c S) falls
+    s_hi = math.sqrt(float(_st.chi2.isf(1e-18, df)) / df)
+    points = [p for p in (math.sqrt(max(df - 1, 0) / df), 1.0, nc / crit) if 0.0 < p < s_hi]
+    value, _ = _integrate.quad(integrand, 0.0, s_hi, points=points or None, epsabs=1e-15, epsrel=1e-12, limit=200)
+    return float(np.clip(value, 0.0, 1.0))  # quadrature error can step outside [0, 1] by ~1e-13
 
 
 def seeds_needed(delta: float, sd: float, alpha: float = ALPHA, power: float = POWER, n_max: int = 1000) -> int | None:
     """Smallest n >= 2 with ``paired_t_power(n, delta, sd, alpha) >= power``; None if above ``n_max``
-    (or if delta or sd are not finite, or delta is 0). ``power`` and ``alpha`` must be in (0, 1)."""
+    (or if delta or sd are not finite, or delta is 0). ``power`` and ``alpha`` must be in (0, 1).
+    A power that is not a number never counts as reaching the target."""
     if not (0 < power < 1 and 0 < alpha < 1):
         raise ValueError(f"seeds_needed: power and alpha must be in (0, 1), got power={power!r}, alpha={alpha!r}")
     if not (np.isfinite(delta) and np.isfinite(sd)) or delta == 0:
         return None
     if sd == 0:
         return 2
+
+    def reaches(k: int) -> bool:
+        return bool(paired_t_power(k, delta, sd, alpha) >= power)  # False for NaN
+
     # normal approximation as the starting point, then walk to the exact noncentral-t answer; the
     # start can overshoot (a target power near alpha): then the answer is at most n_max exactly when
     # n_max seeds reach the target (power grows with n), and the walk starts there
     z = _st.norm.ppf(1 - alpha / 2) + _st.norm.ppf(power)
     start = (z * sd / abs(delta)) ** 2
     if start > n_max:
-        if paired_t_power(n_max, delta, sd, alpha) < power:
+        if not reaches(n_max):
             return None
         start = n_max
     n = max(2, int(math.floor(start)))
-    while n > 2 and paired_t_power(n - 1, delta, sd, alpha) >= power:
+    while n > 2 and reaches(n - 1):
         n -= 1
-    while paired_t_power(n, delta, sd, alpha) < power:
+    while not reaches(n):
         n += 1
         if n > n_max:
             return None

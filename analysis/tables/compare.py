@@ -1,6 +1,8 @@
 """Comparison table: every arm against the sweep's baseline, over seeds, with the multiple-test correction.
 
-Per metric and arm: mean and 95% t interval over seeds (n stated); the difference to the baseline
+Per metric and arm: mean and 95% t interval over seeds (n stated) of each run's final value (an
+evaluation metric: the run's last evaluation, its step named in the row label, as in every table;
+training success: the mean of its last 5 steps); the difference to the baseline
 on the seeds both ran (paired by seed) with its t interval; the two-sided p-value of the paired
 t-test (or the exact sign-flip test); Holm-Bonferroni adjusted over every comparison of the table;
 the verdict ("higher" / "lower" than the baseline, or "not distinguishable"); and the seeds a paired
@@ -18,7 +20,17 @@ from collections.abc import Mapping
 import numpy as np
 import pandas as pd
 
-from analysis.arms import DEFAULT_BASELINE, Baseline, arm_table, ordered_arms, per_seed, resolve_baselines, run_labels
+from analysis.aggregate import final_eval_label
+from analysis.arms import (
+    DEFAULT_BASELINE,
+    Baseline,
+    arm_table,
+    ordered_arms,
+    per_seed,
+    per_seed_final_eval,
+    resolve_baselines,
+    run_labels,
+)
 from analysis.frames import ExperimentData
 from analysis.names import eval_metrics
 from analysis.skip import SkipItem
@@ -39,14 +51,19 @@ COLUMNS = [
 ]
 
 
+# ``how`` of a metric whose value per run is its final evaluation (``analysis.aggregate.final_evals``: the last
+# evaluation); its row label gets the step: "<label> at step 20 (last eval)"
+LAST_EVAL = "last_eval"
+
+
 def default_metrics(names: list[str], max_evals: int = 3) -> list[tuple[str, str, int, str]]:
-    """[(metric, how, last_n, label)]: final training success (last 5 steps) and final pass@1 of up to
-    ``max_evals`` evaluation sets (last 3 evaluations)."""
+    """[(metric, how, last_n, label)]: final training success (mean of the last 5 steps) and the final
+    pass@1 (the last evaluation of each run) of up to ``max_evals`` evaluation sets."""
     out = []
     if metric_names.SCORE_MEAN in names:
-        out.append((metric_names.SCORE_MEAN, "final", 5, "train success (last 5 steps)"))
+        out.append((metric_names.SCORE_MEAN, "final", 5, "train success (mean of last 5 steps)"))
     for data, metric in list(eval_metrics(names).items())[:max_evals]:
-        out.append((metric, "final", 3, f"{data} pass@1 (last 3 evals)"))
+        out.append((metric, LAST_EVAL, 1, f"{data} pass@1"))
     return out
 
 
@@ -94,7 +111,11 @@ def comparison_table(
     order = ordered_arms(arms, bases)
     rows, cells, pvals = [], [], []
     for metric, how, last_n, label in metrics:
-        values = per_seed(data, metric, how, last_n, labels=labels)
+        if how == LAST_EVAL:
+            values, steps = per_seed_final_eval(data, metric, labels=labels)
+            label = final_eval_label(steps, label)
+        else:
+            values = per_seed(data, metric, how, last_n, labels=labels)
         for arm in order:
             own = values.get(arm, {})
             base = bases.get(arm)
@@ -140,7 +161,8 @@ def comparison_table(
         key="comparison",
         title="Comparison with the baseline over seeds",
         caption=(
-            "Mean [95% t interval] over seeds (n seeds) of each run's final value. Δ = method − baseline on the seeds "
+            "Mean [95% t interval] over seeds (n seeds) of each run's final value (an evaluation: the run's last "
+            "evaluation, at the step in the row's label; training success: mean of its last steps). Δ = method − baseline on the seeds "
             f"both ran (paired by seed) with its 95% t interval; p: two-sided {TEST_NAMES[test]} on the paired "
             f"differences; p (Holm): Holm-Bonferroni adjusted over the {m} comparisons of this table; "
             f"'not distinguishable' where the adjusted p > {ALPHA}. Seeds for observed / minimal Δ: paired seeds a paired "

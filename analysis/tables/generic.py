@@ -5,8 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from analysis.aggregate import per_run, summarize
+from analysis.aggregate import final_eval_label, final_evals, per_run, run_series, steps_text, summarize
 from analysis.frames import ExperimentData
+from analysis.names import eval_metrics
 from analysis.skip import SkipItem
 from analysis.tables.base import MISSING, Table, fmt_mean_std
 from runners import metric_names
@@ -48,28 +49,43 @@ def overview_table(data: ExperimentData) -> Table:
 def final_metrics_table(
     data: ExperimentData, metrics: list[str] | None = None, last_n: int = 3, max_metrics: int = 40
 ) -> Table:
-    """Mean ± std over seeds of each run's final value (mean of last ``last_n`` points): rows are
-    metrics, columns methods (a sweep has few methods and possibly many metrics)."""
+    """Mean ± std over seeds of each run's final value: rows are metrics, columns methods (a sweep has
+    few methods and possibly many metrics). A training metric's final value is the mean of its last
+    ``last_n`` points; an evaluation metric's is the run's last evaluation (``final_evals``, as in every
+    table), its row labelled with the step ("<metric> at step 20 (last eval)")."""
     logged = set(data.metric_names())
     names = [m for m in (metrics or sorted(logged)) if m in logged]
     if not names:
         raise SkipItem("no metrics logged")
     notes = [f"{len(names) - max_metrics} more metrics not shown"] if len(names) > max_metrics else []
     names = names[:max_metrics]
+    evals = set(eval_metrics(list(logged)).values())
     methods = list(dict.fromkeys(data.labels()[metric_names.TAG_METHOD]))
-    values = pd.DataFrame(np.nan, index=pd.Index(names, name="metric"), columns=pd.Index(methods, name="Method"))
+    per_metric = {}
+    for m in names:
+        if m in evals:
+            finals = final_evals(data, m)
+            per_metric[final_eval_label(finals["step"], m)] = finals
+        else:
+            per_metric[m] = per_run(data, m, "final", last_n)
+    values = pd.DataFrame(
+        np.nan, index=pd.Index(list(per_metric), name="metric"), columns=pd.Index(methods, name="Method")
+    )
     std = values.copy()
     display = pd.DataFrame(MISSING, index=values.index, columns=values.columns)
-    for m in names:
-        s = summarize(per_run(data, m, "final", last_n), ci=False).set_index(metric_names.TAG_METHOD)
+    for row, frame in per_metric.items():
+        s = summarize(frame, ci=False).set_index(metric_names.TAG_METHOD)
         for method in methods:
             if method in s.index:
-                values.loc[m, method], std.loc[m, method] = s.at[method, "mean"], s.at[method, "std"]
-                display.loc[m, method] = fmt_mean_std(s.at[method, "mean"], s.at[method, "std"], 3)
+                values.loc[row, method], std.loc[row, method] = s.at[method, "mean"], s.at[method, "std"]
+                display.loc[row, method] = fmt_mean_std(s.at[method, "mean"], s.at[method, "std"], 3)
+    what = f"training metrics: the mean of its last {last_n} logged points"
+    if any(m in evals for m in names):
+        what += "; evaluation metrics: its last evaluation, at the step the row names"
     return Table(
         key="final_metrics",
         title="Final values",
-        caption=f"Mean ± std over seeds of each run's final value (mean of its last {last_n} logged points).",
+        caption=f"Mean ± std over seeds of each run's final value ({what}).",
         values=values,
         display=display,
         notes=notes,
@@ -110,10 +126,9 @@ def config_diff_table(data: ExperimentData, max_rows: int = 40) -> Table:
 
 
 def eval_start_end_table(data: ExperimentData) -> Table:
-    """Evaluation pass@1 of every data set before training (first evaluation) and at the end (last),
-    and the change, mean ± std over seeds: did RL move the policy? Rows methods, columns data sets."""
-    from analysis.names import eval_metrics
-
+    """Evaluation pass@1 of every data set before training (first evaluation) and at the end (the last,
+    ``final_evals``: the same final value as every other table), and the change, mean ± std over seeds:
+    did RL move the policy? Rows methods, columns data sets; the headers name the steps."""
     metrics = eval_metrics(data.metric_names())
     if not metrics:
         raise SkipItem("no evaluation metrics (val-core/<data>/acc/mean_at_N) logged")
@@ -121,10 +136,16 @@ def eval_start_end_table(data: ExperimentData) -> Table:
     columns = pd.MultiIndex.from_product([list(metrics), ["start", "end", "change"]], names=["data", "when"])
     values = pd.DataFrame(np.nan, index=pd.Index(methods, name="Method"), columns=columns)
     display = pd.DataFrame(MISSING, index=values.index, columns=columns)
+    headers = {}
     for dataset, metric in metrics.items():
         first = per_run(data, metric, "first")
-        last = per_run(data, metric, "final", 1)
+        series = run_series(data, metric)
+        first_steps = [float(series[r].dropna().index.min()) for r in first["run_id"] if r in series]
+        last = final_evals(data, metric)
         change = last.assign(value=last["value"].to_numpy() - first["value"].to_numpy())
+        headers[(dataset, "start")] = f"pass@1 at {steps_text(first_steps)} (first eval)"
+        headers[(dataset, "end")] = final_eval_label(last["step"])
+        headers[(dataset, "change")] = "change"
         for when, frame in (("start", first), ("end", last), ("change", change)):
             s = summarize(frame, ci=False).set_index(metric_names.TAG_METHOD)
             for method in methods:
@@ -134,11 +155,13 @@ def eval_start_end_table(data: ExperimentData) -> Table:
                     display.loc[method, (dataset, when)] = (
                         ("+" + text) if when == "change" and s.at[method, "mean"] > 0 else text
                     )
+    display.columns = pd.MultiIndex.from_tuples([(d, headers[(d, w)]) for d, w in columns], names=columns.names)
     return Table(
         key="eval_start_end",
         title="Evaluation before and after training",
         caption="pass@1 (mean over the evaluation samples of each prompt) at the first evaluation (before any "
-        "update) and at the last one, and the change; mean ± std over seeds.",
+        "update) and at the last one (each run's final evaluation, as in every table; the headers name the "
+        "steps), and the change; mean ± std over seeds.",
         values=values,
         display=display,
     )

@@ -1,8 +1,9 @@
 """TROLL paper tables: Table 1 (final success per estimator, Clip vs TROLL), Table 4 (per MATH
 benchmark), Table 5 (memory and runtime overhead), each with the paper's numbers beside ours.
 
-Final values are means of the last ``last_n_train`` training steps / ``last_n_eval`` evaluations
-of each run, then mean ± std over seeds. Rows are keyed by the run's ``algorithm`` tag (the
+Final values per run: the mean of the last ``last_n_train`` training steps (a smoothed end of the
+training curve) and, for evaluations, the run's last evaluation (``analysis.aggregate.final_evals``, as in
+every table; the caption names its step); then mean ± std over seeds. Rows are keyed by the run's ``algorithm`` tag (the
 estimator preset: grpo, drgrpo, ppo, gspo, rfpp) and the ``objective`` tag (troll -> "TROLL",
 anything else -> "Clip"), so "GSPO with TROLL" is algorithm=gspo, objective=troll.
 """
@@ -12,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from analysis.aggregate import per_run
+from analysis.aggregate import final_evals, per_run, steps_text
 from analysis.frames import ExperimentData
 from analysis.names import find_eval, paper_method
 from analysis.paper_data import paper_source, paper_table
@@ -78,7 +79,7 @@ def _table1_paper(paper, pmodel, cell, values, display) -> None:
         display.loc[(model, method), (split, obj, "paper")] = text
 
 
-def troll_table1(data: ExperimentData, last_n_train: int = 7, last_n_eval: int = 3) -> Table:
+def troll_table1(data: ExperimentData, last_n_train: int = 7) -> Table:
     """TROLL (arXiv 2510.03817) Table 1, transposed: rows (model, method); columns split x objective x {ours, paper}."""
     names = data.metric_names()
     labels = data.labels()
@@ -89,17 +90,23 @@ def troll_table1(data: ExperimentData, last_n_train: int = 7, last_n_eval: int =
     splits = {"DAPO Train": (metric_names.SCORE_MEAN if metric_names.SCORE_MEAN in names else None, last_n_train)}
     for split, canonical in (("DAPO Eval", "dapo_eval"), ("MATH Eval", "math_eval")):
         metric, note = resolve_eval(names, canonical, dataset)
-        splits[split] = (metric, last_n_eval)
+        splits[split] = (metric, None)  # None: each run's last evaluation
         if note:
             notes.append(f"{split}: {note}")
         if metric is None:
             notes.append(f"{split}: no matching val-core/<data>/acc/mean_at_N metric logged")
     if all(m is None for m, _ in splits.values()):
         raise SkipItem(f"no run logs {metric_names.SCORE_MEAN} or an evaluation metric")
-    finals = {}
+    finals, eval_steps = {}, []
     for split, (metric, n) in splits.items():
-        if metric is not None:
-            finals[split] = _with_keys(per_run(data, metric, "final", n))
+        if metric is None:
+            continue
+        if n is None:
+            frame = final_evals(data, metric)
+            eval_steps.append(f"{split} at {steps_text(frame.loc[frame['value'].notna(), 'step'])}")
+        else:
+            frame = per_run(data, metric, "final", n)
+        finals[split] = _with_keys(frame)
     any_frame = pd.concat(finals.values())
     paper = paper_table("troll_table1")
     rows = sorted(
@@ -128,7 +135,8 @@ def troll_table1(data: ExperimentData, last_n_train: int = 7, last_n_eval: int =
         title="Final train and evaluation success rates, Clip vs TROLL",
         caption=(
             "Reproduces TROLL (arXiv 2510.03817) Table 1 (transposed: methods as rows). Ours: mean ± std over seeds of each run's "
-            f"final value (mean of the last {last_n_train} training steps / last {last_n_eval} evaluations). "
+            f"final value (training: mean of the last {last_n_train} training steps; evaluations: the last "
+            f"evaluation{' (' + ', '.join(eval_steps) + ')' if eval_steps else ''}). "
             "Paper: " + paper_source("troll_table1")
         ),
         values=values,
@@ -139,15 +147,14 @@ def troll_table1(data: ExperimentData, last_n_train: int = 7, last_n_eval: int =
     )
 
 
-def troll_table4(data: ExperimentData, last_n_eval: int = 3) -> Table:
+def troll_table4(data: ExperimentData) -> Table:
     """TROLL (arXiv 2510.03817) Table 4: rows (model, method, objective); columns benchmark x {ours, paper}."""
     names = data.metric_names()
     metrics = {label: find_eval(names, key) for key, label in TABLE4_BENCHMARKS}
     if all(m is None for m in metrics.values()):
         raise SkipItem("no run logs an evaluation on AIME24/AIME25/AMC/MATH500/Omni-Math/OlympiadBench/Minerva")
-    finals = {
-        label: _with_keys(per_run(data, m, "final", last_n_eval)) for label, m in metrics.items() if m is not None
-    }
+    finals = {label: _with_keys(final_evals(data, m)) for label, m in metrics.items() if m is not None}
+    at = steps_text(pd.concat([f["step"] for f in finals.values()]))
     any_frame = pd.concat(finals.values())
     rows = sorted(
         {(a, b, c) for a, b, c in zip(any_frame["Model"], any_frame["Method"], any_frame["Objective"])},
@@ -190,7 +197,7 @@ def troll_table4(data: ExperimentData, last_n_eval: int = 3) -> Table:
         key="troll_table4",
         title="Success rates on the individual MATH test sets",
         caption=(
-            f"Reproduces TROLL (arXiv 2510.03817) Table 4. Ours: mean ± std over seeds of the mean of the last {last_n_eval} evaluations "
+            f"Reproduces TROLL (arXiv 2510.03817) Table 4. Ours: mean ± std over seeds of each run's last evaluation ({at}) "
             "(pass@1 estimate, val-core/<data>/acc/mean_at_N). Paper: " + paper_source("troll_table4")
         ),
         values=values,

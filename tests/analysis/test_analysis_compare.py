@@ -14,7 +14,7 @@ from analysis.synthetic import SyntheticSpec, _m, profile, synthetic_data
 from analysis.tables.compare import comparison_table
 from runners import metric_names
 
-LABEL = "train success (last 5 steps)"
+LABEL = "train success (mean of last 5 steps)"
 
 
 def _spec(seeds=(0, 1, 2, 3, 4, 5)):

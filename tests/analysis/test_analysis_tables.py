@@ -29,11 +29,12 @@ def _curve(truth, label, seed, metric):
 
 def test_troll_table1_matches_numpy_on_logged_curves(store):
     spec, truth = store.specs["troll_table1"], store.truth["troll_table1"]
-    table = troll_table1(load_experiment("troll_table1", store.uri, cache_dir=None), last_n_train=7, last_n_eval=3)
+    table = troll_table1(load_experiment("troll_table1", store.uri, cache_dir=None), last_n_train=7)
+    # training: mean of the last 7 steps; evaluations: each run's last evaluation (not a mean of the last few)
     splits = {
         "DAPO Train": (metric_names.SCORE_MEAN, 7),
-        "DAPO Eval": (metric_names.val_acc_mean("dapo_math"), 3),  # the in-domain eval (named like the training data)
-        "MATH Eval": (metric_names.val_acc_mean("math_eval"), 3),
+        "DAPO Eval": (metric_names.val_acc_mean("dapo_math"), 1),  # the in-domain eval (named like the training data)
+        "MATH Eval": (metric_names.val_acc_mean("math_eval"), 1),
     }
     checked = 0
     for method in spec.methods:
@@ -46,6 +47,8 @@ def test_troll_table1_matches_numpy_on_logged_curves(store):
             assert table.aux["std"].loc[cell] == pytest.approx(np.std(finals, ddof=1), abs=1e-12)
             checked += 1
     assert checked == 12
+    last = int(_curve(truth, spec.methods[0].label, spec.seeds[0], metric_names.val_acc_mean("math_eval"))[0][-1])
+    assert f"evaluations: the last evaluation (DAPO Eval at step {last}, MATH Eval at step {last})" in table.caption
     # the paper's numbers (TROLL, arXiv 2510.03817, Table 1, Qwen3-8B; our model tag qwen3_8b matches it)
     paper = table.values.xs("paper", axis=1, level="source")
     assert paper.loc[("qwen3_8b", "GSPO"), ("DAPO Train", "Clip")] == 0.0
@@ -109,12 +112,11 @@ def test_troll_table4_and_table5_match_numpy():
         model="Qwen/Qwen3-1.7B",
     )
     data, truth = synthetic_data(spec)
-    t4 = troll_table4(data, last_n_eval=2)
+    t4 = troll_table4(data)  # each run's last evaluation
+    assert "each run's last evaluation (step 20)" in t4.caption
     for label, objective in (("GRPO", "Clip"),):
         for bench, metric in (("AIME24", "aime24"), ("MATH", "math500"), ("Olympiad", "olympiadbench")):
-            expect = np.mean(
-                [np.mean(_curve(truth, label, s, metric_names.val_acc_mean(metric))[1][-2:]) for s in spec.seeds]
-            )
+            expect = np.mean([_curve(truth, label, s, metric_names.val_acc_mean(metric))[1][-1] for s in spec.seeds])
             assert t4.values.loc[("Qwen/Qwen3-1.7B", "GRPO", objective), (bench, "ours")] == pytest.approx(
                 expect, abs=1e-12
             )
@@ -147,10 +149,11 @@ def test_troll_table4_and_table5_match_numpy():
 def test_tppo_table1_matches_numpy_and_lists_the_papers_rows():
     spec = profile("tppo_table1", steps=20, seeds=(0, 1))
     data, truth = synthetic_data(spec)
-    table = tppo_table1(data, last_n_eval=2)
+    table = tppo_table1(data)  # each run's last evaluation
     metric = metric_names.val_acc_mean("aime24")
+    assert "each run's last evaluation (step 20)" in table.caption
     for label in ("PPO", "T-PPO"):
-        expect = np.mean([100 * np.mean(_curve(truth, label, s, metric)[1][-2:]) for s in spec.seeds])
+        expect = np.mean([100 * _curve(truth, label, s, metric)[1][-1] for s in spec.seeds])
         assert table.values.loc[label, ("AIME24 avg@1 (%)", "ours")] == pytest.approx(expect, abs=1e-9)
     t = {
         lab: np.mean([_curve(truth, lab, s, metric_names.TIMING_STEP)[1][1:].mean() for s in spec.seeds])

@@ -160,6 +160,14 @@ def _expected_final(store):
     }
 
 
+def _eval_steps(store):
+    """(step of the first evaluation, step of the last) shared by every run."""
+    firsts = {store.points(r, EVAL_METRIC)[0][0] for r in store.runs}
+    lasts = {store.points(r, EVAL_METRIC)[-1][0] for r in store.runs}
+    assert len(firsts) == 1 and len(lasts) == 1, (firsts, lasts)
+    return firsts.pop(), lasts.pop()
+
+
 def _expected_eval(store):
     """{method: [start, end, change]}: the first and the last evaluation of each run."""
     out = {}
@@ -222,13 +230,34 @@ def test_demo_report_tables_show_the_runs_metrics(demo_report, store):
     shown = {row[0]: dict(zip(header[1:], row[1:])) for row in rows}
     assert shown == _expected_final(store)
 
+    # the final evaluation is each run's last one, and the headers name the steps
+    first_step, last_step = _eval_steps(store)
+    assert first_step < last_step
+    dataset = tables["table-eval_start_end"][0][1]
+    assert EVAL_METRIC == f"val-core/{dataset}/acc/mean_at_4"
     header = tables["table-eval_start_end"][1]  # under the data set's name
-    assert header == ["Method", "start", "end", "change"]
+    assert header == [
+        "Method",
+        f"pass@1 at step {first_step} (first eval)",
+        f"pass@1 at step {last_step} (last eval)",
+        "change",
+    ]
     shown = {row[0]: row[1:] for row in tables["table-eval_start_end"][2:]}
     expected = _expected_eval(store)
     assert shown == expected
     moved = [cells[2] for cells in expected.values() if not cells[2].startswith(("0.000", "-0.000", "+0.000"))]
     assert moved, "training must move some method's pass@1"
+
+    # the comparison table's final pass@1 is the same last evaluation, under a label naming its step
+    label = f"{dataset} pass@1 at step {last_step} (last eval)"
+    header, *rows = tables["table-comparison"]
+    col = header.index("mean [95% CI]")
+    metric, compared = "", {}
+    for row in rows:
+        metric = row[0] or metric  # the metric cell spans its methods' rows
+        if metric == label:
+            compared[row[1]] = row[col].split(" [")[0]
+    assert compared == {method: cells[1].split(" ± ")[0] for method, cells in expected.items()}
 
 
 def test_demo_report_pdf_shows_the_runs_metrics(demo_report, store):
