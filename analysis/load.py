@@ -37,7 +37,8 @@ import pandas as pd
 from analysis.cache import cache_path, read_cache, write_cache
 from analysis.frames import RUN_COLUMNS, TAG_REPORT, ExperimentData, empty_metrics, empty_runs, normalize_metrics
 from analysis.sources import ArtifactSource, FetchRequest, pick_source
-from runners.tracking import STEP_METRIC, TAG_HISTORY, TERMINAL_STATUSES
+from runners.metric_history import STEP_METRIC, TAG_HISTORY
+from runners.metric_names import TERMINAL_STATUSES
 
 Refresh = bool | Literal["full"]
 

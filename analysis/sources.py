@@ -283,7 +283,7 @@ class ArtifactSource:
         import pyarrow.parquet as pq
         from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
 
-        from runners.tracking import HISTORY_ARTIFACT
+        from runners.metric_history import HISTORY_ARTIFACT
 
         try:
             repo = get_artifact_repository(request.artifact_uri, tracking_uri=self.tracking_uri)

@@ -17,6 +17,9 @@ step than its key's latest after an artifact was written is not detected.
 
 Columns: step (int64), key (dictionary), value (float64), timestamp (int64); zstd. Imports mlflow
 lazily (through the client it is handed), never torch.
+
+Also here: how the tracker cuts its points into ``log_batch`` calls (``whole_step_chunks``: whole
+steps per call, so that a killed process leaves whole steps in the store).
 """
 
 from __future__ import annotations
@@ -246,3 +249,26 @@ class HistoryArtifact:
             self.history = base
             self.unread |= stale
             self.merged = True
+
+
+# MLflow accepts <= 1000 entities per log_batch
+BATCH_METRICS = 900
+
+
+def whole_step_chunks(calls: list[list], limit: int = BATCH_METRICS) -> list[list]:
+    """The points of ``calls`` (one list per ``log_metrics`` call), in order, cut into ``log_batch``
+    chunks of at most ``limit`` points that never split a call, unless the call alone holds more
+    (then it is cut in order, its step metric in the last piece)."""
+    chunks: list[list] = []
+    current: list = []
+    for call in calls:
+        if current and len(current) + len(call) > limit:
+            chunks.append(current)
+            current = []
+        while len(call) > limit:
+            chunks.append(call[:limit])
+            call = call[limit:]
+        current.extend(call)
+    if current:
+        chunks.append(current)
+    return chunks

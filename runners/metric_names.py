@@ -177,6 +177,8 @@ def val_response_length(data: str) -> str:
 
 
 # -- run tags ----------------------------------------------------------------------------------
+# MLflow run statuses of a run that ended (FINISHED is also the status that makes a rerun skip the cell)
+TERMINAL_STATUSES = ("FINISHED", "FAILED", "KILLED")
 TAG_RUN_KEY = "trustbench.run_key"
 TAG_ALGORITHM = "algorithm"
 TAG_METHOD = "method"  # display label of the method, e.g. "GRPO+TROLL" (tables and legends)

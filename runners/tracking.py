@@ -58,13 +58,13 @@ from runners.metric_history import (  # noqa: F401  (HISTORY_ARTIFACT, TAG_HISTO
     TAG_HISTORY,
     HistoryArtifact,
     MetricHistory,
+    whole_step_chunks,
 )
 from runners.redact import redact
 from runners.sqlite_store import ensure_sqlite_store
 
 _MAX_PARAM_LEN = 6000
-_BATCH_METRICS = 900  # MLflow accepts <= 1000 entities per log_batch
-TERMINAL_STATUSES = ("FINISHED", "FAILED", "KILLED")
+TERMINAL_STATUSES = metric_names.TERMINAL_STATUSES
 _log = logging.getLogger(__name__)
 _STORE_ERROR = re.compile(r"\(((?:sqlite3|psycopg2|pymysql)\.\w+)\) ([^\n\\\[]+)")
 
@@ -369,25 +369,6 @@ class RunTracker:
                 errors.append(err)
         if errors:
             raise errors[0]
-
-
-def whole_step_chunks(calls: list[list], limit: int = _BATCH_METRICS) -> list[list]:
-    """The points of ``calls`` (one list per ``log_metrics`` call), in order, cut into ``log_batch``
-    chunks of at most ``limit`` points that never split a call, unless the call alone holds more
-    (then it is cut in order, its step metric in the last piece)."""
-    chunks: list[list] = []
-    current: list = []
-    for call in calls:
-        if current and len(current) + len(call) > limit:
-            chunks.append(current)
-            current = []
-        while len(call) > limit:
-            chunks.append(call[:limit])
-            call = call[limit:]
-        current.extend(call)
-    if current:
-        chunks.append(current)
-    return chunks
 
 
 def last_logged_step(client, run_id: str) -> int:

@@ -136,3 +136,60 @@ def test_a_wrong_import_is_reported(tmp_path, where, source, expected):
     assert all(v.startswith(where) for v in found), found
     target.write_text("import json\n")  # the same file with a harmless import passes
     assert violations(tmp_path) == []
+
+
+# what importing any module of analysis or reports must not load, directly or through runners: reports are
+# built where neither torch nor a trainer is installed, and the config layer brings Hydra and OmegaConf
+TRANSITIVE_FORBIDDEN = (
+    "torch",
+    "hydra",
+    "omegaconf",
+    "transformers",
+    "verl",
+    "runners.backends",
+    "runners.models",
+    "runners.config",
+)
+_LOADED = """
+import importlib, json, sys
+for name in sys.argv[1:]:
+    importlib.import_module(name)
+print(json.dumps(sorted(sys.modules)))
+"""
+
+
+def _loaded_by(modules: list[str], cwd: Path) -> set[str]:
+    """Every module a fresh interpreter holds after importing ``modules`` (run in ``cwd``)."""
+    import json
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", _LOADED, *modules], cwd=cwd, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return set(json.loads(out.stdout))
+
+
+def _forbidden(loaded: set[str]) -> list[str]:
+    return sorted(m for m in loaded if any(m == f or m.startswith(f + ".") for f in TRANSITIVE_FORBIDDEN))
+
+
+def test_analysis_and_reports_load_no_torch_hydra_or_backend_even_transitively():
+    """The import rules above are checked statement by statement; this follows them through every
+    module actually loaded: a fresh interpreter imports every module of ``analysis`` and ``reports``
+    and must then hold none of TRANSITIVE_FORBIDDEN (``import analysis.load`` used to load Hydra,
+    OmegaConf and ``runners.backends`` through ``runners.tracking`` and the algorithm registry)."""
+    modules = sorted(
+        ".".join(p.relative_to(ROOT).with_suffix("").parts)
+        for package in ("analysis", "reports")
+        for p in (ROOT / package).rglob("*.py")
+        if p.name != "__init__.py"
+    )
+    assert len(modules) > 30 and "analysis.load" in modules and "analysis.tables.trm" in modules
+    assert _forbidden(_loaded_by(modules, ROOT)) == []
+
+
+def test_the_transitive_check_sees_an_indirect_import(tmp_path):
+    """The check fails for a module that reaches a forbidden one only through another module."""
+    (tmp_path / "middle.py").write_text("import omegaconf\n")
+    (tmp_path / "top.py").write_text("import middle\n")
+    assert "omegaconf" in _forbidden(_loaded_by(["top"], tmp_path))

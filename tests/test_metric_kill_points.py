@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from runners.tracking import STEP_METRIC, whole_step_chunks
+from runners.metric_history import STEP_METRIC, whole_step_chunks
 
 STEPS = 240
 KEYS = 119  # plus the step metric: 120 points per step, 900-point chunks hold 7 whole steps

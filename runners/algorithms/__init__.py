@@ -28,7 +28,7 @@ components, for every backend.
 """
 
 from runners.algorithms.registry import Entry, Registry, UnknownNameError
-from runners.config.components import GREATER_THAN_ONE, OPEN_UNIT_OR_ONE, POSITIVE
+from runners.checks import GREATER_THAN_ONE, OPEN_UNIT_OR_ONE, POSITIVE
 
 ESTIMATORS = Registry("estimator")
 OBJECTIVES = Registry("objective")

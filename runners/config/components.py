@@ -13,44 +13,25 @@ keyword arguments of the registered function, except the entry's ``trainer_keys`
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, make_dataclass
 from typing import Any, Optional
 
 from omegaconf import MISSING
 
-
-@dataclass(frozen=True)
-class Check:
-    """A rule one config value must satisfy, and how to say it when it does not."""
-
-    ok: Callable[[Any], bool]
-    what: str
-
-    def holds(self, value: Any) -> bool:
-        try:
-            return bool(self.ok(value))
-        except TypeError:  # None or a string where a number belongs
-            return False
-
-
-POSITIVE = Check(lambda v: v is not None and v > 0 and math.isfinite(v), "must be > 0")
-NON_NEGATIVE = Check(lambda v: v is not None and v >= 0, "must be >= 0")
-OPEN_UNIT = Check(lambda v: 0 < v < 1, "must be in (0, 1)")
-UNIT = Check(lambda v: 0 <= v <= 1, "must be in [0, 1]")
-OPEN_UNIT_OR_ONE = Check(lambda v: 0 < v <= 1, "must be in (0, 1]")
-GREATER_THAN_ONE = Check(lambda v: v > 1, "must be > 1")
-BELOW_ONE = Check(lambda v: v < 1, "must be < 1 (the ratio's lower bound is 1 - value)")
-DUAL_CLIP = Check(lambda v: v is None or v > 1, "dual-clip bound must be > 1")
-
-
-def at_least(low: int) -> Check:
-    return Check(lambda v: v is not None and v >= low, f"must be >= {low}")
-
-
-def one_of(*allowed: Any) -> Check:
-    return Check(lambda v: v in allowed, f"must be one of {', '.join(map(str, allowed))}")
+from runners.checks import (  # noqa: F401  (the checks' home; re-exported for the schemas and validate)
+    BELOW_ONE,
+    DUAL_CLIP,
+    GREATER_THAN_ONE,
+    NON_NEGATIVE,
+    OPEN_UNIT,
+    OPEN_UNIT_OR_ONE,
+    POSITIVE,
+    UNIT,
+    Check,
+    at_least,
+    one_of,
+)
 
 
 def checked(default: Any, *checks: Check) -> Any:
