@@ -82,6 +82,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         try:  # compose first for a clean message; with flags (--cfg job) an invalid config still prints
             cfg, _ = compose([o for o in overrides if not o.startswith("hydra.")], check=not flags)
             if not flags:
+                from runners.config.validate import check_seed
+
+                check_seed(cfg)  # the one key compose's validation leaves out (runners.config.grid)
                 check_placement(cfg)  # the cell runs here: can this machine run it?
         except _compose_errors() as err:
             return _config_error(err)
@@ -156,7 +159,7 @@ def cmd_ui(args: argparse.Namespace) -> int:
 
 def _summary_line(path: Path) -> str:
     """The first comment line of a YAML file (not Hydra's ``@package`` directive), or ''."""
-    lines = path.read_text().splitlines()
+    lines = path.read_text(errors="replace").splitlines()  # a damaged file is listed; `sweep` names it
     return next((ln[1:].strip() for ln in lines if ln.startswith("# ") and "@package" not in ln), "")
 
 

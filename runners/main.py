@@ -17,6 +17,7 @@ from omegaconf import DictConfig
 
 from runners.cell_lock import CellBusy
 from runners.config import CONF_DIR, ConfigError, register_configs
+from runners.redact import redact
 from runners.run import Preempted, RunFailed, run
 
 log = logging.getLogger("trustbench")
@@ -46,14 +47,14 @@ def task(cfg: DictConfig) -> dict:
     try:
         return run(cfg, choices)
     except ConfigError as err:  # found while building the cell: no MLflow run, the marker says CONFIG_ERROR
-        log.error("configuration error: %s", err)
-        return {"status": "CONFIG_ERROR", "error": str(err)}
+        log.error("configuration error: %s", redact(str(err)))
+        return {"status": "CONFIG_ERROR", "error": redact(str(err))}
     except CellBusy as err:
-        log.error("%s", err)
-        return {"status": "BUSY", "error": str(err)}
+        log.error("%s", redact(str(err)))
+        return {"status": "BUSY", "error": redact(str(err))}
     except RunFailed as err:
-        log.error("%s", err)
-        return {"status": "FAILED", "error": str(err)}
+        log.error("%s", redact(str(err)))
+        return {"status": "FAILED", "error": redact(str(err))}
     except Preempted as err:
         log.warning("%s", err)
         outcome = launch.requeue_or_fail(cfg, signal=err.signal)
@@ -65,14 +66,21 @@ def task(cfg: DictConfig) -> dict:
 
 def _run_one(cfg: DictConfig, choices: dict) -> dict:
     """``trustbench run``: one message and an exit code (2: configuration, 1: the run did not finish),
-    never Hydra's traceback (it catches every ``Exception``; ``SystemExit`` passes through)."""
+    never Hydra's traceback (it catches every ``Exception``; ``SystemExit`` passes through). A cell
+    already finished in MLflow is not run again, and the command says so (exit 0)."""
     try:
-        return run(cfg, choices)
+        outcome = run(cfg, choices)
+        if outcome.get("status") == "SKIPPED":
+            print(
+                f"trustbench: run {outcome['name']!r} (key {outcome['run_key']}) already finished in MLflow "
+                f"(run {outcome['run_id']}); nothing to do (force=true runs it again from scratch)"
+            )
+        return outcome
     except ConfigError as err:
-        print(f"trustbench: configuration error: {err}", file=sys.stderr)
+        print(f"trustbench: configuration error: {redact(str(err))}", file=sys.stderr)
         raise SystemExit(2) from None
     except (RunFailed, Preempted, CellBusy) as err:
-        print(f"trustbench: {err}", file=sys.stderr)
+        print(f"trustbench: {redact(str(err))}", file=sys.stderr)
         raise SystemExit(1) from None
 
 

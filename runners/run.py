@@ -49,6 +49,7 @@ from runners.backends import BACKENDS, check_placement
 from runners.backends.base import StopRequested
 from runners.cell_lock import hold_cell
 from runners.config import ConfigError, method_label, resolved, run_key, run_name, validate
+from runners.config.validate import check_seed
 from runners.redact import redact, redact_values
 from runners.status import STATUS_FILE, read_status, write_status  # noqa: F401  (re-exported)
 
@@ -163,6 +164,7 @@ class _Cell:
 def run(cfg: DictConfig, choices: Mapping[str, str] | None = None) -> dict[str, Any]:
     """Train the cell ``cfg`` (validated first); returns status, run ids and final metrics."""
     validate(cfg)
+    check_seed(cfg)
     check_placement(cfg)  # before any MLflow run exists: a cell this machine cannot run is a config error
     key, label = run_key(cfg), method_label(cfg, choices)
     cell = _Cell(key, label, run_name(cfg, label), paths.run_dir(key))
@@ -228,7 +230,7 @@ def _build_backend(backend_cls, cfg: DictConfig, cell: _Cell) -> tuple[Any, Base
         return backend_cls(cfg, None, cell.run_dir, cell.label), None
     except ConfigError as err:
         kept = {k: v for k, v in (read_status(cell.run_dir) or {}).items() if k in ("attempts", "run_id")}
-        marker = {**kept, "name": cell.name, "reason": str(err)}
+        marker = {**kept, "name": cell.name, "reason": redact(str(err))}
         _try(lambda: write_status(cell.run_dir, "CONFIG_ERROR", **marker))
         raise
     except Exception as err:  # noqa: BLE001 - recorded in the MLflow run by _train
@@ -279,7 +281,7 @@ def _end_abnormally(err: BaseException, tracker, cell: _Cell, record: dict[str, 
         notes = _record(tracker, cell, "KILLED", None, marker)
         raise Preempted(f"{cell.name}: {err}{notes}", signal=stop_signal) from err
     reason = tracking.describe_error(err)
-    marker = {**record, "status": "FAILED", "reason": reason, "traceback": traceback.format_exc()}
+    marker = {**record, "status": "FAILED", "reason": reason, "traceback": redact(traceback.format_exc())}
     notes = _record(tracker, cell, "FAILED", reason, marker)
     if isinstance(err, KeyboardInterrupt):
         if notes:

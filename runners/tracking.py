@@ -71,12 +71,12 @@ _STORE_ERROR = re.compile(r"\(((?:sqlite3|psycopg2|pymysql)\.\w+)\) ([^\n\\\[]+)
 
 def describe_error(err: BaseException) -> str:
     """``Type: message``, an error of MLflow's SQL store cut to what went wrong (not the statement,
-    its parameters and MLflow's wrapping: thousands of characters)."""
+    its parameters and MLflow's wrapping: thousands of characters); credentials of URIs masked."""
     text = str(err)
     found = _STORE_ERROR.search(text) if "[SQL:" in text else None
     if found:
-        return f"{type(err).__name__}: the MLflow store failed ({found[1]}: {found[2].strip()})"
-    return f"{type(err).__name__}: {text}"
+        return redact(f"{type(err).__name__}: the MLflow store failed ({found[1]}: {found[2].strip()})")
+    return redact(f"{type(err).__name__}: {text}")
 
 
 class _StoreErrorFilter(logging.Filter):

@@ -303,7 +303,8 @@ COMMANDS: dict[str, Case] = {
         "its path and marker checked", "the verl_cpu stage takes minutes; collecting it imports verl", _pytest_selection
     ),
     # tests
-    ".venv/bin/pytest tests/test_reliability.py tests/test_reliability_messages.py tests/data/test_sandbox_escapes.py": Case(
+    ".venv/bin/pytest tests/test_reliability.py tests/test_reliability_messages.py tests/data/test_sandbox_escapes.py "
+    "tests/test_metric_kill_points.py": Case(
         "its paths checked", "the reliability scenarios take minutes (the suite runs them)", _pytest_selection
     ),
     ".venv/bin/pytest tests/algorithms": Case(

@@ -446,26 +446,29 @@ def test_an_unwritable_run_directory_ends_the_run_failed_in_both_places(small_fs
 
 # -- 7. credentials in the tracking URI ------------------------------------------------------------------
 def test_credentials_in_the_tracking_uri_are_never_recorded(tmp_path, monkeypatch):
-    """A run logging through `tracking.uri=http://alice:PASSWORD@127.0.0.1:PORT` (a real server on
-    loopback): the password is in no file of the trustbench home (the sqlite store included: params,
-    tags, artifacts), not in the dry run's plan and not in the command's output; the recorded URI
-    keeps the user with the password masked."""
+    """A run logging through `tracking.uri="http://alice:PASSWORD@127.0.0.1:PORT"` (a real server on
+    loopback), PASSWORD with a "'" and every other sub-delim RFC 3986 allows in userinfo: the password
+    (or any piece of it) is in no file of the trustbench home (the sqlite store included: params,
+    tags, artifacts), not in the dry run's plan and not in the command's output (MLflow's run links
+    included); the recorded URI keeps the user with the password masked."""
     from runners import tracking_server
 
-    home, port, secret = tmp_path / "home", free_port(), "s3cret-Pa55"
+    home, port, secret = tmp_path / "home", free_port(), "se'cr!$&()*+,;=:~Pa55"
     monkeypatch.setenv("TRUSTBENCH_HOME", str(home))
     server = tracking_server.ensure_server("127.0.0.1", port)
     try:
         uri = f"http://alice:{secret}@127.0.0.1:{port}"
-        proc = trustbench(["run", f"tracking.uri={uri}", *FAST], home)
+        override = f'tracking.uri="{uri}"'  # quoted for Hydra's override grammar, as a shell user writes it
+        proc = trustbench(["run", override, *FAST], home)
         assert proc.returncode == 0, proc.stderr[-3000:]
         (run,) = runs(home, f"http://127.0.0.1:{port}")
         assert run.data.params["tracking.uri"] == f"http://alice:***@127.0.0.1:{port}"
-        plan = trustbench(["sweep", "demo", "--dry-run", f"tracking.uri={uri}"], home)
+        plan = trustbench(["sweep", "demo", "--dry-run", override], home)
         assert plan.returncode == 0, plan.stderr[-3000:]
     finally:
         server.stop()
+    pieces = (secret, "se'cr", "Pa55", "se''cr", "se%27cr")  # as given, YAML-quoted, percent-encoded
     for text in (proc.stdout, proc.stderr, plan.stdout, plan.stderr):
-        assert secret not in text
-    leaks = [p for p in home.rglob("*") if p.is_file() and secret.encode() in p.read_bytes()]
+        assert not [p for p in pieces if p in text], text[-3000:]
+    leaks = [p for p in home.rglob("*") if p.is_file() and any(x.encode() in p.read_bytes() for x in pieces)]
     assert not leaks, leaks

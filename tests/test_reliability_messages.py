@@ -21,6 +21,7 @@ import subprocess
 import sys
 import time
 import uuid
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -80,6 +81,19 @@ MISTAKES = [
     ("empty_experiment", ["experiment="], "experiment"),
     ("no_cuda", ["backend.device=cuda"], "backend.device"),
     ("prompt_budget", ["rollout.max_prompt_length=2"], "rollout.max_prompt_length"),
+    # seeds: [0, 2**32 - 1], the range numpy's np.random.seed takes (torch's and Python's are wider)
+    ("seed_2_pow_70", [f"seed={2**70}"], "seed"),
+    ("seed_2_pow_32", [f"seed={2**32}"], "seed"),
+    ("seed_negative", ["seed=-1"], "seed"),
+    ("path_on_embedded_model", ["model.path=/tmp"], "model.path"),
+    ("arch_on_embedded_model", ["+model.arch=qwen2"], "model.arch"),
+    # experiment names: a slug (they name directories under the trustbench home); {tmp}: the test's directory
+    ("experiment_5000_chars", ["experiment=" + "x" * 5000], "experiment"),
+    ("experiment_101_chars", ["experiment=" + "x" * 101], "experiment"),
+    ("experiment_relative_path", ["experiment=../../escaped"], "experiment"),
+    ("experiment_absolute_path", ["experiment={tmp}/escaped"], "experiment"),
+    ("experiment_with_slash", ["experiment=a/escaped"], "experiment"),
+    ("experiment_hidden", ["experiment=.escaped"], "experiment"),
 ]
 
 
@@ -98,11 +112,83 @@ def test_a_user_mistake_is_one_message_exit_2_and_no_failed_run(home, capsys, ca
 
         if torch.cuda.is_available():
             pytest.skip("this machine has CUDA")
+    overrides = [o.replace("{tmp}", str(home.parent)) for o in overrides]
     code, _, err = _main(capsys, "run", *overrides, *FAST)
     assert code == 2, err
     message = one_message(err, "configuration error", f"config key '{key}'", *words)
-    assert message.count("config key") == 1
+    assert message.count("config key") == 1 and len(message) < 600
     assert [r.info.status for r in runs(home)] == []
+    assert not list(home.parent.rglob("*escaped*"))  # nothing written outside the home (nor in it)
+
+
+def test_valid_edges_of_seed_and_experiment_are_accepted():
+    """The ends of the ranges above compose and validate: seed 0 and 2**32 - 1, a 100-character name."""
+    from runners.config import compose
+    from runners.config.validate import check_seed
+
+    for overrides in (["seed=0"], [f"seed={2**32 - 1}"], ["experiment=" + "a" * 100], ["experiment=A1.b_c-d"]):
+        cfg, _ = compose(overrides)
+        check_seed(cfg)
+
+
+def _sweep_file(content: bytes):
+    name = f"zz_sweep_{uuid.uuid4().hex[:8]}"
+    path = SWEEPS_DIR / f"{name}.yaml"
+    path.write_bytes(content)
+    return name, path
+
+
+SWEEP_FILES = {
+    "random_bytes": (bytes(range(128, 256)) * 20, ["not UTF-8 text", "byte 0x80 at offset 0"]),
+    "latin_1": (
+        "# @package _global_\nexperiment: café\n".encode("latin-1"),
+        ["not UTF-8 text", "byte 0xe9 at offset 35"],
+    ),
+    "nul_bytes": (b"# @package _global_\nexperiment: demo\x00\n", ["not text", "NUL byte at offset 36"]),
+    "relative_experiment": (b"# @package _global_\nexperiment: ../../escaped\n", ["config key 'experiment'"]),
+    "absolute_experiment_in_grid": (
+        b"# @package _global_\nexperiment: ok\nhydra:\n  sweeper:\n    params:\n      experiment: ok,/tmp/escaped\n",
+        ["config key 'experiment'", "/tmp/escaped"],
+    ),
+    "seed_out_of_range_in_grid": (  # cells differing only in the seed share one validation: each seed checked
+        b"# @package _global_\nexperiment: ok\nhydra:\n  sweeper:\n    params:\n      seed: 0,1,4294967296\n",
+        ["config key 'seed'", "(in cell: seed=4294967296)"],
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(SWEEP_FILES))
+@pytest.mark.parametrize("dry_run", [True, False], ids=["dry_run", "launch"])
+def test_a_bad_sweep_file_is_one_message_naming_it(home, capsys, case, dry_run):
+    """Random bytes, another encoding, NUL bytes, or an experiment name that is a path, in a sweep
+    file: exit 2, one line (the file named for what is not text, the key for the name), no run, no
+    store, nothing written outside the home."""
+    content, words = SWEEP_FILES[case]
+    name, path = _sweep_file(content)
+    try:
+        code, _, err = _main(capsys, "sweep", name, *(["--dry-run"] if dry_run else []))
+    finally:
+        path.unlink()
+    assert code == 2, err
+    one_message(err, "configuration error", *words, *([str(path)] if "text" in words[0] else []))
+    assert not home.exists() or not list(home.rglob("*.db"))
+    assert not list(home.parent.rglob("*escaped*")) and not Path("/tmp/escaped").exists()
+
+
+@pytest.mark.slow
+def test_a_finished_cell_started_again_says_it_is_finished(home, capsys):
+    """The first start trains; the second and third say in one line that the cell is finished
+    (its name, key and MLflow run), exit 0, and add no run."""
+    code, _, err = _main(capsys, "run", *FAST)
+    assert code == 0, err
+    (run,) = runs(home)
+    for _ in range(2):
+        code, out, err = _main(capsys, "run", *FAST)
+        assert code == 0 and "Traceback" not in err, err
+        lines = [ln for ln in out.splitlines() if "already finished" in ln]
+        assert len(lines) == 1, out
+        assert run.info.run_id in lines[0] and run.data.tags["trustbench.run_key"] in lines[0]
+    assert [r.info.run_id for r in runs(home)] == [run.info.run_id]
 
 
 @pytest.mark.parametrize("where", ["sweep", "cluster"])

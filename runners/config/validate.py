@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,10 @@ from runners.config.schema import LAUNCHERS, ROLLOUT_MODES
 
 DTYPES = ("float32", "bfloat16", "float16")
 DEVICES = ("auto", "cpu", "cuda")
+# seeds: the range Python's, numpy's (np.random.seed) and torch's generators all take whole
+SEED_MAX = 2**32 - 1
+# experiment names name directories under the trustbench home (artifacts, hydra, reports): a slug
+EXPERIMENT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 
 
 class ConfigError(ValueError):
@@ -225,6 +230,9 @@ def _check_model(c: _Checker, cfg: DictConfig) -> None:
     c.one_of("model.kind", MODEL_KINDS.names())
     c.one_of("model.dtype", DTYPES)
     needs = MODEL_KINDS.entry(m.kind).needs
+    for key, takes in (("path", m.kind == "hub" or "path" in needs), ("arch", m.kind == "hub" or "arch" in needs)):
+        if m.get(key) is not None and not takes:  # the loader refuses it (runners.models.loader.load_model)
+            raise ConfigError(f"model.{key}", f"model.kind={m.kind} takes no {key} (got {m.get(key)!r})")
     if "path" in needs:
         c.require("model.path", lambda v: bool(v), f"model.kind={m.kind} needs a hub id or a local directory")
         if str(m.path).startswith(("/", "./", "../", "~")):
@@ -305,6 +313,30 @@ def _check_infrastructure(c: _Checker, cfg: DictConfig) -> None:
             c.non_negative(key)
 
 
+def _check_experiment(name: Any) -> None:
+    """A slug: it names directories under the trustbench home, so no "/", "..", or absolute path."""
+    if not isinstance(name, str) or not name:
+        raise ConfigError("experiment", f"must be a non-empty name (got {name!r})")
+    if not EXPERIMENT_NAME.fullmatch(name):
+        shown = repr(name) if len(name) <= 100 else f"{len(name)} characters, {name[:40]!r}..."
+        raise ConfigError(
+            "experiment",
+            "must be 1-100 characters, letters, digits, '.', '_' or '-', starting with a letter or a digit "
+            f"(it names directories under the trustbench home) (got {shown})",
+        )
+
+
+def check_seed(cfg: DictConfig) -> None:
+    """``seed`` in [0, SEED_MAX]. Not part of ``validate``, which never reads the seed: the sweep
+    planner validates cells that differ only in it once (``runners.config.grid``) and checks each
+    cell's seed with this; ``runners.run.run`` calls both."""
+    _Checker(cfg).require(
+        "seed",
+        lambda v: isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= SEED_MAX,
+        f"must be an integer in [0, {SEED_MAX}] (2**32 - 1, the largest seed numpy takes)",
+    )
+
+
 def validate(cfg: DictConfig) -> None:
     """Raise ``ConfigError`` (naming the key) if ``cfg`` cannot run; return None otherwise."""
     try:
@@ -316,9 +348,7 @@ def validate(cfg: DictConfig) -> None:
     _check_component_schemas(cfg)
     method = _check_method(cfg)
     checker = _Checker(cfg)
-    checker.require(
-        "experiment", lambda v: isinstance(v, str) and v.strip() == v and bool(v), "must be a non-empty name"
-    )
+    _check_experiment(cfg.experiment)
     _check_rollout(checker, cfg, method)
     _check_trainer(checker, cfg, method)
     _check_model(checker, cfg)

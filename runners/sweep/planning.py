@@ -27,6 +27,7 @@ from runners.config import (
     validate,
 )
 from runners.config.grid import Composer, expand_grid, master_hydra
+from runners.config.validate import check_seed
 from runners.redact import redact
 
 JOB_FILE = "job.json"  # in a cell's run directory: the Slurm job that runs it
@@ -92,6 +93,21 @@ def _resource_key(res: dict[str, Any]) -> tuple:
 
 def available_sweeps() -> list[str]:
     return sorted(p.stem for p in SWEEPS_DIR.glob("*.yaml"))
+
+
+def _check_text(path: Path) -> None:
+    """A sweep file Hydra can read: UTF-8 text (not random bytes, not another encoding)."""
+    data = path.read_bytes()
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise ConfigError(
+            "sweep",
+            f"sweep file {path} is not UTF-8 text (byte 0x{data[err.start]:02x} at offset {err.start}); "
+            "save it as UTF-8 YAML",
+        ) from None
+    if b"\0" in data:
+        raise ConfigError("sweep", f"sweep file {path} is not text (a NUL byte at offset {data.index(0)})")
 
 
 # -- MLflow: which cells are done ------------------------------------------------------------------------
@@ -199,6 +215,7 @@ def plan(
     a note when there is no ``sbatch``)."""
     if name not in available_sweeps():
         raise ConfigError("sweep", f"unknown sweep {name!r}; available: {', '.join(available_sweeps())}")
+    _check_text(SWEEPS_DIR / f"{name}.yaml")
     p = _compose_cells(name, list(overrides))
     existing = _existing_runs(p.tracking_uri, p.experiment) if check_mlflow else {}
     current = RunRecord("", tracking.package_version(), tracking.git_revision())
@@ -230,12 +247,13 @@ def _compose_cells(name: str, user: list[str]) -> SweepPlan:
     for ov in cells_overrides:
         composed = composer.compose(ov)
         cfg, data = composed.cfg, composed.data
-        if data is None or composed.check not in validated:
-            try:
+        try:
+            if data is None or composed.check not in validated:
                 validate(cfg)
-            except ConfigError as err:
-                raise ConfigError(err.key, f"{err.reason} (in cell: {' '.join(ov) or '<base>'})") from None
-            validated.add(composed.check)
+                validated.add(composed.check)
+            check_seed(cfg)  # the one key validate leaves out (runners.config.grid)
+        except ConfigError as err:
+            raise ConfigError(err.key, f"{err.reason} (in cell: {' '.join(ov) or '<base>'})") from None
         if first is None:
             first = (tracking_uri(cfg), str(cfg.experiment), str(cfg.launcher.name), str(cfg.tracking.kind))
         label = method_label(cfg, composed.choices)

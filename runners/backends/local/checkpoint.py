@@ -12,12 +12,21 @@ readable checkpoint left it raises ``CheckpointError`` naming the files to remov
 The state holds model, optimiser and scheduler, critic, entropy controller, rollout (unfinished
 T-PPO slots and the prompt stream position) and every RNG, so a resumed run recomputes exactly the
 steps it lost.
+
+Files are read with torch's safe loader (``torch.load(weights_only=True)``): tensors, containers and
+numbers, plus the four numpy globals a checkpoint holds (numpy's RNG state is a ``uint32`` array:
+``ndarray``, ``dtype``, ``dtypes.UInt32DType`` and the ``_reconstruct`` function that rebuilds it;
+``SAFE_GLOBALS``). A file
+naming any other global (a pickle payload that would run code when loaded) is refused before
+anything in it runs, and treated as an unreadable checkpoint, with a message saying so.
 """
 
 from __future__ import annotations
 
 import os
+import pickle
 import random
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -28,6 +37,9 @@ import torch
 FILENAME = "checkpoint.pt"
 PREVIOUS = "checkpoint.prev.pt"
 CORRUPT_SUFFIX = ".corrupt"
+# the globals of numpy's RNG state (np.random.get_state()[1], a uint32 array), as numpy pickles it
+SAFE_GLOBALS = [np.ndarray, np.dtype, type(np.dtype(np.uint32)), np.zeros(0, dtype=np.uint32).__reduce__()[0]]
+_REFUSED = re.compile(r"GLOBAL (\S+)|but got <class '([^']+)'>")
 
 
 class CheckpointError(RuntimeError):
@@ -92,11 +104,11 @@ def load(run_dir: str | Path) -> dict[str, Any] | None:
         if not file.exists():
             continue
         try:
-            state = torch.load(file, map_location="cpu", weights_only=False)
+            state = _safe_load(file)
             if not isinstance(state, dict) or "step" not in state:
                 raise ValueError("not a trustbench checkpoint (no step)")
         except Exception as err:  # noqa: BLE001 - any unreadable file: try the previous one
-            problems.append((file, f"{type(err).__name__}: {(str(err).strip().splitlines() or [''])[0]}"))
+            problems.append((file, _why(err)))
             continue
         if problems:
             _set_aside(problems, fallback=file)
@@ -109,6 +121,27 @@ def load(run_dir: str | Path) -> dict[str, Any] | None:
             "(its MLflow run is kept and resumed)"
         )
     return None
+
+
+def _safe_load(file: Path) -> Any:
+    if not hasattr(torch.serialization, "safe_globals"):  # torch 2.4: the process-wide allowlist only
+        torch.serialization.add_safe_globals(SAFE_GLOBALS)
+        return torch.load(file, map_location="cpu", weights_only=True)
+    with torch.serialization.safe_globals(SAFE_GLOBALS):
+        return torch.load(file, map_location="cpu", weights_only=True)
+
+
+def _why(err: BaseException) -> str:
+    """One line on why a checkpoint could not be read."""
+    text = str(err).strip()
+    refused = _REFUSED.search(text) if isinstance(err, pickle.UnpicklingError) else None
+    if refused is not None or "Weights only load failed" in text:
+        what = (refused[1] or refused[2]) if refused is not None else "a type outside its allowlist"
+        return (
+            f"refused by torch's safe loader: it names {what}, which no trustbench checkpoint holds "
+            "(a pickle payload would run code when loaded); nothing in it was run"
+        )
+    return f"{type(err).__name__}: {(text.splitlines() or [''])[0]}"
 
 
 def _set_aside(problems: list[tuple[Path, str]], fallback: Path) -> None:
