@@ -143,3 +143,11 @@ def test_invalid_names_are_named():
         loss_settings({"loss_mode": "vanilla"})
     with pytest.raises(ValueError, match="entropy_control='repo'"):
         loss_settings({"loss_mode": "trustbench_clip", "entropy_control": "repo"})
+    # a parameter the loss mode fixes is not silently overridden (TROLL's GSPO form has its own mode)
+    with pytest.raises(
+        ValueError,
+        match=r"objective_params.sequence=True contradicts loss_mode='trustbench_troll'.*"
+        r"loss_mode='trustbench_troll_seq' sets sequence=True",
+    ):
+        loss_settings({"loss_mode": "trustbench_troll", "objective_params": {"sequence": True}})
+    assert loss_settings({"loss_mode": "trustbench_troll", "objective_params": {"sequence": False}}).method

@@ -161,9 +161,18 @@ def loss_settings(policy_loss: Any, loss_mode: str | None = None) -> LossSetting
         raise ValueError(f"policy_loss.mask={mask!r}; valid: {', '.join(MASKS.names())}")
     if control not in ENTROPY_CONTROLLERS:
         raise ValueError(f"policy_loss.entropy_control={control!r}; valid: {', '.join(ENTROPY_CONTROLLERS.names())}")
+    given = _plain(_get(policy_loss, "objective_params", {}))
+    for key, value in fixed.items():  # e.g. trustbench_troll fixes sequence=False: a contrary value is an error
+        if key in given and given[key] != value:
+            others = [m for m, (name, f) in LOSS_MODES.items() if name == objective and f.get(key) == given[key]]
+            hint = f"; loss_mode={others[0]!r} sets {key}={given[key]!r}" if others else ""
+            raise ValueError(
+                f"policy_loss.objective_params.{key}={given[key]!r} contradicts loss_mode={mode!r}, which fixes "
+                f"{key}={value!r}{hint}"
+            )
     method = Method.from_params(
         objective=objective,
-        objective_params={**_plain(_get(policy_loss, "objective_params", {})), **fixed},
+        objective_params={**given, **fixed},
         mask=mask,
         mask_params=_plain(_get(policy_loss, "mask_params", {})),
         entropy_control=control,
