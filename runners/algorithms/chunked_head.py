@@ -1,0 +1,279 @@
+"""Sampled-token log-probs, entropies and TROLL's sparse store from hidden states, chunk by chunk.
+
+The output layer's logits ``z = (h W^T + b) / temperature`` [N,V] are never held for all N rows at
+once: rows of ``h`` are processed ``chunk_size`` at a time, in the manner of Cut Cross-Entropy
+("Cut Your Losses in Large-Vocabulary Language Models", arXiv 2411.09009) and Liger
+Kernel's fused linear cross-entropy. Per token it returns the log-prob of the sampled token, the
+entropy of ``softmax(z)`` and, optionally, the top-K sparse store of
+``runners.algorithms.troll_sparse.sparsify(z, tokens, renormalize=False)`` (same layout, values).
+
+    out = chunked_head(h, lm_head.weight, responses, temperature=1.0, sparse={"k": 64})
+    out.logp, out.entropy        # [N] float32, differentiable w.r.t. h, W (and b)
+    out.topk_index, out.topk_logp  # [N,K+1] int32 / float32, no grad (None without ``sparse``)
+
+Design decisions:
+
+- Arithmetic: each chunk's logits come from one float32 matmul (float64 for float64 inputs; bf16 /
+  fp16 inputs are upcast: ``W`` once per call, a [V,H] float32 copy that is freed after the call).
+  With ``m`` the row maximum, ``t = z - m``, ``s = sum exp(t)`` (float32, pairwise summation):
+  ``log p_y = t_y - log s`` (the composite ``x[y] - logsumexp(x)`` form of
+  ``numerics.token_logprobs``, not ATen's float32 ``log_softmax``, which is off by 1.4e-4 at
+  V = 151,936 on peaked rows) and ``H = log s - sum exp(t) t / s``, both differences taken in
+  float64 from the float32 row sums: values relative to the row maximum, and nothing of size
+  |logsumexp| is rounded to float32 before a difference is taken.
+- Gradients are float32 GEMMs over the chunk: ``dL/dh`` sums V products per entry, so its error
+  is that of any float32 matmul over V terms (a few 1e-6 of the largest entry at V = 151,936 on
+  CPU; the dense path's ``logits.grad @ W`` has the same kind).
+- Saved for backward: ``h``, ``W``, ``b``, the token ids and per row ``m``, ``log s`` and ``H``
+  ([N] each); no logits. Backward recomputes each chunk's ``t`` bit for bit (same matmul, same
+  chunking) and forms ``dL/dz = g_logp (onehot(y) - p) - g_H p (log p + H)``; then
+  ``dL/dh = dL/dz W / T``, ``dL/dW = dL/dz^T h / T``, ``dL/db = sum_rows dL/dz / T``. Gradients
+  reach the parameters through both outputs (entropy bonus, entropy controllers); an output that
+  no loss reads costs nothing in backward.
+- Working set: about two [chunk_size, V] buffers of the compute dtype, plus the [V,H] gradient of
+  ``W`` (and its float32 copy for lower-precision ``W``). ``chunk_size=None`` picks
+  ``default_chunk_size(V, device)``: on CPU ``2**22 // V`` rows (16 MiB per float32 buffer, cache
+  sized: 27 rows at V = 151,936), elsewhere ``2**26 // V`` (441 rows: fewer kernel launches; on an
+  H200 at N = 4,096, 256- and 1,024-row chunks took 0.50x and 0.45x the dense update's time).
+- The sparse store (TROLL, arXiv 2510.03817, section 3.2, eq. 21): top-K by ``troll_sparse.large_topk``
+  on the chunk's logits ``z`` (before the shift), log-probs in float64 as ``z - (m + log s)``
+  (``log s`` of the float32 sum, relative error ~1e-7, where ``sparsify`` sums float64
+  exponentials), cut after the token that brings the cumulative mass to ``1 - delta``, the sampled
+  token in the last slot; as ``sparsify(..., renormalize=False)``: the kept tokens' true log-probs.
+- ``bias`` may hold ``-inf`` (a masked vocabulary entry) as long as each row keeps a finite logit;
+  such entries get probability 0, no NaN in values or gradients. Without a bias the logits are
+  finite for finite ``h``, ``W``, and the NaN guards are skipped.
+- Token ids are checked once per call (one host read), as ``sparsify`` does.
+
+Tests: ``pytest tests/algorithms/test_chunked_head.py``; benchmark:
+``python tests/benchmarks/bench_chunked_head.py``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+from torch.autograd.function import once_differentiable
+
+from runners.algorithms.troll_sparse import large_topk
+
+__all__ = ["HeadOutputs", "chunked_head", "default_chunk_size"]
+
+_CHUNK_VALUES = {"cpu": 1 << 22}  # values per [chunk, V] buffer when chunk_size is None
+_DEVICE_CHUNK_VALUES = 1 << 26  # any other device
+_SPARSE_DEFAULTS = {"k": 64, "delta": 1e-5, "p_default": 1e-12}
+
+
+class HeadOutputs(NamedTuple):
+    """Per-token results of ``chunked_head`` (leading shape of ``tokens``)."""
+
+    logp: Tensor  # log softmax(z)[y], float32 (float64 for float64 inputs)
+    entropy: Tensor  # -sum p log p, same dtype
+    topk_index: Tensor | None  # [..., K+1] int32, sparsify's layout
+    topk_logp: Tensor | None  # [..., K+1] float32, true log-probs (-inf: unused slot)
+
+
+def default_chunk_size(vocab: int, device: str | torch.device = "cpu") -> int:
+    """Rows per chunk when ``chunk_size`` is None: one [rows, V] buffer holds about 2**22 values on
+    CPU, 2**26 on other devices."""
+    values = _CHUNK_VALUES.get(torch.device(device).type, _DEVICE_CHUNK_VALUES)
+    return max(1, values // max(1, vocab))
+
+
+def _sparse_params(sparse: Mapping | None, vocab: int) -> tuple[int, float, float] | None:
+    if sparse is None:
+        return None
+    unknown = set(sparse) - set(_SPARSE_DEFAULTS)
+    if unknown:
+        raise ValueError(f"chunked_head sparse: unknown key(s) {sorted(unknown)}; valid: k, delta, p_default")
+    p = {**_SPARSE_DEFAULTS, **sparse}
+    k, delta, p_default = int(p["k"]), float(p["delta"]), float(p["p_default"])
+    if not 1 <= k <= vocab:
+        raise ValueError(f"troll sparsify k must be in [1, V={vocab}], got {k!r}")
+    if not 0 <= delta < 1:
+        raise ValueError(f"troll sparsify delta must be in [0, 1), got {delta!r}")
+    if not 0 < p_default or vocab * p_default >= 1:
+        raise ValueError(f"troll p_default must be > 0 with V * p_default < 1 (V={vocab}), got {p_default!r}")
+    return k, delta, p_default
+
+
+def chunked_head(
+    hidden: Tensor,
+    weight: Tensor,
+    tokens: Tensor,
+    *,
+    bias: Tensor | None = None,
+    temperature: float = 1.0,
+    chunk_size: int | None = None,
+    sparse: Mapping | None = None,
+) -> HeadOutputs:
+    """Log-prob of ``tokens``, entropy and (``sparse``) the top-K store of ``softmax((h W^T + b) / T)``.
+
+    Args:
+        hidden: [..., H] last hidden states (float32, bf16, fp16 or float64).
+        weight: [V, H] output matrix (``lm_head.weight``), same dtype family as ``hidden``.
+        tokens: [...] long, the sampled token ids (padded positions need a valid id; mask them in
+            the loss: a zero upstream gradient adds nothing).
+        bias: optional [V] output bias.
+        temperature: the sampling temperature (> 0); logits are divided by it, as verl does.
+        chunk_size: rows of ``hidden`` per chunk (None: ``default_chunk_size(V, hidden.device)``).
+        sparse: None, or a mapping with any of ``k`` (64), ``delta`` (1e-5), ``p_default`` (1e-12):
+            also return ``sparsify(z, tokens, renormalize=False, **sparse)``'s index and log-probs.
+
+    Returns:
+        ``HeadOutputs``; ``logp`` and ``entropy`` are differentiable w.r.t. hidden, weight and bias.
+    """
+    if not temperature > 0:
+        raise ValueError(f"temperature must be > 0, got {temperature!r}")
+    if chunk_size is not None and chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1 or None, got {chunk_size!r}")
+    if weight.dim() != 2 or hidden.shape[-1] != weight.shape[1]:
+        raise ValueError(f"hidden {tuple(hidden.shape)} must be [..., H] with weight [V, H], got {tuple(weight.shape)}")
+    if hidden.shape[:-1] != tokens.shape:
+        raise ValueError(f"tokens {tuple(tokens.shape)} must match hidden's leading shape {tuple(hidden.shape[:-1])}")
+    vocab = weight.shape[0]
+    if bias is not None and bias.shape != (vocab,):
+        raise ValueError(f"bias must be [V={vocab}], got {tuple(bias.shape)}")
+    params = _sparse_params(sparse, vocab)
+    ids = tokens.reshape(-1).long()
+    if ids.numel():
+        low, high = torch.stack([ids.min(), ids.max()]).tolist()  # one host read
+        if low < 0 or high >= vocab:
+            raise ValueError(f"token ids must be in [0, {vocab}), got range [{low}, {high}]")
+    rows = chunk_size or default_chunk_size(vocab, hidden.device)
+    flat = hidden.reshape(-1, hidden.shape[-1])
+    logp, entropy, index, store = _ChunkedHead.apply(flat, weight, bias, ids, 1.0 / temperature, rows, params)
+    lead = tokens.shape
+    if params is None:
+        return HeadOutputs(logp.reshape(lead), entropy.reshape(lead), None, None)
+    k1 = params[0] + 1
+    return HeadOutputs(logp.reshape(lead), entropy.reshape(lead), index.reshape(*lead, k1), store.reshape(*lead, k1))
+
+
+def _compute_dtype(hidden: Tensor) -> torch.dtype:
+    return torch.promote_types(hidden.dtype, torch.float32)
+
+
+def _scaled(h: Tensor, cd: torch.dtype, inv_t: float) -> Tensor:
+    """One chunk of hidden states in the compute dtype, times 1 / temperature."""
+    h = h.to(cd)
+    return h * inv_t if inv_t != 1.0 else h
+
+
+def _logits(hs: Tensor, w_t: Tensor, b: Tensor | None, inv_t: float) -> Tensor:
+    """``z = hs W^T + b * inv_t`` for one chunk [C,V] (``hs`` already scaled by ``inv_t``)."""
+    return hs @ w_t if b is None else torch.addmm(b * inv_t if inv_t != 1.0 else b, hs, w_t)
+
+
+class _ChunkedHead(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, ids, inv_t, rows, params):
+        cd = _compute_dtype(hidden)
+        n = hidden.shape[0]
+        dev = hidden.device
+        w_t = weight.to(cd).t()
+        b = bias.to(cd) if bias is not None else None
+        maxima = torch.empty(n, 1, dtype=cd, device=dev)
+        log_s = torch.empty(n, dtype=cd, device=dev)
+        logp = torch.empty(n, dtype=cd, device=dev)
+        entropy = torch.empty(n, dtype=cd, device=dev)
+        k1 = params[0] + 1 if params is not None else 0
+        index = torch.zeros(n, k1, dtype=torch.int32, device=dev)
+        store = torch.full((n, k1), -math.inf, dtype=torch.float32, device=dev)
+        with torch.no_grad():
+            for start in range(0, n, rows):
+                sl = slice(start, start + rows)
+                z = _logits(_scaled(hidden[sl], cd, inv_t), w_t, b, inv_t)
+                m = z.amax(-1, keepdim=True)
+                z_y = z.gather(-1, ids[sl, None])
+                top = large_topk(z, params[0]) if params is not None else None  # before the shift: exact z
+                t = z.sub_(m)
+                e = torch.exp(t)
+                s = e.sum(-1)
+                if b is not None:  # -inf logits: p log p := 0
+                    t.clamp_(min=torch.finfo(cd).min)
+                dot = e.mul_(t).sum(-1)
+                s64 = s.double()
+                ls64 = s64.log()  # float64 from here: no rounding at |log s| ~ log V
+                logp[sl] = ((z_y - m).squeeze(-1).double() - ls64).to(cd)
+                entropy[sl] = (ls64 - dot.double() / s64).to(cd)
+                if top is not None:
+                    lse = m.squeeze(-1).double() + ls64
+                    index[sl], store[sl] = _sparse_chunk(*top, lse, ids[sl], z_y.squeeze(-1), *params)
+                maxima[sl], log_s[sl] = m, ls64.to(cd)
+        ctx.save_for_backward(hidden, weight, bias, ids, maxima, log_s, entropy)
+        ctx.inv_t, ctx.rows = inv_t, rows
+        ctx.mark_non_differentiable(index, store)
+        ctx.set_materialize_grads(False)
+        return logp, entropy, index, store
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, g_logp, g_ent, _g_index, _g_store):
+        hidden, weight, bias, ids, maxima, log_s, entropy = ctx.saved_tensors
+        need_h, need_w, need_b = ctx.needs_input_grad[:3]
+        if g_logp is None and g_ent is None or not (need_h or need_w or need_b):
+            return None, None, None, None, None, None, None
+        cd = _compute_dtype(hidden)
+        inv_t, rows = ctx.inv_t, ctx.rows
+        w = weight.to(cd)
+        b = bias.to(cd) if bias is not None else None
+        grad_h = torch.empty(hidden.shape, dtype=cd, device=hidden.device) if need_h else None
+        grad_w = torch.zeros_like(w) if need_w else None
+        grad_b = torch.zeros(weight.shape[0], dtype=cd, device=hidden.device) if need_b else None
+        for start in range(0, hidden.shape[0], rows):
+            sl = slice(start, start + rows)
+            hs = _scaled(hidden[sl], cd, inv_t)
+            t = _logits(hs, w.t(), b, inv_t).sub_(maxima[sl])  # bit for bit the forward's t
+            t.sub_(log_s[sl, None])  # log p
+            p = torch.exp(t)
+            g_l = g_logp[sl, None].to(cd) if g_logp is not None else None
+            if g_ent is not None:  # -g_H p (log p + H) - g_l p
+                if b is not None:
+                    t.masked_fill_(p == 0, 0.0)
+                t.add_(entropy[sl, None]).mul_(g_ent[sl, None].to(cd))
+                if g_l is not None:
+                    t.add_(g_l)
+                g = t.mul_(p).neg_()
+            else:
+                g = p.mul_(-g_l)
+            if g_l is not None:
+                g.scatter_add_(1, ids[sl, None], g_l)
+            if need_h:
+                grad_h[sl] = (g @ w).mul_(inv_t)
+            if need_w:
+                grad_w.addmm_(g.t(), hs)
+            if need_b:
+                grad_b.add_(g.sum(0), alpha=inv_t)
+        return (
+            grad_h.to(hidden.dtype) if need_h else None,
+            grad_w.to(weight.dtype) if need_w else None,
+            grad_b.to(bias.dtype) if need_b else None,
+            None,
+            None,
+            None,
+            None,
+        )
+
+
+def _sparse_chunk(
+    top_val: Tensor, top_idx: Tensor, lse: Tensor, ids: Tensor, z_y: Tensor, k: int, delta: float, p_default: float
+) -> tuple[Tensor, Tensor]:
+    """``sparsify(..., renormalize=False)`` of one chunk from its top-K logits and float64 ``lse`` -> index, logp [C,K+1]."""
+    lse = lse.unsqueeze(-1)
+    top_lp = top_val.double() - lse
+    # keep the first n tokens with n = 1 + #{j < K-1 : cumsum_j < 1 - delta} (cut after reaching it)
+    before = torch.cumsum(top_lp.exp(), -1) < 1 - delta
+    n_keep = (1 + before[:, :-1].sum(-1)).clamp(max=k)
+    keep = torch.arange(k, device=top_val.device) < n_keep.unsqueeze(-1)
+    keep &= top_lp > -math.inf  # never keep zero-probability tokens
+    keep &= top_idx != ids.unsqueeze(-1)  # the sampled token goes to the last slot instead
+    y_lp = z_y.double().unsqueeze(-1) - lse
+    y_lp = torch.where(y_lp > -math.inf, y_lp, math.log(p_default))  # zero probability: p_d, as sparsify
+    lp = torch.cat([torch.where(keep, top_lp, -math.inf), y_lp], dim=-1)
+    idx = torch.cat([torch.where(keep, top_idx, torch.zeros_like(top_idx)), ids.unsqueeze(-1)], dim=-1)
+    return idx.to(torch.int32), lp.float()
