@@ -154,7 +154,32 @@ def cmd_ui(args: argparse.Namespace) -> int:
     if uri.startswith("sqlite:"):
         cmd += ["--default-artifact-root", paths.artifact_root().as_uri()]
     print(f"MLflow UI for {redact(uri)} at http://{args.host}:{args.port} (Ctrl-C to stop)")
-    return subprocess.call(cmd, env={**os.environ, **SERVER_ENV})
+    return _serve(cmd, env={**os.environ, **SERVER_ENV})
+
+
+def _serve(cmd: list[str], env: dict) -> int:
+    """Run ``cmd`` (the MLflow UI) in its own process group and end the whole group with this
+    command, whatever ends it: Ctrl-C, SIGTERM (a job scheduler, a terminal multiplexer, ``kill``) or
+    SIGHUP; ``mlflow ui`` and its uvicorn worker would otherwise live on, re-parented to init."""
+    import signal
+
+    from runners.tracking_server import end_group
+
+    proc = subprocess.Popen(cmd, env=env, start_new_session=True)
+
+    def stop(signum, frame):
+        raise SystemExit(128 + signum)
+
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        return proc.wait()
+    except KeyboardInterrupt:
+        return 130
+    finally:
+        if proc.poll() is None:
+            end_group(proc, timeout_s=10.0)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def _summary_line(path: Path) -> str:

@@ -254,7 +254,7 @@ def _start(url: str, host: str, port: int, wait_s: float) -> TrackingServer:
     deadline = time.monotonic() + wait_s
     while not is_up(url):
         if proc.poll() is not None or time.monotonic() > deadline:
-            _end(proc)
+            end_group(proc)
             error = _last_error(log, start_at)
             if "in use" in error and is_up(url):
                 return TrackingServer(url=url, started=False, port=port)
@@ -267,8 +267,9 @@ def _start(url: str, host: str, port: int, wait_s: float) -> TrackingServer:
     return server
 
 
-def _end(proc: subprocess.Popen, timeout_s: float = 20.0) -> None:
-    """End a server process group started here (a start that failed)."""
+def end_group(proc: subprocess.Popen, timeout_s: float = 20.0) -> None:
+    """End the process group of ``proc`` (started with ``start_new_session``): SIGTERM, then SIGKILL
+    after ``timeout_s`` (a server start that failed; ``trustbench ui`` ending)."""
     for sig in (signal.SIGTERM, signal.SIGKILL):
         with suppress(ProcessLookupError):
             os.killpg(proc.pid, sig)

@@ -14,6 +14,7 @@ Run:  pytest tests/test_reliability_messages.py
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -286,8 +287,12 @@ def test_ui_runs_one_server_process_and_no_job_runner(tmp_path):
         time.sleep(3.0)  # a job runner starts after the server answers
         below = psutil.Process(proc.pid).children(recursive=True)
         commands = [" ".join(p.cmdline()) for p in below]
+        proc.send_signal(signal.SIGTERM)  # to the command alone, as `kill` or a job scheduler does
+        assert proc.wait(timeout=60) == 128 + signal.SIGTERM
+        gone, alive = psutil.wait_procs(below, timeout=30)
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=60)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
     assert len(below) <= 2, commands
     assert not [c for c in commands if "huey" in c or "job" in c], commands
+    assert below and not alive, [" ".join(p.cmdline()) for p in alive]  # the UI server ended with the command
