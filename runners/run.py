@@ -79,6 +79,16 @@ def tracking_uri(cfg: DictConfig) -> str:
     return paths.default_tracking_uri()
 
 
+def uri_source(cfg: DictConfig) -> str | None:
+    """Where ``tracking_uri(cfg)`` came from when the user gave it (``tracking.uri`` or the environment
+    variable ``MLFLOW_TRACKING_URI``); None for this home's sqlite file or the sweep's own server."""
+    if cfg.tracking.uri:
+        return "tracking.uri"
+    if os.environ.get("MLFLOW_TRACKING_URI"):
+        return "MLFLOW_TRACKING_URI"
+    return None
+
+
 def run_tags(cfg: DictConfig, label: str, choices: Mapping[str, str] | None) -> dict[str, str]:
     choices = choices or {}
     tags = {

@@ -169,6 +169,8 @@ def silent_listener():
         ("env", "MLFLOW_TRACKING_URI"),
         ("port_taken", "tracking.port"),
         ("sweep_no_start", "tracking.start_server"),
+        ("dry_run_env", "MLFLOW_TRACKING_URI"),
+        ("dry_run_uri", "tracking.uri"),
     ],
 )
 def test_unreachable_tracking_fails_fast_naming_the_key(tmp_path, silent_listener, case, key):
@@ -186,12 +188,16 @@ def test_unreachable_tracking_fails_fast_naming_the_key(tmp_path, silent_listene
             "sweep", "demo", "+method=choice(grpo)", "tracking=server", "tracking.start_server=false",
             f"tracking.port={port}",
         ],
+        # a dry run reads which cells finished: it used to read this home's sqlite file instead and say "0 finished"
+        "dry_run_env": ["sweep", "demo", "+method=choice(grpo)", "--dry-run"],
+        "dry_run_uri": ["sweep", "demo", "+method=choice(grpo)", f"tracking.uri=http://127.0.0.1:{port}", "--dry-run"],
     }[case]  # fmt: skip
-    if case == "env":
+    if case in ("env", "dry_run_env"):
         env["MLFLOW_TRACKING_URI"] = f"http://127.0.0.1:{port}"
     proc = trustbench([*args, *FAST], home, timeout=180, **env)
     assert proc.returncode == 2, proc.stderr[-3000:]
-    one_message(proc.stderr, "environment variable MLFLOW_TRACKING_URI" if case == "env" else f"config key '{key}'")
+    env_case = case in ("env", "dry_run_env")
+    one_message(proc.stderr, "environment variable MLFLOW_TRACKING_URI" if env_case else f"config key '{key}'")
     assert runs(home) == []
     if case == "port_taken":
         assert "in use" in proc.stderr

@@ -62,6 +62,7 @@ class SweepPlan:
     base_overrides: list[str]
     launcher: str = "local"
     tracking_kind: str = "sqlite"
+    tracking_source: str | None = None  # "tracking.uri" / "MLFLOW_TRACKING_URI" where given explicitly
     cluster_note: str = ""
     master: Any = field(repr=False, default=None)  # (hydra, master cfg) to launch with
     jobs: dict[str, Any] = field(default_factory=dict)  # run key -> runners.launch.JobOutcome
@@ -123,15 +124,22 @@ class RunRecord(NamedTuple):
         return metric_names.code_version_label(self.version, self.revision)
 
 
-def _existing_runs(uri: str, experiment: str) -> dict[str, RunRecord]:
+def _existing_runs(uri: str, experiment: str, source: str | None = None) -> dict[str, RunRecord]:
     """run key -> status and code version of the newest run with that key (one query for the experiment).
 
-    A sqlite store is read with one SQL query (no mlflow import: the dry run stays fast); a server
-    that does not answer is read through its sqlite file when that is this home's store."""
+    A sqlite store is read with one SQL query (no mlflow import: the dry run stays fast). A server
+    that does not answer is read through its sqlite file when it is the sweep's own
+    (``tracking=server`` at ``tracking.host:tracking.port``, ``source`` None: its store is this
+    home's); a URI given by ``source`` (``tracking.uri`` or ``MLFLOW_TRACKING_URI``) must answer,
+    or the plan could not tell which cells already finished (``ConfigError`` naming it)."""
     from runners import tracking_server
 
     db = _sqlite_file(uri)
     if db is None and uri.startswith("http") and not tracking_server.is_up(uri):
+        if source is not None:
+            raise ConfigError(
+                source, f"no MLflow server answers at {redact(uri)}: cannot tell which cells already finished"
+            )
         db = _sqlite_file(tracking_server.store_uri())
     if db is not None:
         if not db.exists():
@@ -217,7 +225,7 @@ def plan(
         raise ConfigError("sweep", f"unknown sweep {name!r}; available: {', '.join(available_sweeps())}")
     _check_text(SWEEPS_DIR / f"{name}.yaml")
     p = _compose_cells(name, list(overrides))
-    existing = _existing_runs(p.tracking_uri, p.experiment) if check_mlflow else {}
+    existing = _existing_runs(p.tracking_uri, p.experiment, p.tracking_source) if check_mlflow else {}
     current = RunRecord("", tracking.package_version(), tracking.git_revision())
     p.code = current.code
     _decide(p.cells, existing, rerun_failed=rerun_failed, force=force, rerun_stale=rerun_stale, current=current)
@@ -231,7 +239,7 @@ def plan(
 def _compose_cells(name: str, user: list[str]) -> SweepPlan:
     """The plan's cells, composed and validated (each distinct config once), all to run."""
     from runners.resources import cell_resources
-    from runners.run import tracking_uri
+    from runners.run import tracking_uri, uri_source
 
     sweep_free = [o for o in user if not _is_sweep_syntax(o)]
     # hydra.mode=MULTIRUN reaches every job (as with `-m`): runners.main.task then reports instead of raising
@@ -243,7 +251,7 @@ def _compose_cells(name: str, user: list[str]) -> SweepPlan:
     composer = Composer(hydra, master, base)
     cells: list[Cell] = []
     validated: set[str] = set()
-    first = None  # (tracking URI, experiment, launcher, tracking kind) of the first cell
+    first = None  # (tracking URI, experiment, launcher, tracking kind, where the URI came from) of the first cell
     for ov in cells_overrides:
         composed = composer.compose(ov)
         cfg, data = composed.cfg, composed.data
@@ -256,6 +264,7 @@ def _compose_cells(name: str, user: list[str]) -> SweepPlan:
             raise ConfigError(err.key, f"{err.reason} (in cell: {' '.join(ov) or '<base>'})") from None
         if first is None:
             first = (tracking_uri(cfg), str(cfg.experiment), str(cfg.launcher.name), str(cfg.tracking.kind))
+            first += (uri_source(cfg),)
         label = method_label(cfg, composed.choices)
         cells.append(
             Cell(
@@ -267,7 +276,7 @@ def _compose_cells(name: str, user: list[str]) -> SweepPlan:
                 resources=cell_resources(data),
             )
         )
-    uri, experiment, launcher_name, tracking_kind = first or (None, None, "?", "?")
+    uri, experiment, launcher_name, tracking_kind, source = first or (None, None, "?", "?", None)
     return SweepPlan(
         name=name,
         experiment=experiment or name,
@@ -276,6 +285,7 @@ def _compose_cells(name: str, user: list[str]) -> SweepPlan:
         base_overrides=base,
         launcher=launcher_name,
         tracking_kind=tracking_kind,
+        tracking_source=source,
         master=(hydra, master),
     )
 
