@@ -88,6 +88,7 @@ CLIP = _f("curves:clip_projection_figure")
 TIMING = _f("timing:timing_figure")
 TIMING_TABLE = _t("timing:timing_table")
 SCALING = _t("scaling:scaling_table")
+AGGREGATES = _t("aggregates:aggregate_table")  # IQM, mean, P(improvement) (arXiv 2108.13264)
 
 
 def _compare(tags: dict[str, str] | None = None, match: tuple[str, ...] = ()) -> Item:
@@ -111,6 +112,7 @@ register_report(
         (
             OVERVIEW,
             _compare(),
+            AGGREGATES,
             _claims(*ALL_CLAIMS, show_unchecked=False),
             _t("generic:eval_start_end_table"),
             _t("generic:final_metrics_table"),
@@ -131,6 +133,7 @@ register_report(
         (
             OVERVIEW,
             _compare(),
+            AGGREGATES,
             _claims("troll_kl_bound", "trm_length", "repo_r_entropy", "gtpo_conflict", "adapo_eps_high"),
             _t("generic:eval_start_end_table"),
             _t(
