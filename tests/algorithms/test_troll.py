@@ -637,7 +637,7 @@ def test_objective_input_errors_name_the_offending_field():
     for bad_id in (vocab, -1):  # one kept id out of [0, V)
         bad = index.clone()
         bad[0, 0, 0] = bad_id
-        with pytest.raises(ValueError, match="old_topk_index"):
+        with pytest.raises(ValueError, match=rf"old_topk_index values must be in \[0, V={vocab}\)"):
             troll_objective(_inputs(new, bad, logp, responses))
     empty = logp.clone()
     empty[1, 2] = -math.inf  # one response position without any kept entry, the others full
