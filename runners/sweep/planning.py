@@ -127,19 +127,15 @@ class RunRecord(NamedTuple):
 def _existing_runs(uri: str, experiment: str, source: str | None = None) -> dict[str, RunRecord]:
     """run key -> status and code version of the newest run with that key (one query for the experiment).
 
-    A sqlite store is read with one SQL query (no mlflow import: the dry run stays fast). A server
-    that does not answer is read through its sqlite file when it is the sweep's own
-    (``tracking=server`` at ``tracking.host:tracking.port``, ``source`` None: its store is this
-    home's); a URI given by ``source`` (``tracking.uri`` or ``MLFLOW_TRACKING_URI``) must answer,
-    or the plan could not tell which cells already finished (``ConfigError`` naming it)."""
+    A sqlite store is read with one SQL query (no mlflow import: the dry run stays fast). The sweep's own
+    server (``source`` None), when down, is read through its sqlite file, this home's; a URI given by
+    ``source`` (``tracking.uri``, ``MLFLOW_TRACKING_URI``) must answer (``ConfigError`` naming it)."""
     from runners import tracking_server
 
     db = _sqlite_file(uri)
     if db is None and uri.startswith("http") and not tracking_server.is_up(uri):
         if source is not None:
-            raise ConfigError(
-                source, f"no MLflow server answers at {redact(uri)}: cannot tell which cells already finished"
-            )
+            raise ConfigError(source, f"no MLflow server answers at {redact(uri)}: cannot tell which cells finished")
         db = _sqlite_file(tracking_server.store_uri())
     if db is not None:
         if not db.exists():
