@@ -63,6 +63,10 @@ from runners.algorithms.troll_sparse import large_topk
 
 __all__ = ["HeadOutputs", "chunked_head", "default_chunk_size"]
 
+# the built-in trainer's old pass goes through chunked_head from this vocabulary size on (Qwen's
+# 151,936, SmolLM2's 49,152); below it a micro-batch's logits are small and the dense path stays
+# (the embedded model's 28 tokens: the demo's numbers are those of the dense path)
+MIN_VOCAB = 32768
 _CHUNK_VALUES = {"cpu": 1 << 22}  # values per [chunk, V] buffer when chunk_size is None
 _DEVICE_CHUNK_VALUES = 1 << 26  # any other device
 _SPARSE_DEFAULTS = {"k": 64, "delta": 1e-5, "p_default": 1e-12}

@@ -71,10 +71,13 @@ def token_logprobs(
             x = x / temperature
         parts.append(x.gather(-1, ids[rows]).squeeze(-1) - torch.logsumexp(x, dim=-1))
     logp = torch.cat(parts) if len(parts) > 1 else parts[0]
+    return round_logprobs(logp, precision).reshape(tokens.shape)
+
+
+def round_logprobs(logp: Tensor, precision: str = "fp32") -> Tensor:
+    """``logp`` rounded to ``precision`` (``"bf16"``, ``"fp16"``) and back to its own dtype; as is for fp32."""
     rounded = PRECISIONS[precision]
-    if rounded is not None:
-        logp = logp.to(rounded).to(compute)
-    return logp.reshape(tokens.shape)
+    return logp if rounded is None else logp.to(rounded).to(logp.dtype)
 
 
 def entropy_from_logits(logits: Tensor, *, chunk_size: int | None = None) -> Tensor:

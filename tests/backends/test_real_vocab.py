@@ -84,9 +84,14 @@ class Recorder:
 
         def old_pass(forward, data, **kw):
             def recording(d, rows):
-                logits = forward(d, rows)
-                self.old_logits.append(logits.detach().double())
-                return logits
+                out = forward(d, rows)
+                if isinstance(out, actor.Head):  # the chunked old pass: its dense logits, in float64, from h and W
+                    z = out.hidden.double() @ out.weight.double().T
+                    z = z if out.bias is None else z + out.bias.double()
+                    self.old_logits.append(z / out.temperature)
+                else:
+                    self.old_logits.append(out.detach().double())
+                return out
 
             self.old_logits = []
             out = real_old_pass(recording, data, **kw)

@@ -23,10 +23,11 @@ import torch
 from torch import Tensor
 
 from runners import metric_names as names
-from runners.algorithms.numerics import entropy_from_logits, token_logprobs
+from runners.algorithms.numerics import entropy_from_logits, round_logprobs, token_logprobs
 from runners.algorithms.policy_loss import PolicyLoss, PolicyLossOutput
 from runners.algorithms.types import PolicyInputs
 from runners.backends.local.batching import micro_batches, micro_rows, mini_batches
+from runners.backends.local.policy import Head
 
 # (model, data, rows) -> temperature-scaled response logits [rows, T, V]
 LogitsFn = Callable[..., Tensor]
@@ -67,22 +68,59 @@ def pi_old_entropy(logits: Tensor) -> Tensor:
     return entropy
 
 
+def _head_entries(
+    head: Head, responses: Tensor, *, method, precision: str, diagnostics: bool, rollout: Head | Tensor | None
+):
+    """``old_entries`` from ``Head``s: the same entries, computed chunk by chunk from the hidden states."""
+    from runners.algorithms.chunked_head import chunked_head
+
+    needs_sparse = method.requires("sparse_old")
+    vocab = head.weight.shape[0]
+    sparse = {
+        "k": min(method.sparse["k"], vocab),
+        "delta": method.sparse["delta"],
+        "p_default": method.sparse["p_default"],
+    }
+
+    def run(h: Head, store: bool):
+        return chunked_head(
+            h.hidden, h.weight, responses, bias=h.bias, temperature=h.temperature, sparse=sparse if store else None
+        )
+
+    own = run(head, needs_sparse or diagnostics)
+    out = {"logp": round_logprobs(own.logp.float(), precision), "entropy": own.entropy.float()}
+    if diagnostics:
+        out["pi_old_topk_index"], out["pi_old_topk_logp"] = own.topk_index.long(), own.topk_logp
+    if needs_sparse:
+        if rollout is None or isinstance(rollout, Head):
+            sampler = own if rollout is None else run(rollout, True)
+            out["old_topk_index"], out["old_topk_logp"] = sampler.topk_index.long(), sampler.topk_logp
+        else:  # a lower-precision sampling copy: its store from its own (rounded) logits
+            out["old_topk_index"], out["old_topk_logp"] = _sparse(rollout, responses, method.sparse)
+    return out
+
+
 def old_entries(
-    logits: Tensor,
+    logits: Tensor | Head,
     responses: Tensor,
     *,
     method,
     precision: str,
     diagnostics: bool = False,
-    rollout_logits: Tensor | None = None,
+    rollout_logits: Tensor | Head | None = None,
     logp: Tensor | None = None,
 ) -> dict[str, Tensor]:
     """The old pass's entries for one chunk of rows from pi_old's logits [rows,T,V] (call without grad).
 
     ``logp`` (given: already computed from these logits) and ``entropy`` [rows,T]; ``pi_old_topk_index/logp``
     (``diagnostics``) and, when the method needs them, ``old_topk_index/logp``: the sampling policy's
-    top-K, from ``rollout_logits`` when it is a separate copy, else from ``logits``.
+    top-K, from ``rollout_logits`` when it is a separate copy, else from ``logits``. Given ``Head``s
+    instead of logits, the same entries come from ``chunked_head`` (within 1e-5 of the dense ones).
     """
+    if isinstance(logits, Head):
+        return _head_entries(
+            logits, responses, method=method, precision=precision, diagnostics=diagnostics, rollout=rollout_logits
+        )
     out = {
         "logp": token_logprobs(logits, responses, precision=precision) if logp is None else logp,
         "entropy": pi_old_entropy(logits),

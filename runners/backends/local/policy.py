@@ -8,6 +8,8 @@ the segment, not the context. Llama-family models skip the padding altogether (`
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from torch import Tensor, nn
 
 
@@ -36,6 +38,36 @@ def segment_logits(
     if temperature != 1.0:
         logits = logits / temperature
     return logits
+
+
+@dataclass
+class Head:
+    """A forward's last hidden states [rows,T,H] and the output layer that maps them to logits: the old
+    pass then goes through ``chunked_head`` and never holds the [rows,T,V] logits (large vocabularies)."""
+
+    hidden: Tensor
+    weight: Tensor  # [V,H]
+    bias: Tensor | None
+    temperature: float
+
+
+def segment_head(
+    model: nn.Module, input_ids: Tensor, attention_mask: Tensor, context_length: int, temperature: float = 1.0
+) -> Head:
+    """``segment_logits`` before the output layer: the hidden states and the layer (``chunked_head``'s inputs)."""
+    out = model.get_output_embeddings()
+    return Head(segment_hidden(model, input_ids, attention_mask, context_length), out.weight, out.bias, temperature)
+
+
+def chunked_old_pass(model: nn.Module, sampler: nn.Module) -> tuple[bool, bool]:
+    """Whether the old pass of pi_old (``model``), and the sampling copy's store (``sampler``), go through
+    ``chunked_head``: from ``chunked_head.MIN_VOCAB`` tokens on, with a linear output layer; a sampling
+    copy in another dtype (bfloat16) keeps its own rounded logits, which are what it sampled from."""
+    from runners.algorithms.chunked_head import MIN_VOCAB
+
+    out = model.get_output_embeddings()
+    own = isinstance(out, nn.Linear) and out.weight.shape[0] >= MIN_VOCAB
+    return own, own and sampler.get_output_embeddings().weight.dtype == out.weight.dtype
 
 
 class ValueModel(nn.Module):

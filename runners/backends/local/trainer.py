@@ -47,7 +47,7 @@ from runners.backends.local.critic import CriticSettings, update_critic
 from runners.backends.local.diagnostics import post_update_metrics
 from runners.backends.local.packed import supports_packed
 from runners.backends.local.perf import model_shape, perf_metrics
-from runners.backends.local.policy import dropout_free, segment_logits
+from runners.backends.local.policy import Head, chunked_old_pass, dropout_free, segment_head, segment_logits
 from runners.backends.local.rollout_policy import RolloutPolicy
 from runners.backends.local.setup import Codec, build_data, build_models, resolve_device
 from runners.backends.local.step_metrics import (
@@ -123,10 +123,12 @@ class LocalTrainer:
 
     def _logits(self, model, data: dict, rows=None) -> torch.Tensor:
         """Temperature-scaled response logits [rows, T, V] of ``model`` (all rows when ``rows`` is None)."""
+        return segment_logits(model, *self._rows(data, rows), data["context_length"], self.cfg.rollout.temperature)
+
+    @staticmethod
+    def _rows(data: dict, rows) -> tuple:
         ids, attn = data["input_ids"], data["attention_mask"]
-        if rows is not None:
-            ids, attn = ids[rows], attn[rows]
-        return segment_logits(model, ids, attn, data["context_length"], self.cfg.rollout.temperature)
+        return (ids, attn) if rows is None else (ids[rows], attn[rows])
 
     # -- training ---------------------------------------------------------------------------------
     def train(self) -> dict[str, float]:
@@ -241,17 +243,26 @@ class LocalTrainer:
             return None
         return OldFromUpdate(method, bool(t.post_update_diagnostics))
 
+    def _head(self, model, data: dict, rows=None) -> Head:
+        """``_logits`` before the output layer (``Head``: hidden states and the layer, for ``chunked_head``)."""
+        return segment_head(model, *self._rows(data, rows), data["context_length"], self.cfg.rollout.temperature)
+
     def _old_pass(self, data: dict) -> dict:
-        """log pi_old with the trained model; the sampling policy's sparse distribution with the copy it sampled with."""
+        """log pi_old with the trained model; the sampling policy's sparse distribution with the copy it
+        sampled with; from the hidden states through ``chunked_head`` where ``chunked_old_pass`` says so."""
         t = self.cfg.trainer
-        separate = self._sampler is not self.model
+        own, sampler = chunked_old_pass(self.model, self._sampler)
+        forward = self._head if own else self._logits
+        rollout = self._head if sampler else lambda model, d, rows: self._logits(model, d, rows).float()
         return old_pass(
-            lambda d, rows: self._logits(self.model, d, rows),
+            lambda d, rows: forward(self.model, d, rows),
             data,
             method=self.method,
             micro_batch_size=t.micro_batch_size,
             precision=t.logprob_precision,
-            rollout_forward=(lambda d, rows: self._logits(self._sampler, d, rows).float()) if separate else None,
+            rollout_forward=(lambda d, rows: rollout(self._sampler, d, rows))
+            if self._sampler is not self.model
+            else None,
             diagnostics=bool(t.post_update_diagnostics),
         )
 
