@@ -13,7 +13,7 @@ BIN := $(VENV)/bin
 TORCH ?= torch==2.13.0
 PIP := $(BIN)/python -m pip -q --disable-pip-version-check
 
-.PHONY: setup setup-test demo test test-fast test-times coverage mutation bench clean-state
+.PHONY: setup setup-test demo test test-fast test-times coverage mutation bench docs clean-state
 
 $(VENV)/.setup: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -80,6 +80,12 @@ bench: $(VENV)/.setup-test $(BENCH_VENV)/.setup-bench
 	for b in tests/benchmarks/bench_*.py; do \
 	  py=$(BIN)/python; case $$b in *bench_vs_trl.py) py=$(BENCH_VENV)/bin/python;; esac; \
 	  echo "== $$b"; $$py $$b || exit 1; done
+
+# the documentation site: the reference pages regenerated from the code (docs/gen_reference.py), then
+# MkDocs with warnings as errors (broken links and anchors included) into the git-ignored site/
+docs: $(VENV)/.setup-test
+	$(BIN)/python docs/gen_reference.py
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
 
 clean-state:
 	rm -rf .trustbench

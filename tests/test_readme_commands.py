@@ -1,13 +1,13 @@
-"""Every command of the README's shell code blocks works as written (issue: the documented
-``trustbench run --cfg job algorithm=tppo`` once exited 2).
+"""Every command of the README's and the documentation's (``docs/**/*.md``) shell code blocks works
+as written (issue: the documented ``trustbench run --cfg job algorithm=tppo`` once exited 2).
 
-The README is parsed when the tests run: each line of a fenced ``bash`` block (backslash
-continuations joined, the trailing ``# comment`` dropped) is one command, and ``COMMANDS`` says how
-it runs here. A command that is cheap runs as written; one that needs a cluster, a GPU, the network
-or a long run runs in a dry or shortened form, and its entry says which and why. A README command
-that ``COMMANDS`` does not cover fails ``test_every_readme_command_is_covered`` (so a new or changed
-command needs an entry here, and the documentation cannot drift from the tool unnoticed), as does an
-entry whose command left the README.
+The README and the docs pages are parsed when the tests run: each line of a fenced ``bash`` block
+(backslash continuations joined, the trailing ``# comment`` dropped) is one command, and ``COMMANDS``
+says how it runs here. A command that is cheap runs as written; one that needs a cluster, a GPU, the
+network or a long run runs in a dry or shortened form, and its entry says which and why. A documented
+command that ``COMMANDS`` does not cover fails ``test_every_readme_command_is_covered`` (so a new or
+changed command needs an entry here, and the documentation cannot drift from the tool unnoticed), as
+does an entry whose command left every page.
 
 ``trustbench`` commands run in this process (``runners.cli.main``) against a scratch home;
 ``python -m ...``, ``make``, ``pytest`` and ``ruff`` run as subprocesses of this interpreter's
@@ -33,6 +33,8 @@ from runners import cli
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
+DOCS = ROOT / "docs"
+
 BIN = Path(sys.executable).parent
 # the one real training run: one step of a small batch on the embedded default (a full run takes minutes)
 SHORT = [
@@ -44,6 +46,16 @@ SHORT = [
     "dataset.eval_limit=4",
     "progress=false",
 ]
+
+
+def documented_pages() -> list[Path]:
+    """The README and every Markdown page of the documentation (generated reference pages included)."""
+    return [README, *sorted(DOCS.rglob("*.md"))]
+
+
+def documented_text() -> str:
+    """Every page of ``documented_pages``, one after another."""
+    return "\n".join(page.read_text() for page in documented_pages())
 
 
 def readme_commands(text: str) -> list[str]:
@@ -149,7 +161,7 @@ def _report(env: Env, argv: list[str]) -> None:
 def _ui(env: Env, argv: list[str]) -> None:
     """The server command ``trustbench ui`` starts, instead of serving until Ctrl-C."""
     started = []
-    env.monkeypatch.setattr(cli.subprocess, "call", lambda cmd, env=None: started.append(cmd) or 0)
+    env.monkeypatch.setattr(cli, "_serve", lambda cmd, env=None: started.append(cmd) or 0)
     out = env.trustbench(argv[1:])
     assert "at http://127.0.0.1:5000" in out
     (cmd,) = started
@@ -245,6 +257,7 @@ COMMANDS: dict[str, Case] = {
     # trustbench commands
     "trustbench run": Case("1 step of a small batch (+ logged to experiment demo)", LONG, _train_shortened),
     "trustbench run algorithm=gspo objective=troll": Case("--cfg job, then validated", LONG, _compose_only),
+    "trustbench run objective=troll": Case("--cfg job, then validated", LONG, _compose_only),
     "trustbench run algorithm=grpo mask=trm_max entropy_control=repo_r seed=1": Case(
         "--cfg job, then validated", LONG, _compose_only
     ),
@@ -311,6 +324,7 @@ COMMANDS: dict[str, Case] = {
         "its path checked", "runs an area of the suite; collecting it imports torch", _pytest_selection
     ),
     "make bench": Case("make -n bench", "runs every benchmark (minutes)", _make_target),
+    "make docs": Case("make -n docs", "sets up .venv; tests/test_docs.py builds the site", _make_target),
     ".venv/bin/ruff check . && .venv/bin/ruff format --check .": Case(
         "as written, exit 1 (findings) accepted", "findings are the lint job's verdict, not the docs'", _ruff
     ),
@@ -323,17 +337,20 @@ def test_readme_parser_joins_continuations_and_drops_comments():
 
 
 def uncovered(text: str) -> tuple[list[str], list[str]]:
-    """(README commands without an entry, entries whose command is not in the README)."""
-    commands = readme_commands(text)
+    """(documented commands without an entry, entries whose command is on no page), each once."""
+    commands = list(dict.fromkeys(readme_commands(text)))
     return [c for c in commands if c not in COMMANDS], [c for c in COMMANDS if c not in commands]
 
 
 def test_every_readme_command_is_covered():
-    """No README command without an entry (how it runs here), and no entry for a command not in the README."""
-    text = README.read_text()
+    """No command of the README or docs/ without an entry (how it runs here), and no entry for a command
+    on no page."""
+    text = documented_text()
     missing, gone = uncovered(text)
-    assert not missing, "README commands with no entry in tests/test_readme_commands.py COMMANDS: " + "; ".join(missing)
-    assert not gone, f"COMMANDS entries no longer in README.md: {gone}"
+    assert not missing, "documented commands with no entry in tests/test_readme_commands.py COMMANDS: " + "; ".join(
+        missing
+    )
+    assert not gone, f"COMMANDS entries no longer in README.md or docs/: {gone}"
     assert all(case.why for case in COMMANDS.values() if case.how != "as written")
     # a command added to (or changed in) the README is caught
     changed = text.replace("trustbench list ", "trustbench list algorithm ") + "\n```bash\ntrustbench new-thing\n```\n"
@@ -346,11 +363,11 @@ def scratch(tmp_path_factory):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("command", list(dict.fromkeys(readme_commands(README.read_text()))))
+@pytest.mark.parametrize("command", list(dict.fromkeys(readme_commands(documented_text()))))
 def test_readme_command_works(command, scratch, capsys, monkeypatch):
     case = COMMANDS.get(command)
     if case is None:
-        pytest.fail(f"no entry in COMMANDS for README command {command!r}")
+        pytest.fail(f"no entry in COMMANDS for documented command {command!r}")
     monkeypatch.setenv("TRUSTBENCH_HOME", str(scratch / "home"))
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     monkeypatch.chdir(scratch)
