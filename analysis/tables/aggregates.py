@@ -20,12 +20,12 @@ import pandas as pd
 
 from analysis import aggregates as agg
 from analysis.aggregate import final_eval_label, final_evals
-from analysis.arms import Baseline, arm_table, ordered_arms, resolve_baselines, run_labels
+from analysis.arms import Baseline, arm_table, ordered_arms, run_labels
 from analysis.frames import ExperimentData
 from analysis.names import eval_metrics
 from analysis.skip import SkipItem
 from analysis.tables.base import MISSING, Table
-from analysis.tables.compare import make_baseline
+from analysis.tables.compare import baselines_or_first, make_baseline
 from runners import metric_names
 
 COLUMNS = ["runs", "IQM [95% CI]", "mean [95% CI]", "baseline", "P(improvement) [95% CI]"]
@@ -78,12 +78,7 @@ def aggregate_table(
     spec = make_baseline(baseline)
     arms = arm_table(data)
     arms = arms.loc[[a for a in arms.index if a in scores]]
-    bases = resolve_baselines(arms, spec)
-    notes = []
-    if not any(bases[a] == a for a in arms.index):
-        first = sorted(arms.index)[0]
-        notes.append(f"no run matches the {spec.describe()}; compared with {first} instead")
-        bases = {a: first for a in arms.index}
+    bases, notes = baselines_or_first(arms, spec)
     order = ordered_arms(arms, bases)
     index = pd.Index(order, name="Method")
     values = pd.DataFrame(np.nan, index=index, columns=pd.Index(COLUMNS), dtype=object)

@@ -67,6 +67,16 @@ def default_metrics(names: list[str], max_evals: int = 3) -> list[tuple[str, str
     return out
 
 
+def baselines_or_first(arms: pd.DataFrame, spec: Baseline) -> tuple[dict[str, str], list[str]]:
+    """Each arm's baseline by ``spec``; when no arm is one, every arm is compared with the first arm
+    (sorted), and the note says so. The comparison and aggregate tables share this rule."""
+    bases = resolve_baselines(arms, spec)
+    if any(bases[a] == a for a in arms.index):
+        return bases, []
+    first = sorted(arms.index)[0]
+    return {a: first for a in arms.index}, [f"no run matches the {spec.describe()}; compared with {first} instead"]
+
+
 def make_baseline(baseline: Baseline | Mapping | None) -> Baseline:
     if baseline is None:
         return DEFAULT_BASELINE
@@ -102,12 +112,7 @@ def comparison_table(
     spec = make_baseline(baseline)
     labels = run_labels(data)
     arms = arm_table(data)
-    bases = resolve_baselines(arms, spec)
-    notes = []
-    if not any(bases[a] == a for a in arms.index):
-        first = sorted(arms.index)[0]
-        notes.append(f"no run matches the {spec.describe()}; compared with {first} instead")
-        bases = {a: first for a in arms.index}
+    bases, notes = baselines_or_first(arms, spec)
     order = ordered_arms(arms, bases)
     rows, cells, pvals = [], [], []
     for metric, how, last_n, label in metrics:

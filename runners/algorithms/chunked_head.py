@@ -59,7 +59,8 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from runners.algorithms.troll_sparse import large_topk
+from runners.algorithms.method import SPARSE_DEFAULTS
+from runners.algorithms.troll_sparse import check_sparse_params, large_topk
 
 __all__ = ["HeadOutputs", "chunked_head", "default_chunk_size"]
 
@@ -69,7 +70,11 @@ __all__ = ["HeadOutputs", "chunked_head", "default_chunk_size"]
 MIN_VOCAB = 32768
 _CHUNK_VALUES = {"cpu": 1 << 22}  # values per [chunk, V] buffer when chunk_size is None
 _DEVICE_CHUNK_VALUES = 1 << 26  # any other device
-_SPARSE_DEFAULTS = {"k": 64, "delta": 1e-5, "p_default": 1e-12}
+_SPARSE_DEFAULTS = {
+    "k": SPARSE_DEFAULTS["top_k"],
+    "delta": SPARSE_DEFAULTS["tail_mass"],
+    "p_default": SPARSE_DEFAULTS["p_default"],
+}
 
 
 class HeadOutputs(NamedTuple):
@@ -96,12 +101,7 @@ def _sparse_params(sparse: Mapping | None, vocab: int) -> tuple[int, float, floa
         raise ValueError(f"chunked_head sparse: unknown key(s) {sorted(unknown)}; valid: k, delta, p_default")
     p = {**_SPARSE_DEFAULTS, **sparse}
     k, delta, p_default = int(p["k"]), float(p["delta"]), float(p["p_default"])
-    if not 1 <= k <= vocab:
-        raise ValueError(f"troll sparsify k must be in [1, V={vocab}], got {k!r}")
-    if not 0 <= delta < 1:
-        raise ValueError(f"troll sparsify delta must be in [0, 1), got {delta!r}")
-    if not 0 < p_default or vocab * p_default >= 1:
-        raise ValueError(f"troll p_default must be > 0 with V * p_default < 1 (V={vocab}), got {p_default!r}")
+    check_sparse_params(vocab, k, delta, p_default)
     return k, delta, p_default
 
 

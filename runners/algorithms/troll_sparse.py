@@ -49,7 +49,8 @@ __all__ = [
 ]
 
 
-def _check_sparse_params(vocab: int, k: int, delta: float, p_default: float) -> None:
+def check_sparse_params(vocab: int, k: int, delta: float, p_default: float) -> None:
+    """Raise ``ValueError`` naming the parameter when a sparse store's k, delta or p_default cannot work for V."""
     if not 1 <= k <= vocab:
         raise ValueError(f"troll sparsify k must be in [1, V={vocab}], got {k!r}")
     if not 0 <= delta < 1:
@@ -177,7 +178,7 @@ def sparsify(
     takes exact per-token divergences with the missing mass as one rest bin.
     """
     vocab = logits.shape[-1]
-    _check_sparse_params(vocab, k, delta, p_default)
+    check_sparse_params(vocab, k, delta, p_default)
     if sampled.shape != logits.shape[:-1]:
         raise ValueError(f"sampled {tuple(sampled.shape)} must match logits' leading shape {tuple(logits.shape[:-1])}")
     flat = logits.detach().reshape(-1, vocab)
@@ -252,7 +253,7 @@ def reduce_on_kept_set(
     Rows where the new logits are -inf on all of S put all new mass on the tail atom. Rows without
     any kept slot must be removed by the caller.
     """
-    _check_sparse_params(vocab, 1, 0.0, p_default)
+    check_sparse_params(vocab, 1, 0.0, p_default)
     valid = old_logp > -math.inf
     kept = valid.sum(-1)
     tail = ((vocab - kept).double() * p_default).unsqueeze(-1)  # [N,1]
