@@ -64,7 +64,6 @@ from runners.redact import redact
 from runners.sqlite_store import ensure_sqlite_store
 
 _MAX_PARAM_LEN = 6000
-TERMINAL_STATUSES = metric_names.TERMINAL_STATUSES
 _log = logging.getLogger(__name__)
 _STORE_ERROR = re.compile(r"\(((?:sqlite3|psycopg2|pymysql)\.\w+)\) ([^\n\\\[]+)")
 
@@ -367,6 +366,9 @@ class RunTracker:
                 step()
             except Exception as err:  # noqa: BLE001 - go on; raised below
                 errors.append(err)
+        if self._writer is not None:  # every batch was waited for above: the writer thread ends here
+            self._writer.shutdown(wait=False)
+            self._writer = None
         if errors:
             raise errors[0]
 

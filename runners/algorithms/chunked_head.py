@@ -60,7 +60,7 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from runners.algorithms.method import SPARSE_DEFAULTS
-from runners.algorithms.troll_sparse import check_sparse_params, large_topk
+from runners.algorithms.troll_sparse import check_sparse_params, large_topk, store_from_topk
 
 __all__ = ["HeadOutputs", "chunked_head", "default_chunk_size"]
 
@@ -207,7 +207,8 @@ class _ChunkedHead(torch.autograd.Function):
                 entropy[sl] = (ls64 - dot.double() / s64).to(cd)
                 if top is not None:
                     lse = m.squeeze(-1).double() + ls64
-                    index[sl], store[sl] = _sparse_chunk(*top, lse, ids[sl], z_y.squeeze(-1), *params)
+                    idx, lp = store_from_topk(*top, z_y.squeeze(-1), lse, ids[sl], *params[1:])
+                    index[sl], store[sl] = idx.to(torch.int32), lp.float()
                 maxima[sl], log_s[sl] = m, ls64.to(cd)
         ctx.save_for_backward(hidden, weight, bias, ids, maxima, log_s, entropy)
         ctx.inv_t, ctx.rows = inv_t, rows
@@ -262,22 +263,3 @@ class _ChunkedHead(torch.autograd.Function):
             None,
             None,
         )
-
-
-def _sparse_chunk(
-    top_val: Tensor, top_idx: Tensor, lse: Tensor, ids: Tensor, z_y: Tensor, k: int, delta: float, p_default: float
-) -> tuple[Tensor, Tensor]:
-    """``sparsify(..., renormalize=False)`` of one chunk from its top-K logits and float64 ``lse`` -> index, logp [C,K+1]."""
-    lse = lse.unsqueeze(-1)
-    top_lp = top_val.double() - lse
-    # keep the first n tokens with n = 1 + #{j < K-1 : cumsum_j < 1 - delta} (cut after reaching it)
-    before = torch.cumsum(top_lp.exp(), -1) < 1 - delta
-    n_keep = (1 + before[:, :-1].sum(-1)).clamp(max=k)
-    keep = torch.arange(k, device=top_val.device) < n_keep.unsqueeze(-1)
-    keep &= top_lp > -math.inf  # never keep zero-probability tokens
-    keep &= top_idx != ids.unsqueeze(-1)  # the sampled token goes to the last slot instead
-    y_lp = z_y.double().unsqueeze(-1) - lse
-    y_lp = torch.where(y_lp > -math.inf, y_lp, math.log(p_default))  # zero probability: p_d, as sparsify
-    lp = torch.cat([torch.where(keep, top_lp, -math.inf), y_lp], dim=-1)
-    idx = torch.cat([torch.where(keep, top_idx, torch.zeros_like(top_idx)), ids.unsqueeze(-1)], dim=-1)
-    return idx.to(torch.int32), lp.float()

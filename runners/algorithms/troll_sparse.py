@@ -40,11 +40,14 @@ from runners.algorithms.troll_solver import log_normalize
 
 __all__ = [
     "SparseBound",
+    "check_sparse_params",
     "chunked_logsumexp",
     "dense_storage_bytes",
+    "large_topk",
     "reduce_on_kept_set",
     "sparse_storage_bytes",
     "sparsify",
+    "store_from_topk",
     "theorem_a2_bound",
 ]
 
@@ -213,18 +216,7 @@ def _sparsify_chunk(
     dtype = torch.float32 if renormalize else torch.float64
     lse = chunked_logsumexp(x, chunk_size=x.shape[0] or 1, dtype=dtype).double()
     top_val, top_idx = large_topk(x, k)  # in the input dtype: no fp32 copy of the chunk
-    top_lp = top_val.double() - lse.unsqueeze(-1)
-    # keep the first n tokens with n = 1 + #{j < K-1 : cumsum_j < 1 - delta} (cut after reaching it)
-    before = torch.cumsum(top_lp.exp(), -1) < 1 - delta
-    n_keep = (1 + before[:, :-1].sum(-1)).clamp(max=k)
-    keep = torch.arange(k, device=x.device) < n_keep.unsqueeze(-1)
-    keep &= top_lp > -math.inf  # never keep zero-probability tokens
-    keep &= top_idx != ids.unsqueeze(-1)  # the sampled token goes to the last slot instead
-    y_lp = x.gather(-1, ids.unsqueeze(-1)).double() - lse.unsqueeze(-1)
-    # a sampled token with zero probability (logits of another policy) keeps the dropped-token mass p_d
-    y_lp = torch.where(y_lp > -math.inf, y_lp, math.log(p_default))
-    lp = torch.cat([torch.where(keep, top_lp, -math.inf), y_lp], dim=-1)  # [C,K+1]
-    idx = torch.cat([torch.where(keep, top_idx, torch.zeros_like(top_idx)), ids.unsqueeze(-1)], dim=-1)
+    idx, lp = store_from_topk(top_val, top_idx, x.gather(-1, ids.unsqueeze(-1)).squeeze(-1), lse, ids, delta, p_default)
     kept = lp > -math.inf
     mass = torch.logsumexp(lp, -1).exp()
     if renormalize:
@@ -232,6 +224,29 @@ def _sparsify_chunk(
         lp = torch.where(kept, lp + gamma.log().unsqueeze(-1), -math.inf)
     idx = torch.where(kept, idx, torch.zeros_like(idx))
     return idx.to(torch.int32), lp.float(), mass.float()
+
+
+def store_from_topk(
+    top_val: Tensor, top_idx: Tensor, z_y: Tensor, lse: Tensor, ids: Tensor, delta: float, p_default: float
+) -> tuple[Tensor, Tensor]:
+    """The true-log-prob store [C,K+1] (index, float64 log-probs) from a chunk's top-K logits [C,K], the
+    sampled tokens' logits ``z_y`` [C] and the float64 log-normaliser ``lse`` [C] (``sparsify``'s layout:
+    the top tokens up to mass 1 - delta, the sampled token last; shared with ``chunked_head``)."""
+    k = top_val.shape[-1]
+    lse = lse.double().unsqueeze(-1)
+    top_lp = top_val.double() - lse
+    # keep the first n tokens with n = 1 + #{j < K-1 : cumsum_j < 1 - delta} (cut after reaching it)
+    before = torch.cumsum(top_lp.exp(), -1) < 1 - delta
+    n_keep = (1 + before[:, :-1].sum(-1)).clamp(max=k)
+    keep = torch.arange(k, device=top_val.device) < n_keep.unsqueeze(-1)
+    keep &= top_lp > -math.inf  # never keep zero-probability tokens
+    keep &= top_idx != ids.unsqueeze(-1)  # the sampled token goes to the last slot instead
+    y_lp = z_y.double().unsqueeze(-1) - lse
+    # a sampled token with zero probability (logits of another policy) keeps the dropped-token mass p_d
+    y_lp = torch.where(y_lp > -math.inf, y_lp, math.log(p_default))
+    lp = torch.cat([torch.where(keep, top_lp, -math.inf), y_lp], dim=-1)
+    idx = torch.cat([torch.where(keep, top_idx, torch.zeros_like(top_idx)), ids.unsqueeze(-1)], dim=-1)
+    return idx, lp
 
 
 class ReducedPair(NamedTuple):
