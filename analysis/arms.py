@@ -1,10 +1,10 @@
-"""Arms of a sweep (one compared configuration: a method, per model when a sweep spans several), their
-per-seed values, and which arm is each arm's baseline.
+"""Arms of a sweep (one compared configuration: a method, per model and per off-policy regime when a sweep
+spans several), their per-seed values, and which arm is each arm's baseline.
 
 Why: comparisons are paired by seed, so every statistic is first reduced to ``{arm: {seed: value}}``.
 A sweep's baseline is a set of run tags (``Baseline.tags``, e.g. ``algorithm=grpo, objective=clip``)
 plus the tags a method shares with its baseline (``Baseline.match``: ``("algorithm",)`` pairs
-"GRPO+TROLL" with "GRPO" and "GSPO+TROLL" with "GSPO"); model and data set always match. Tags a run
+"GRPO+TROLL" with "GRPO" and "GSPO+TROLL" with "GSPO"); model, data set and regime always match. Tags a run
 lacks take the configuration default (objective clip, mask none, entropy_control none, rollout_correction
 none).
 
@@ -35,7 +35,10 @@ TAG_DEFAULTS = {
     metric_names.TAG_ENTROPY_CONTROL: "none",
     metric_names.TAG_ROLLOUT_CORRECTION: "none",
 }
-MATCH_ALWAYS = (metric_names.TAG_MODEL, metric_names.TAG_DATASET)
+# tags an arm is always compared within: the same model, data set and off-policy regime
+MATCH_ALWAYS = (metric_names.TAG_MODEL, metric_names.TAG_DATASET, metric_names.TAG_REGIME)
+# tags that split a method into several arms when a sweep spans several of their values ("GRPO | stale k=2")
+SPLIT_BY = (metric_names.TAG_MODEL, metric_names.TAG_REGIME)
 
 
 @dataclass(frozen=True)
@@ -72,14 +75,18 @@ DEFAULT_BASELINE = Baseline(
 
 
 def run_labels(data: ExperimentData) -> pd.DataFrame:
-    """``data.labels()`` with default tags filled in and an ``arm`` column (method, or "method | model"
-    when the sweep has several models)."""
+    """``data.labels()`` with default tags filled in and an ``arm`` column: the method, followed by the model
+    and the regime when the sweep has several of them ("GRPO+TROLL | stale k=2")."""
     labels = data.labels()
     for tag, default in TAG_DEFAULTS.items():
         labels[tag] = [v if isinstance(v, str) and v else default for v in labels[tag]]
-    models = labels[metric_names.TAG_MODEL].fillna("?").astype(str)
-    several = models.nunique() > 1
-    labels["arm"] = [f"{m} | {mo}" if several else str(m) for m, mo in zip(labels[metric_names.TAG_METHOD], models)]
+    labels[metric_names.TAG_REGIME] = labels[metric_names.TAG_REGIME].fillna("?").astype(str)
+    parts = [labels[metric_names.TAG_METHOD].astype(str)]
+    for tag in SPLIT_BY:
+        column = labels[tag].fillna("?").astype(str)
+        if column.nunique() > 1:
+            parts.append(column)
+    labels["arm"] = [" | ".join(p) for p in zip(*parts)]
     return labels
 
 

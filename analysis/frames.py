@@ -39,6 +39,7 @@ LABEL_TAGS = [
     metric_names.TAG_MASK,
     metric_names.TAG_ENTROPY_CONTROL,
     metric_names.TAG_ROLLOUT_CORRECTION,
+    metric_names.TAG_REGIME,
     metric_names.TAG_MODEL,
     metric_names.TAG_DATASET,
     metric_names.TAG_SEED,

@@ -187,6 +187,7 @@ TAG_ESTIMATOR = "estimator"
 TAG_MASK = "mask"
 TAG_ENTROPY_CONTROL = "entropy_control"
 TAG_ROLLOUT_CORRECTION = "rollout_correction"  # verl's training-inference mismatch correction (none, token_tis, ...)
+TAG_REGIME = "regime"  # the off-policy regime (runners.config.regime.regime_label): "on-policy", "stale k=2", ...
 TAG_MODEL = "model"
 TAG_DATASET = "dataset"
 TAG_SEED = "seed"

@@ -49,6 +49,7 @@ from runners.backends import BACKENDS, check_placement
 from runners.backends.base import StopRequested
 from runners.cell_lock import hold_cell
 from runners.config import ConfigError, method_label, resolved, run_key, run_name, validate
+from runners.config.regime import regime_label
 from runners.config.validate import check_seed
 from runners.redact import redact, redact_values
 from runners.status import STATUS_FILE, read_status, write_status  # noqa: F401  (re-exported)
@@ -99,6 +100,7 @@ def run_tags(cfg: DictConfig, label: str, choices: Mapping[str, str] | None) -> 
         metric_names.TAG_MASK: choices.get("mask", cfg.mask.name),
         metric_names.TAG_ENTROPY_CONTROL: choices.get("entropy_control", cfg.entropy_control.name),
         metric_names.TAG_ROLLOUT_CORRECTION: choices.get("rollout_correction", cfg.rollout_correction.name),
+        metric_names.TAG_REGIME: regime_label(cfg),
         metric_names.TAG_MODEL: cfg.model.name,
         metric_names.TAG_DATASET: cfg.dataset.name,
         metric_names.TAG_SEED: str(cfg.seed),
