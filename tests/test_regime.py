@@ -36,6 +36,12 @@ def test_each_preset_sets_its_regime_at_the_stability_map_size(preset):
     assert regime_label(cfg) == LABELS[preset]
 
 
+def test_multi_epoch_takes_a_quarter_of_any_batch():
+    cfg, _ = compose(["+regime=multi_epoch", "trainer.prompts_per_step=128"])
+    assert cfg.trainer.mini_batch_prompts == 32
+    assert regime_label(cfg) == "4 epochs x 4 mini-batches"
+
+
 def _cfg(epochs=1, per_step=16, per_mini=16, staleness=0, sampler="auto", model="float32"):
     return {
         "trainer": {"ppo_epochs": epochs, "prompts_per_step": per_step, "mini_batch_prompts": per_mini},

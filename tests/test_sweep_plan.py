@@ -47,10 +47,14 @@ def _assert_same(p: sweep.SweepPlan, cells) -> None:
 
 @pytest.mark.parametrize("name", sweep.available_sweeps())
 def test_fast_plan_equals_full_composition_on_real_sweeps(name):
-    """Every cell of every sweep file: the planner's config, run key and label are what Hydra's
-    full composition of that cell gives."""
+    """Every combination of group choices of every sweep file, and every seed: the planner's config, run key
+    and label are what Hydra's full composition of that cell gives. Large grids (the stability maps' 300-500
+    cells) check every cell of the first seed and the first cell of every other seed: seeds are a scalar axis,
+    composed the same way for every combination."""
     p = sweep.plan(name, check_mlflow=False)
-    _assert_same(p, p.cells)
+    first_seed = [c for c in p.cells if c.config["seed"] == p.cells[0].config["seed"]]
+    cells = p.cells if len(p.cells) <= 60 else first_seed + list({c.config["seed"]: c for c in p.cells}.values())
+    _assert_same(p, cells)
 
 
 def test_fast_plan_equals_full_composition_on_mixed_axes():
@@ -477,3 +481,29 @@ def test_tracking_server_start_reuse_stop_and_offline_reads(tmp_path, monkeypatc
         server.stop()
     assert not tracking_server.is_up(server.url)
     assert sweep._existing_runs(server.url, "srv") == {"k1": sweep.RunRecord("FINISHED")}
+
+
+def test_dry_run_estimates_the_cpu_time_of_embedded_cells():
+    """The stability map's dry run prints its CPU time: start-up, each step's sampling, old-log-prob pass and
+    update (once per epoch), and every evaluation (step 0 included), from the measured per-part costs."""
+    from runners.resources import EMBEDDED_CPU_COST as c
+    from runners.resources import cpu_seconds
+
+    p = sweep.plan("stability_map_cpu", ["seed=0"], check_mlflow=False, check_cluster=False)
+    p.cells = [c_ for c_ in p.cells if "+method=grpo" in c_.overrides]
+    by_regime = {c_.overrides[1]: cpu_seconds(c_.config) for c_ in p.cells}
+    responses, steps, evals, samples = 16 * 8, 40, 5, 128 * 4  # the sweep file's sizes, by hand
+    on_policy = c["startup"] + steps * (c["step"] + responses * (c["sample"] + c["old_pass_on_policy"] + c["update"]))
+    multi = c["startup"] + steps * (c["step"] + responses * (c["sample"] + c["old_pass"] + 4 * c["update"]))
+    stale = c["startup"] + steps * (c["step"] + responses * (c["sample"] + c["old_pass"] + c["update"]))
+    eval_s = evals * samples * c["eval"]
+    assert by_regime["+regime=on_policy"] == pytest.approx(on_policy + eval_s)
+    assert by_regime["+regime=multi_epoch"] == pytest.approx(multi + eval_s)
+    assert by_regime["+regime=stale2"] == pytest.approx(stale + eval_s)
+    total = sum(by_regime.values())
+    text = sweep.format_plan(p)
+    assert f"estimated CPU time of the 5 cell(s) to run: {total / 60:.0f} min of CPU" in text
+    assert f"about {total / 2 / 60:.0f} min at 2 cell(s) at a time" in text
+    # the GPU map on verl has no measured CPU cost: no estimate rather than a wrong one
+    gpu = sweep.plan("stability_map", ["seed=0"], check_mlflow=False, check_cluster=False)
+    assert "estimated CPU time" not in sweep.format_plan(gpu)

@@ -53,6 +53,15 @@ def component_label(group: str, option: str) -> str:
     return label or f"{group}={option}"
 
 
+def _div(numerator: int, denominator: int) -> int:
+    """``${div:a,b}`` in a config: integer division, at least 1 (``conf/regime/multi_epoch.yaml`` takes a
+    quarter of ``trainer.prompts_per_step`` per mini-batch with it)."""
+    return max(1, int(numerator) // int(denominator))
+
+
+OmegaConf.register_new_resolver("div", _div, replace=True)
+
+
 def resolved(cfg: DictConfig) -> dict:
     """The fully resolved config as plain containers (no Hydra node)."""
     return OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)  # type: ignore[return-value]

@@ -102,11 +102,8 @@ def _check_text(path: Path) -> None:
     try:
         data.decode("utf-8")
     except UnicodeDecodeError as err:
-        raise ConfigError(
-            "sweep",
-            f"sweep file {path} is not UTF-8 text (byte 0x{data[err.start]:02x} at offset {err.start}); "
-            "save it as UTF-8 YAML",
-        ) from None
+        where = f"byte 0x{data[err.start]:02x} at offset {err.start}"
+        raise ConfigError("sweep", f"sweep file {path} is not UTF-8 text ({where}); save it as UTF-8 YAML") from None
     if b"\0" in data:
         raise ConfigError("sweep", f"sweep file {path} is not text (a NUL byte at offset {data.index(0)})")
 
@@ -364,7 +361,7 @@ def _is_sweep_syntax(override: str) -> bool:
 
 def format_plan(p: SweepPlan) -> str:
     """The dry-run table: one line per cell with its overrides, action and requested resources."""
-    from runners.resources import gpu_hours
+    from runners.resources import cpu_estimate_text, gpu_hours
 
     lines = [
         f"sweep {p.name!r}: {len(p.cells)} cells -> experiment {p.experiment!r} at {redact(p.tracking_uri)} "
@@ -393,8 +390,10 @@ def format_plan(p: SweepPlan) -> str:
         lines.append(f"{len(p.groups())} job array(s), one per distinct resource request")
     if p.cluster_note:
         lines.append(p.cluster_note)
+    if p.launcher == "local" and (to_run := [c.config for c in p.cells if c.action == "run"]):
+        lines.append(cpu_estimate_text(to_run, int(to_run[0]["launcher"]["parallel"])))
     lines.append(
         f"{len(p.to_run)} to run, {done} already finished in MLflow (skipped), {failed} failed (skipped; "
         f"--rerun-failed to retry); estimated <= {hours:.1f} GPU-hours (time limit x GPUs)"
     )
-    return "\n".join(lines)
+    return "\n".join(line for line in lines if line)
