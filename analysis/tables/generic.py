@@ -1,4 +1,7 @@
-"""Tables for any experiment: run overview, final value of every metric per method, config diff."""
+"""Tables for any experiment: run overview, final value of every metric per method, config diff.
+
+Rows and columns are arms (``analysis.arms.run_labels``): the method, split by model and off-policy regime
+when the sweep spans several ("GRPO+TROLL | stale k=2"), so no table pools runs of different regimes."""
 
 from __future__ import annotations
 
@@ -6,6 +9,7 @@ import numpy as np
 import pandas as pd
 
 from analysis.aggregate import final_eval_label, final_evals, per_run, run_series, steps_text, summarize
+from analysis.arms import run_labels
 from analysis.frames import ExperimentData
 from analysis.names import eval_metrics
 from analysis.skip import SkipItem
@@ -16,15 +20,28 @@ from runners import metric_names
 _IGNORED_PARAMS = ("seed",)
 
 
+def _arms(data: ExperimentData) -> tuple[pd.DataFrame, list[str]]:
+    """(run labels with their ``arm``, the arms in first-run order)."""
+    labels = run_labels(data)
+    return labels, list(dict.fromkeys(labels["arm"]))
+
+
+def _by_arm(frame: pd.DataFrame, labels: pd.DataFrame) -> pd.DataFrame:
+    """``summarize`` over seeds of each arm of a per-run frame (``per_run`` / ``final_evals``), indexed by arm."""
+    arm_of = dict(zip(labels["run_id"].astype(str), labels["arm"]))
+    frame = frame.assign(arm=[arm_of.get(str(r)) for r in frame["run_id"]])
+    return summarize(frame, by="arm", ci=False).set_index("arm")
+
+
 def overview_table(data: ExperimentData) -> Table:
-    """Runs per method: seeds, status counts, last step logged."""
-    labels = data.labels()
+    """Runs per arm: seeds, status counts, last step logged."""
+    labels = run_labels(data)
     if not len(labels):
         raise SkipItem("the experiment has no runs")
     last = data.metrics.astype({"run_id": str}).groupby("run_id")["step"].max()
     labels["last_step"] = labels["run_id"].map(last)
     rows = []
-    for method, g in labels.groupby(metric_names.TAG_METHOD, sort=False):
+    for method, g in labels.groupby("arm", sort=False):
         rows.append(
             {
                 "Method": method,
@@ -40,7 +57,8 @@ def overview_table(data: ExperimentData) -> Table:
     return Table(
         key="overview",
         title="Runs",
-        caption="Runs of the experiment grouped by method (the run's 'method' tag): seeds, model, data set, MLflow status, last logged step.",
+        caption="Runs of the experiment grouped by method (the run's 'method' tag; per model and off-policy regime "
+        "when the sweep has several): seeds, model, data set, MLflow status, last logged step.",
         values=frame,
         display=frame.astype(str),
     )
@@ -60,7 +78,7 @@ def final_metrics_table(
     notes = [f"{len(names) - max_metrics} more metrics not shown"] if len(names) > max_metrics else []
     names = names[:max_metrics]
     evals = set(eval_metrics(list(logged)).values())
-    methods = list(dict.fromkeys(data.labels()[metric_names.TAG_METHOD]))
+    labels, methods = _arms(data)
     per_metric = {}
     for m in names:
         if m in evals:
@@ -74,7 +92,7 @@ def final_metrics_table(
     std = values.copy()
     display = pd.DataFrame(MISSING, index=values.index, columns=values.columns)
     for row, frame in per_metric.items():
-        s = summarize(frame, ci=False).set_index(metric_names.TAG_METHOD)
+        s = _by_arm(frame, labels)
         for method in methods:
             if method in s.index:
                 values.loc[row, method], std.loc[row, method] = s.at[method, "mean"], s.at[method, "std"]
@@ -100,9 +118,10 @@ def config_diff_table(data: ExperimentData, max_rows: int = 40) -> Table:
     differing = [c for c in pcols if runs[c].astype(str).nunique(dropna=False) > 1]
     if not differing:
         raise SkipItem("all runs share the same params (apart from the seed)")
-    labels = data.labels()
-    methods = list(dict.fromkeys(labels[metric_names.TAG_METHOD]))
-    by_method = {m: runs[labels[metric_names.TAG_METHOD].to_numpy() == m] for m in methods}
+    labels, methods = _arms(data)
+    arm_of = dict(zip(labels["run_id"].astype(str), labels["arm"]))
+    run_arms = np.array([arm_of.get(str(r)) for r in runs["run_id"]], dtype=object)
+    by_method = {m: runs[run_arms == m] for m in methods}
     notes = []
     if len(differing) > max_rows:
         notes.append(f"{len(differing) - max_rows} more differing params not shown")
@@ -132,7 +151,7 @@ def eval_start_end_table(data: ExperimentData) -> Table:
     metrics = eval_metrics(data.metric_names())
     if not metrics:
         raise SkipItem("no evaluation metrics (val-core/<data>/acc/mean_at_N) logged")
-    methods = list(dict.fromkeys(data.labels()[metric_names.TAG_METHOD]))
+    labels, methods = _arms(data)
     columns = pd.MultiIndex.from_product([list(metrics), ["start", "end", "change"]], names=["data", "when"])
     values = pd.DataFrame(np.nan, index=pd.Index(methods, name="Method"), columns=columns)
     display = pd.DataFrame(MISSING, index=values.index, columns=columns)
@@ -147,7 +166,7 @@ def eval_start_end_table(data: ExperimentData) -> Table:
         headers[(dataset, "end")] = final_eval_label(last["step"])
         headers[(dataset, "change")] = "change"
         for when, frame in (("start", first), ("end", last), ("change", change)):
-            s = summarize(frame, ci=False).set_index(metric_names.TAG_METHOD)
+            s = _by_arm(frame, labels)
             for method in methods:
                 if method in s.index:
                     values.loc[method, (dataset, when)] = s.at[method, "mean"]
