@@ -18,6 +18,10 @@ from runners import metric_names
 
 # params that always differ between runs and say nothing about the compared methods
 _IGNORED_PARAMS = ("seed",)
+# the preset's declaration of its components (``algorithm.components.objective = clip``), which an override
+# replaces: what a run used is ``<group>.name`` (``objective.name = troll``), so the declaration would
+# contradict it in the table
+_IGNORED_PREFIXES = ("algorithm.components.",)
 
 
 def _arms(data: ExperimentData) -> tuple[pd.DataFrame, list[str]]:
@@ -114,7 +118,11 @@ def final_metrics_table(
 def config_diff_table(data: ExperimentData, max_rows: int = 40) -> Table:
     """Params that differ between runs, one column per method ("a | b" where seeds of a method differ)."""
     runs = data.runs
-    pcols = [c for c in runs.columns if c.startswith("params.") and c[7:] not in _IGNORED_PARAMS]
+    pcols = [
+        c
+        for c in runs.columns
+        if c.startswith("params.") and c[7:] not in _IGNORED_PARAMS and not c[7:].startswith(_IGNORED_PREFIXES)
+    ]
     differing = [c for c in pcols if runs[c].astype(str).nunique(dropna=False) > 1]
     if not differing:
         raise SkipItem("all runs share the same params (apart from the seed)")
@@ -137,7 +145,8 @@ def config_diff_table(data: ExperimentData, max_rows: int = 40) -> Table:
         key="config_diff",
         title="Config differences",
         caption="Resolved-config params (MLflow params, dotted keys) that differ between the compared runs; "
-        "params equal in every run are omitted, and so is the seed.",
+        "params equal in every run are omitted, and so are the seed and a preset's declared components "
+        "(algorithm.components.*: the component a run used is <group>.name).",
         values=display.copy(),
         display=display,
         notes=notes,
