@@ -172,7 +172,11 @@ class ExperimentData:
             if key not in labels:
                 raise KeyError(f"unknown run label {key!r}; valid: {', '.join(labels.columns)}")
             keep &= (labels[key] == value).to_numpy()
-        ids = set(labels.loc[keep, "run_id"])
+        return self.subset(labels.loc[keep, "run_id"])
+
+    def subset(self, run_ids) -> ExperimentData:
+        """The runs whose id is in ``run_ids`` and their metric points (e.g. the runs of one regime)."""
+        ids = {str(r) for r in run_ids}
         runs = self.runs[self.runs["run_id"].astype(str).isin(ids)].reset_index(drop=True)
         metrics = self.metrics[self.metrics["run_id"].astype(str).isin(ids)].reset_index(drop=True)
-        return ExperimentData(runs=runs, metrics=metrics)
+        return ExperimentData(runs=runs, metrics=metrics, load_info=dict(self.load_info))

@@ -23,6 +23,7 @@ from analysis.frames import ExperimentData, normalize_metrics
 from runners import metric_names
 
 TAG_SYNTHETIC = "trustbench.synthetic"
+ROLLOUT_CORR_KL = metric_names.ROLLOUT_CORR_KL
 # response-length buckets of the TRM acceptance metrics and TV position buckets
 LENGTH_BUCKETS = ((0, 256), (256, 1024), (1024, 4096), (4096, 8192))
 POSITION_BUCKETS = ((0, 64), (64, 256), (256, 1024), (1024, 4096))
@@ -56,6 +57,30 @@ class SyntheticMethod:
     contention: float = 1.0
     load: float = 1.0
     cpus: int = 2
+    # "stability" knobs (off by default: nothing extra is logged): REPO-R's zeta growing as
+    # zeta0 * exp(zeta_growth * t / steps) within entropy_control.zeta_min/max; rollout_corr/kl starting at
+    # ``gap`` and multiplied by ``gap_growth`` over the run; the training score falling linearly to
+    # (1 - reward_collapse) of its curve over the second half of the run
+    zeta_growth: float | None = None
+    gap: float | None = None
+    gap_growth: float = 1.0
+    reward_collapse: float = 0.0
+
+    @property
+    def regime(self) -> str | None:
+        """The off-policy regime tag (``metric_names.TAG_REGIME``), None when the method has none."""
+        return self.tags.get(metric_names.TAG_REGIME)
+
+    @property
+    def key(self) -> str:
+        """The method's identity in a sweep: its label, with the regime when tagged ("GRPO | stale k=2");
+        run ids, run names and the noise streams derive from it."""
+        return self.label if self.regime is None else f"{self.label} | {self.regime}"
+
+
+def with_regime(method: SyntheticMethod, regime: str, **changes: object) -> SyntheticMethod:
+    """``method`` in an off-policy ``regime`` (tagged), with its curve parameters changed by ``changes``."""
+    return replace(method, tags={**method.tags, metric_names.TAG_REGIME: regime}, **changes)
 
 
 @dataclass
@@ -81,7 +106,7 @@ def _rng(*keys: object) -> np.random.Generator:
 
 def generate_run(spec: SyntheticSpec, method: SyntheticMethod, seed: int) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """All curves of one run: {metric: (steps [S] int, values [S] float)} (steps start at 1)."""
-    rng = _rng(spec.experiment, method.label, seed)
+    rng = _rng(spec.experiment, method.key, seed)
     steps = np.arange(1, spec.steps + 1)
     t = steps.astype(float)
 
@@ -89,7 +114,7 @@ def generate_run(spec: SyntheticSpec, method: SyntheticMethod, seed: int) -> dic
         return np.clip(x + rng.normal(0.0, scale, size=x.shape), lo, hi)
 
     # the method's level for this seed: seeds differ by more than step noise in real sweeps
-    final = method.final + method.seed_sd * float(_rng(spec.experiment, method.label, seed, "seed").normal())
+    final = method.final + method.seed_sd * float(_rng(spec.experiment, method.key, seed, "seed").normal())
     out: dict[str, tuple[np.ndarray, np.ndarray]] = {}
     _core(out, spec, method, final, steps, noisy)
     if "timing" in spec.families:
@@ -113,7 +138,9 @@ def _core(out: dict, spec: SyntheticSpec, method: SyntheticMethod, final: float,
     """Training score, evaluations, entropy, response length and the clip/projection fraction."""
     t = steps.astype(float)
     learn = 1.0 - np.exp(-method.rate * t)
-    out[metric_names.SCORE_MEAN] = (steps, noisy(final * learn, hi=1.0))
+    half = spec.steps / 2.0
+    fall = 1.0 - method.reward_collapse * np.clip((t - half) / max(half, 1.0), 0.0, 1.0)
+    out[metric_names.SCORE_MEAN] = (steps, noisy(final * learn * fall, hi=1.0))
     eval_steps = np.unique(np.r_[0, steps[steps % spec.eval_every == 0]])
     for k, data in enumerate(spec.eval_sets):
         scale = 0.95 - 0.08 * k
@@ -243,6 +270,12 @@ def _claim_metrics(out: dict, spec: SyntheticSpec, method: SyntheticMethod, step
     if tags.get(metric_names.TAG_ENTROPY_CONTROL) == "adapo" or algorithm == "adapo":
         drift = method.eps_high_drift * (1.0 + 0.1 * float(rng.normal()))
         out[metric_names.ENTROPY_EPS_HIGH] = (steps, np.clip(0.28 + drift * t / spec.steps, 0.2, 0.32))
+    if method.zeta_growth is not None:
+        lo, hi = float(method.params["entropy_control.zeta_min"]), float(method.params["entropy_control.zeta_max"])
+        out[metric_names.ENTROPY_ZETA] = (steps, np.clip(1e-3 * np.exp(method.zeta_growth * t / spec.steps), lo, hi))
+    if method.gap is not None:
+        growth = method.gap_growth ** (t / spec.steps)
+        out[ROLLOUT_CORR_KL] = (steps, method.gap * growth * np.exp(rng.normal(0.0, 0.1, size=t.shape)))
 
 
 def _kl_shares(out: dict, method: SyntheticMethod, steps: np.ndarray, rng, eps: float, troll: bool) -> None:
@@ -274,7 +307,7 @@ def run_params(spec: SyntheticSpec, method: SyntheticMethod, seed: int) -> dict[
 
 
 def log_synthetic_experiment(tracking_uri: str, spec: SyntheticSpec) -> dict[tuple[str, int], dict]:
-    """Log ``spec`` into ``tracking_uri``; returns {(method label, seed): {"run_id", "curves"}}."""
+    """Log ``spec`` into ``tracking_uri``; returns {(method key, seed): {"run_id", "curves"}} (``SyntheticMethod.key``)."""
     from mlflow import MlflowClient
     from mlflow.entities import Metric, Param
 
@@ -301,7 +334,7 @@ def log_synthetic_experiment(tracking_uri: str, spec: SyntheticSpec) -> dict[tup
                 TAG_SYNTHETIC: "1",
                 **method.tags,
             }
-            run = client.create_run(exp_id, run_name=f"{method.label}-s{seed}", tags=tags)
+            run = client.create_run(exp_id, run_name=f"{method.key}-s{seed}", tags=tags)
             run_id = run.info.run_id
             params = run_params(spec, method, seed)
             client.log_batch(run_id, params=[Param(k, str(v)) for k, v in params.items()])
@@ -314,17 +347,18 @@ def log_synthetic_experiment(tracking_uri: str, spec: SyntheticSpec) -> dict[tup
             for i in range(0, len(points), 1000):
                 client.log_batch(run_id, metrics=points[i : i + 1000])
             client.set_terminated(run_id)
-            truth[(method.label, seed)] = {"run_id": run_id, "curves": curves}
+            truth[(method.key, seed)] = {"run_id": run_id, "curves": curves}
     return truth
 
 
 def synthetic_data(spec: SyntheticSpec) -> tuple[ExperimentData, dict[tuple[str, int], dict]]:
     """The frames ``load_experiment`` would return for ``spec`` once logged, built in memory
-    (for tests of tables and reports that do not exercise MLflow); run ids are "<label>-s<seed>"."""
+    (for tests of tables and reports that do not exercise MLflow); run ids are "<key>-s<seed>" (the method's
+    label, with " | <regime>" when it has a regime tag)."""
     runs, points, truth = [], [], {}
     for i, method in enumerate(spec.methods):
         for seed in spec.seeds:
-            run_id = f"{method.label}-s{seed}"
+            run_id = f"{method.key}-s{seed}"
             tags = {
                 metric_names.TAG_METHOD: method.label,
                 metric_names.TAG_MODEL: spec.model,
@@ -354,7 +388,7 @@ def synthetic_data(spec: SyntheticSpec) -> tuple[ExperimentData, dict[tuple[str,
                         {"run_id": run_id, "metric": key, "step": steps, "value": values, "timestamp": steps * 1000}
                     )
                 )
-            truth[(method.label, seed)] = {"run_id": run_id, "curves": curves}
+            truth[(method.key, seed)] = {"run_id": run_id, "curves": curves}
     metrics = normalize_metrics(pd.concat(points, ignore_index=True))
     return ExperimentData(runs=pd.DataFrame(runs), metrics=metrics), truth
 
@@ -368,6 +402,39 @@ def _m(label: str, algorithm: str, objective: str = "clip", estimator: str | Non
         if key in kw:
             tags[key] = kw.pop(key)
     return SyntheticMethod(label, tags, **kw)
+
+
+ADAPO_CAPS = {"entropy_control.eps_high_min": 0.2, "entropy_control.eps_high_max": 0.32}
+REPO_R_CAPS = {"entropy_control.zeta_min": 1e-4, "entropy_control.zeta_max": 0.05}
+
+
+def stability_methods() -> list[SyntheticMethod]:
+    """The stability map's known effects, over three regimes (on-policy, stale k=4, bfloat16 sampler):
+    GRPO+TROLL = GRPO on-policy and in bf16 but +0.1 final success when stale; GRPO+TRM-Max +0.03 in bf16
+    only; GRPO's entropy and training reward collapse and its training-inference gap blows up when stale;
+    ADAPO's eps_high and REPO-R's zeta are pinned at their max cap when stale; the gap is logged off-policy
+    only."""
+    on, stale, bf16 = "on-policy", "stale k=4", "bfloat16 sampler"
+    grpo = _m("GRPO", "grpo", final=0.5, seed_sd=0.02)
+    troll = _m("GRPO+TROLL", "grpo", "troll", final=0.5, seed_sd=0.02)
+    trm = _m("GRPO+TRM-Max", "grpo", "token_is", mask="trm_max", final=0.5, seed_sd=0.02)
+    adapo = _m("ADAPO", "adapo", final=0.5, entropy_control="adapo", params=dict(ADAPO_CAPS), seed_sd=0.02)
+    repo = _m("REPO-R", "repo_r", final=0.5, entropy_control="repo_r", params=dict(REPO_R_CAPS), zeta_growth=0.0)
+    out = []
+    for method in (grpo, troll, trm, adapo, repo):
+        out += [
+            with_regime(method, on),
+            with_regime(method, stale, gap=0.002, gap_growth=1.5),
+            with_regime(method, bf16, gap=0.001),
+        ]
+    changes = {
+        ("GRPO", stale): {"entropy_decay": 0.06, "gap_growth": 50.0, "reward_collapse": 1.0},
+        ("GRPO+TROLL", stale): {"final": 0.6},
+        ("GRPO+TRM-Max", bf16): {"final": 0.53},
+        ("ADAPO", stale): {"eps_high_drift": 0.2},
+        ("REPO-R", stale): {"zeta_growth": 8.0},
+    }
+    return [replace(m, **changes.get((m.label, m.regime), {})) for m in out]
 
 
 def profile(experiment: str, steps: int = 60, seeds: tuple[int, ...] = (0, 1, 2)) -> SyntheticSpec:
@@ -437,6 +504,14 @@ def profile(experiment: str, steps: int = 60, seeds: tuple[int, ...] = (0, 1, 2)
             eval_sets=("aime24",),
             model="qwen2.5-32b",
             families=frozenset({"core", "timing", "perf", "roofline", "claims"}),
+        ),
+        "stability_map": SyntheticSpec(
+            "stability_map",
+            stability_methods(),
+            eval_sets=("embedded_test",),
+            model="tiny-qwen2",
+            dataset="embedded",
+            families=frozenset({"core", "claims"}),
         ),
         "trm_acceptance": SyntheticSpec(
             "trm_acceptance",

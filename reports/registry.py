@@ -266,3 +266,32 @@ def register_variant(base: str, name: str, note: str) -> ReportSpec:
 # the CPU-scale sweeps of sweeps/*_cpu.yaml get their paper's report
 for _base in ("troll_table1", "entropy_tables", "tppo_table1", "trm_acceptance"):
     register_variant(_base, f"{_base}_cpu", "CPU scale")
+
+
+# the stability map: every method against GRPO within each off-policy regime (sweeps/stability_map_cpu.yaml)
+register_report(
+    ReportSpec(
+        "stability_map",
+        "Stability map: trust-region methods against GRPO across off-policy regimes",
+        "Each method against GRPO within each off-policy regime (on-policy, multi-epoch, stale rollouts, a bfloat16 "
+        "sampler): the final pass@1 as IQM and P(improvement) with stratified-bootstrap intervals (arXiv 2108.13264), "
+        "a paired-by-seed verdict that says when the seeds cannot decide and how many would (seed variance: arXiv "
+        "2504.07086), how often each arm's runs become unstable (entropy or reward collapse, training-inference gap "
+        "blow-up, an entropy controller pinned at a cap), and the papers' claims read per regime.",
+        (
+            OVERVIEW,
+            _t("stability:score_map_table"),
+            _f("stability:score_map_figure"),
+            _t("stability:stability_table"),
+            _f("stability:stability_figure"),
+            _t("stability:regime_claims_table", claims=ALL_CLAIMS),
+            AGGREGATES,
+            _compare(),
+            _claims(*ALL_CLAIMS, show_unchecked=False),
+            _f("stability:regime_curves_figure"),
+            ENTROPY,
+            CONFIG_DIFF,
+        ),
+    )
+)
+register_variant("stability_map", "stability_map_cpu", "CPU scale")

@@ -118,6 +118,9 @@ ROLLOUT_TFLOPS = achieved_tflops("rollout")
 PEAK_TFLOPS = "perf/peak_tflops"
 PEAK_MEM_BW_TBS = "perf/peak_mem_bw_tbs"
 # -- method metrics --------------------------------------------------------------------------
+# verl's training-inference mismatch diagnostics (runners.algorithms.rollout_correction logs them all)
+ROLLOUT_CORR_PREFIX = "rollout_corr/"
+ROLLOUT_CORR_KL = ROLLOUT_CORR_PREFIX + "kl"  # E[log pi_rollout - log pi_old] per token: the gap's size
 TROLL_PROJECTED_FRAC = "troll/projected_frac"
 TROLL_KEPT_TOKENS = "troll/kept_tokens"
 TROLL_KEPT_MASS = "troll/kept_mass"

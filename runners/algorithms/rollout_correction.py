@@ -27,8 +27,10 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from runners import metric_names
+
 SAFETY_BOUND = 20.0
-PREFIX = "rollout_corr/"
+PREFIX = metric_names.ROLLOUT_CORR_PREFIX
 
 
 @dataclass
