@@ -5,7 +5,7 @@ Design: ``build_report`` loads the runs (``analysis.load_experiment``, cached), 
 
     report.html           self-contained (CSS inline, figures as data-URI <img>, no external URL)
     report.pdf            the same page printed by headless Chromium (``reports.chromium``); without
-                          Chromium, the same tables and figures rendered by matplotlib (``reports.pdf``)
+                          Chromium, the same tables and figures laid out by reportlab (``reports.pdf``)
     report.md             every table in Markdown
     tables/<key>.{md,tex,csv}   figures/<key>.{svg,png}
 
@@ -58,7 +58,7 @@ class ReportResult:
     pdf: Path | None
     items: list[BuiltItem]
     mlflow_run_id: str | None = None
-    pdf_renderer: str | None = None  # "chromium" | "matplotlib"
+    pdf_renderer: str | None = None  # "chromium" | "reportlab"
     pdf_note: str = ""  # why the fallback renderer was used, and how to get the Chromium PDF
 
     @property
@@ -206,7 +206,7 @@ def write_outputs(out_dir: Path, items: list[BuiltItem], html: str) -> Path:
     return path
 
 
-PDF_RENDERERS = ("auto", "chromium", "matplotlib")
+PDF_RENDERERS = ("auto", "chromium", "reportlab")
 
 
 def chromium_hint(experiment: str) -> str:
@@ -219,7 +219,7 @@ def chromium_hint(experiment: str) -> str:
 def write_pdf(
     html_path: Path, pdf_path: Path, renderer: str, experiment: str, spec: ReportSpec, items: list[BuiltItem], meta
 ) -> tuple[Path, str, str]:
-    """(path, renderer used, note). ``auto``: Chromium when it is found and works, else matplotlib."""
+    """(path, renderer used, note). ``auto``: Chromium when it is found and works, else reportlab."""
     from reports.chromium import ChromiumMissingError, html_to_pdf
     from reports.pdf import render_pdf
 
@@ -237,7 +237,7 @@ def write_pdf(
             if renderer == "chromium":
                 raise
             note = f"Chromium failed ({str(exc).splitlines()[0]}); {chromium_hint(experiment)}"
-    return render_pdf(pdf_path, spec.title, spec.description, meta, items), "matplotlib", note
+    return render_pdf(pdf_path, spec.title, spec.description, meta, items), "reportlab", note
 
 
 def _meta(experiment: str, data: ExperimentData, tracking_uri: str) -> list[tuple[str, str]]:
@@ -273,8 +273,8 @@ def build_report(
 ) -> ReportResult:
     """Build the report of ``experiment`` (see module docstring); ``data`` skips loading from MLflow.
 
-    ``pdf``: False (none), True or "auto" (Chromium, else matplotlib), "chromium" (raises
-    ``ChromiumMissingError`` without it) or "matplotlib".
+    ``pdf``: False (none), True or "auto" (Chromium, else reportlab), "chromium" (raises
+    ``ChromiumMissingError`` without it) or "reportlab".
     """
     from runners.paths import default_tracking_uri, report_dir
 

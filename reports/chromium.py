@@ -4,7 +4,7 @@ Design: Chromium renders the very HTML a reader opens (inline images, print CSS)
 dependency and exists as a plain Debian package (``apt-get install chromium``); weasyprint would
 need pango and render CSS differently. The binary is ``$TRUSTBENCH_CHROMIUM`` or the first of
 chromium / chromium-browser / google-chrome on PATH; when none exists ``ChromiumMissingError``
-says how to install it, and ``reports.build`` falls back to the matplotlib rendering (``reports.pdf``).
+says how to install it, and ``reports.build`` falls back to the reportlab rendering (``reports.pdf``).
 
 Flags: a fresh ``--user-data-dir`` per call and no network-touching background services, which
 also lets it run as root in containers (``--no-sandbox``).
@@ -50,7 +50,7 @@ def find_chromium() -> str:
     raise ChromiumMissingError(
         "the PDF route needs headless Chromium, and none of "
         f"{', '.join(CANDIDATES)} is on PATH: install it (Debian: apt-get install chromium), set TRUSTBENCH_CHROMIUM, "
-        "or let matplotlib render the PDF (trustbench report EXPERIMENT --pdf-renderer matplotlib)"
+        "or let reportlab render the PDF (trustbench report EXPERIMENT --pdf-renderer reportlab)"
     )
 
 

@@ -266,7 +266,7 @@ COMMANDS: dict[str, Case] = {
     "trustbench sweep demo": Case("--dry-run", "trains 21 cells (~12 min)", _dry_run),
     "trustbench report demo": Case(
         "--no-pdf --quiet --no-mlflow, on one shortened run",
-        "the PDF needs Chromium or minutes of matplotlib; the demo sweep's runs are not here",
+        "the PDF needs Chromium or ~10 s of reportlab layout; the demo sweep's runs are not here",
         _report,
     ),
     "trustbench ui": Case("the server command checked, not started", "serves until Ctrl-C", _ui),
@@ -278,6 +278,7 @@ COMMANDS: dict[str, Case] = {
     "trustbench run algorithm=grpo rollout.dtype=bfloat16 rollout_correction=token_tis": Case(
         "--cfg job, then validated", LONG, _compose_only
     ),
+    "trustbench run +method=grpo_troll +regime=stale2": Case("--cfg job, then validated", LONG, _compose_only),
     # Slurm
     "trustbench sweep troll_table1 launcher=slurm launcher.partition=gpu --dry-run": Case(
         "as written, without sbatch on PATH",

@@ -66,7 +66,7 @@ def test_loading_and_reporting_never_import_torch(store, tmp_path):
         from analysis.load import load_experiment
         from reports.build import build_report
         data = load_experiment("entropy_tables", {store.uri!r}, cache_dir={str(tmp_path / "cache")!r})
-        result = build_report("entropy_tables", {store.uri!r}, {str(tmp_path / "out")!r}, data=data, pdf="matplotlib", log_to_mlflow=True)
+        result = build_report("entropy_tables", {store.uri!r}, {str(tmp_path / "out")!r}, data=data, pdf="reportlab", log_to_mlflow=True)
         print(json.dumps({{"torch": "torch" in sys.modules, "items": [i.status for i in result.items]}}))
         """
     )
