@@ -79,6 +79,7 @@ def _f(target: str, uses_data: bool = True, **options) -> Item:
     return Item("figure", f"analysis.figures.{target}", options, uses_data)
 
 
+SETUP = _t("setup:setup_table")  # what the runs share: model, data, evaluation, budget, regime, code, machine
 OVERVIEW = _t("generic:overview_table")
 CONFIG_DIFF = _t("generic:config_diff_table")
 SUCCESS = _f("curves:success_figure")
@@ -110,6 +111,7 @@ register_report(
         "Experiment report",
         "No dedicated report is registered for this experiment: final values and curves of every logged metric.",
         (
+            SETUP,
             OVERVIEW,
             _compare(),
             AGGREGATES,
@@ -131,6 +133,7 @@ register_report(
         "each method against GRPO over seeds, the papers' claims checked on the runs, success, entropy, response "
         "length, clipped vs projected tokens, TRM acceptance and time per phase.",
         (
+            SETUP,
             OVERVIEW,
             _compare(),
             AGGREGATES,
@@ -160,6 +163,7 @@ register_report(
         "(Figures 8-9), the token statistics of Figure 18 and the overhead of Table 5; TROLL is compared with Clip "
         "of the same estimator over seeds and its trust-region claim is checked.",
         (
+            SETUP,
             OVERVIEW,
             _t("troll:troll_table1"),
             TROLL_BASELINE,
@@ -181,7 +185,7 @@ register_report(
         "troll_table4",
         "TROLL vs Clip on the individual MATH benchmarks",
         "Reproduces TROLL (arXiv 2510.03817) Table 4 (AIME24, AIME25, AMC, MATH500, Omni-Math, OlympiadBench, Minerva).",
-        (OVERVIEW, _t("troll:troll_table4"), TROLL_BASELINE, TROLL_CLAIMS, SUCCESS, SCALING, CONFIG_DIFF),
+        (SETUP, OVERVIEW, _t("troll:troll_table4"), TROLL_BASELINE, TROLL_CLAIMS, SUCCESS, SCALING, CONFIG_DIFF),
     )
 )
 register_report(
@@ -189,7 +193,7 @@ register_report(
         "troll_table5",
         "Memory and runtime overhead of TROLL",
         "Reproduces TROLL (arXiv 2510.03817) Table 5 (peak memory and time per iteration of Clip, TROLL and chunked TROLL).",
-        (OVERVIEW, _t("troll:troll_table5"), TROLL_BASELINE, TROLL_CLAIMS, TIMING, TIMING_TABLE, CONFIG_DIFF),
+        (SETUP, OVERVIEW, _t("troll:troll_table5"), TROLL_BASELINE, TROLL_CLAIMS, TIMING, TIMING_TABLE, CONFIG_DIFF),
     )
 )
 register_report(
@@ -199,6 +203,7 @@ register_report(
         "Reproduces Entropy-preserving RL (arXiv 2603.11682) Tables 1-4 (score at the best checkpoint, best score, entropy change) and the entropy "
         "dynamics of Figures 1 and 6; every method against GRPO over seeds; REPO-R's and ADAPO's claims checked.",
         (
+            SETUP,
             OVERVIEW,
             _t("entropy:entropy_table"),
             _compare({"algorithm": "grpo", "entropy_control": "none"}),
@@ -218,6 +223,7 @@ register_report(
         "Reproduces T-PPO (arXiv 2506.15050) Table 1 (AIME24 avg@N), the per-phase time breakdown of Figure 4, the Roofline of Figure 5 "
         "and the response-length dynamics of Figure 6; checks the time-to-reward claim against PPO.",
         (
+            SETUP,
             OVERVIEW,
             _t("tppo:tppo_table1"),
             _compare({"algorithm": "ppo", "objective": "!troll*"}),
@@ -240,6 +246,7 @@ register_report(
         "curves of Figures 1-3, and evaluates the bounds at the runs' measured divergence; checks TRM-Max's length bias "
         "and bound claims.",
         (
+            SETUP,
             OVERVIEW,
             _t("trm:trm_table_d1", uses_data=False),
             _t("trm:trm_acceptance_table"),
@@ -279,6 +286,7 @@ register_report(
         "2504.07086), how often each arm's runs become unstable (entropy or reward collapse, training-inference gap "
         "blow-up, an entropy controller pinned at a cap), and the papers' claims read per regime.",
         (
+            SETUP,
             OVERVIEW,
             _t("stability:score_map_table"),
             _f("stability:score_map_figure"),
