@@ -52,10 +52,12 @@ from runners import metric_names
 # -- verdicts of the score map ---------------------------------------------------------------------
 BETTER, WORSE = "better", "worse"
 NOT_DISTINGUISHABLE = "not distinguishable"
+# every paired seed scored exactly as GRPO's: the method did not act in this regime (e.g. clipping on-policy)
+IDENTICAL = "identical to GRPO"
 UNDERPOWERED = "underpowered"
 TOO_FEW_SEEDS = "too few seeds"
 NO_BASELINE = "no GRPO run in this regime"
-VERDICTS = (BETTER, WORSE, NOT_DISTINGUISHABLE, UNDERPOWERED, TOO_FEW_SEEDS, NO_BASELINE)
+VERDICTS = (BETTER, WORSE, IDENTICAL, NOT_DISTINGUISHABLE, UNDERPOWERED, TOO_FEW_SEEDS, NO_BASELINE)
 DEFAULT_MARGIN = 0.03  # pass@1: differences inside +-0.03 count as "the same"
 UNTAGGED = "?"  # regime of runs without a regime tag (``analysis.arms.run_labels``)
 
@@ -67,7 +69,8 @@ def verdict_rule(margin: float = DEFAULT_MARGIN) -> str:
         f"'{NOT_DISTINGUISHABLE}': it contains 0 and lies inside ±{margin:g} pass@1 (equivalent at that margin); "
         f"'{UNDERPOWERED}': it contains 0 but reaches beyond ±{margin:g}, with the paired seeds a paired t-test needs "
         f"for {POWER:.0%} power at alpha {ALPHA} to resolve the observed difference (needs N) and the seeds it has; "
-        f"'{TOO_FEW_SEEDS}': fewer than 2 paired seeds"
+        f"'{TOO_FEW_SEEDS}': fewer than 2 paired seeds; '{IDENTICAL}': every paired seed scored exactly as GRPO "
+        "(the method did not act in this regime)"
     )
 
 
@@ -156,6 +159,8 @@ def score_map(
         d = test.diff
         row.update(pairs=test.n, diff=d.mean, diff_lo=d.lo, diff_hi=d.hi, diff_sd=d.std)
         row["verdict"] = verdict(test.n, d.mean, d.lo, d.hi, margin)
+        if test.n >= 2 and d.mean == 0 and d.std == 0:
+            row["verdict"] = IDENTICAL
         row["seeds_needed"] = seeds_needed(d.mean, d.std) if row["verdict"] == UNDERPOWERED else None
         rows[arm] = row
     out = pd.DataFrame.from_dict(rows, orient="index", columns=SCORE_COLUMNS)

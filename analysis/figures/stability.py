@@ -31,6 +31,7 @@ MARKS = {
     st.BETTER: "better",
     st.WORSE: "worse",
     st.NOT_DISTINGUISHABLE: "n.d.",
+    st.IDENTICAL: "= GRPO",
     st.TOO_FEW_SEEDS: "few seeds",
     st.NO_BASELINE: "no GRPO",
 }
@@ -85,7 +86,7 @@ def score_map_figure(data: ExperimentData, margin: float = st.DEFAULT_MARGIN, re
         "Score map: Δ IQM of the final pass@1 vs GRPO, per method and off-policy regime",
         "Colour and first line: IQM of the method's final evaluations minus GRPO's in the same regime; second line: "
         "the verdict of the paired t interval ('n.d.' = not distinguishable, 'needs N' = underpowered, N paired seeds "
-        "needed). " + score_caption(margin, reps),
+        "needed, '= GRPO' = every seed scored exactly as GRPO: the method did not act). " + score_caption(margin, reps),
         reproduces="stability map (IQM and P(improvement): arXiv 2108.13264; seed variance: arXiv 2504.07086)",
     )
 

@@ -191,3 +191,24 @@ def test_the_stability_report_builds_end_to_end(tmp_path):
     assert "arXiv 2504.07086" in html and "arXiv 2108.13264" in html
     assert {"score_map", "stability", "regime_claims"} <= {i.key for i in result.items}
     assert (tmp_path / "figures" / "score_map_heatmap.svg").exists()
+
+
+def test_a_method_that_scored_exactly_as_grpo_on_every_seed_is_identical_not_just_indistinguishable():
+    """On-policy, clipping and TRM's masks cannot act: the runs are GRPO's bit for bit. The map says so."""
+    seeds = range(3)
+    data, _ = synthetic_data(_spec({"on-policy": 0.0}, seeds))
+    runs, metrics = data.runs.copy(), data.metrics.copy()
+    method = f"tags.{metric_names.TAG_METHOD}"
+    grpo_ids = runs.loc[runs[method] == "GRPO", "run_id"].astype(str)
+    copy_of = dict(zip(runs.loc[runs[method] == "GRPO+TROLL", "run_id"].astype(str), grpo_ids))
+    # GRPO+TROLL's runs get GRPO's metric points of the same seed
+    points = metrics[metrics["run_id"].astype(str).isin(set(grpo_ids))]
+    back = {g: t for t, g in copy_of.items()}
+    cloned = points.assign(run_id=points["run_id"].astype(str).map(back))
+    metrics = pd.concat([metrics[~metrics["run_id"].astype(str).isin(set(copy_of))], cloned], ignore_index=True)
+    same = st.score_map(type(data)(runs, metrics), reps=REPS).iloc[0]
+    assert same["verdict"] == st.IDENTICAL and same["diff"] == 0 and same["pairs"] == 3
+    # one seed off by a little is no longer identical
+    first = metrics["run_id"].astype(str) == next(iter(copy_of))
+    metrics.loc[first & (metrics["metric"] == EVAL), "value"] += 1e-3
+    assert st.score_map(type(data)(runs, metrics), reps=REPS).iloc[0]["verdict"] == st.NOT_DISTINGUISHABLE
