@@ -188,9 +188,14 @@ def regime_claims_table(
         caption=(
             "Per regime: where TRM-Max's and SER's advantage over Clip (GRPO) appears, and whether TROLL keeps its edge "
             "over GRPO, read from the score map (Δ IQM with its stratified-bootstrap 95% CI, arXiv 2108.13264; paired "
-            f"Δ with its 95% t interval; verdict: {st.verdict_rule(margin)}). Then each registered paper claim "
-            "(analysis/claim_checks.py) checked on that regime's runs alone: pass / fail / inconclusive / not checked, "
-            "rules as in the claims table. Regimes: the "
+            f"Δ with its 95% t interval; verdict: {st.verdict_rule(margin)})."
+            + (
+                " Then each paper claim given (analysis/claim_checks.py) checked on that regime's runs alone: pass / "
+                "fail / inconclusive / not checked, rules as in the claims table."
+                if claims
+                else ""
+            )
+            + " Regimes: the "
             f"'{metric_names.TAG_REGIME}' tag ('{st.UNTAGGED}': runs without one)."
         ),
         values=display.copy(),
