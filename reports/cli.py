@@ -3,7 +3,7 @@
     trustbench report troll_table1                       # .trustbench/reports/troll_table1/report.{html,pdf}
     trustbench report demo --no-pdf --out /tmp/r         # HTML only, elsewhere
     trustbench report demo --pdf-renderer chromium       # the browser-printed PDF or exit 3 (default: Chromium if
-                                                         # found, else matplotlib renders the same tables/figures)
+                                                         # found, else reportlab lays out the same tables/figures)
     trustbench bounds --T 4096 --delta 1e-4 --d-seq 0.01 --out bounds.svg
 
 ``runners/cli.py`` calls ``add_report_parser(subparsers)`` and ``add_bounds_parser(subparsers)``;
@@ -22,7 +22,7 @@ def add_report_parser(subparsers) -> argparse.ArgumentParser:
         help="build an experiment's report (HTML + PDF) from its MLflow runs",
         description="Load the runs of EXPERIMENT from MLflow (cached, refreshed incrementally), build the tables and "
         "figures registered for it (reports/registry.py; unknown experiments get a generic report) and write "
-        "report.html (self-contained), report.pdf (headless Chromium, else matplotlib), Markdown and LaTeX tables.",
+        "report.html (self-contained), report.pdf (headless Chromium, else reportlab), Markdown and LaTeX tables.",
     )
     p.add_argument("experiment", help="MLflow experiment (= sweep) name, e.g. troll_table1")
     p.add_argument(
@@ -40,9 +40,9 @@ def add_report_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--no-pdf", action="store_true", help="skip the PDF")
     p.add_argument(
         "--pdf-renderer",
-        choices=("auto", "chromium", "matplotlib"),
+        choices=("auto", "chromium", "reportlab"),
         default="auto",
-        help="auto (default): headless Chromium when found, else the same tables and figures rendered by matplotlib; "
+        help="auto (default): headless Chromium when found, else the same tables and figures laid out by reportlab; "
         "chromium: fail (exit 3) without it",
     )
     p.add_argument("--no-mlflow", action="store_true", help="do not log the report as MLflow artifacts")
@@ -62,6 +62,10 @@ def run_report(args: argparse.Namespace) -> int:
     from reports.chromium import ChromiumMissingError
 
     refresh = False if args.offline else ("full" if args.full_refresh else True)
+    broken = None if args.offline else _broken_store(args.tracking_uri, args.backend_uri)
+    if broken is not None:  # a damaged sqlite store: one line naming it and the way out, nothing written
+        print(f"trustbench: {broken}", file=sys.stderr)
+        return 2
     try:
         result = build_report(
             args.experiment,
@@ -82,6 +86,12 @@ def run_report(args: argparse.Namespace) -> int:
     except ValueError as exc:  # e.g. a --backend-uri that is not a readable sqlite store
         print(f"trustbench: {exc}", file=sys.stderr)
         return 2
+    except Exception:
+        broken = _broken_store(args.tracking_uri, args.backend_uri)  # --offline without a cache reads the store
+        if broken is None:
+            raise
+        print(f"trustbench: {broken}", file=sys.stderr)
+        return 2
     ok = sum(1 for i in result.items if i.status == "ok")
     print(f"report {result.spec.name!r} for experiment {args.experiment!r}: {ok}/{len(result.items)} items")
     for item in result.items:
@@ -91,10 +101,29 @@ def run_report(args: argparse.Namespace) -> int:
     if result.pdf:
         print(f"  pdf:  {result.pdf} ({result.pdf_renderer})")
     if result.pdf_note:
-        print(f"  note: PDF rendered by matplotlib: {result.pdf_note}")
+        print(f"  note: PDF rendered by reportlab: {result.pdf_note}")
     if result.mlflow_run_id:
         print(f"  mlflow: artifacts of run {result.mlflow_run_id} (report/)")
     return 1 if result.failures else 0
+
+
+def _broken_store(tracking_uri: str | None, backend_uri: str | None) -> str | None:
+    """Why the sqlite store a report reads (``--tracking-uri`` or the default, ``--backend-uri`` or
+    ``$TRUSTBENCH_MLFLOW_BACKEND_URI``) cannot be read (damaged, half-built), or None
+    (``runners.sqlite_store.check_sqlite_store``; a missing file is reported by the loader)."""
+    import os
+
+    from runners.paths import default_tracking_uri, sqlite_path
+    from runners.sqlite_store import BrokenStore, check_sqlite_store
+
+    for uri in (tracking_uri or default_tracking_uri(), backend_uri or os.environ.get("TRUSTBENCH_MLFLOW_BACKEND_URI")):
+        db = sqlite_path(uri) if uri else None
+        try:
+            if db is not None:
+                check_sqlite_store(db)
+        except BrokenStore as err:
+            return str(err)
+    return None
 
 
 def add_bounds_parser(subparsers) -> argparse.ArgumentParser:

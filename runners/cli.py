@@ -15,7 +15,8 @@ Every argument of ``run`` goes to Hydra, overrides and Hydra's own flags in any 
 (``trustbench run --cfg job algorithm=tppo``); ``sweep`` takes its flags anywhere among the overrides.
 
 Exit codes: 0 success, 1 a run or cell failed (or the cell is already running elsewhere), 2 a
-configuration error (nothing was started; one message naming the key or file, never a traceback).
+configuration error or a damaged tracking store (nothing was started; one message naming the key or
+file, never a traceback).
 """
 
 from __future__ import annotations
@@ -37,6 +38,22 @@ def _config_error(err: BaseException) -> int:
 
     print(f"trustbench: configuration error: {describe(err)}", file=sys.stderr)
     return CONFIG_ERROR
+
+
+def _broken_store(uri: str | None) -> int | None:
+    """Exit status 2 and one line naming the file and the way out when ``uri`` (default: this home's store)
+    is a sqlite store that is damaged or half-built (``runners.sqlite_store.check_sqlite_store``); else None."""
+    from runners import paths
+    from runners.sqlite_store import BrokenStore, check_sqlite_store
+
+    db = paths.sqlite_path(uri or paths.default_tracking_uri())
+    try:
+        if db is not None:
+            check_sqlite_store(db)
+    except BrokenStore as err:
+        print(f"trustbench: {err}", file=sys.stderr)
+        return CONFIG_ERROR
+    return None
 
 
 def _compose_errors():
@@ -88,6 +105,13 @@ def cmd_run(args: argparse.Namespace) -> int:
                 check_placement(cfg)  # the cell runs here: can this machine run it?
         except _compose_errors() as err:
             return _config_error(err)
+        if not flags:  # the store, before Hydra or the cell's directory exist (tracking=server: the home's file)
+            from runners.run import tracking_uri
+
+            own_server = cfg.tracking.kind == "server" and not cfg.tracking.uri
+            broken = _broken_store(None if own_server else tracking_uri(cfg))
+            if broken is not None:
+                return broken
     from hydra.core.global_hydra import GlobalHydra
 
     from runners.main import main
@@ -104,6 +128,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_sweep(args: argparse.Namespace) -> int:
     from runners import sweep
+    from runners.sqlite_store import BrokenStore
 
     try:
         plan = sweep.plan(
@@ -115,6 +140,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         )
     except _compose_errors() as err:
         return _config_error(err)
+    except BrokenStore as err:  # the store that says which cells finished is damaged
+        print(f"trustbench: {err}", file=sys.stderr)
+        return CONFIG_ERROR
     print(sweep.format_plan(plan))
     if args.dry_run:
         return 0
@@ -149,6 +177,9 @@ def cmd_ui(args: argparse.Namespace) -> int:
         source = "--tracking-uri" if args.tracking_uri else "environment variable MLFLOW_TRACKING_URI"
         print(f"trustbench: no MLflow server answers at {redact(uri)} (set by {source})", file=sys.stderr)
         return CONFIG_ERROR
+    broken = _broken_store(uri)  # damaged or half-built: one line, not MLflow's traceback
+    if broken is not None:
+        return broken
     uri = tracking.ensure_store(uri)
     cmd = server_command("ui", uri, args.host, args.port)  # one worker, no job runner (as tracking=server)
     if uri.startswith("sqlite:"):

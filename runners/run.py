@@ -219,14 +219,18 @@ def run(cfg: DictConfig, choices: Mapping[str, str] | None = None) -> dict[str, 
 @contextmanager
 def _store_failure(cell: _Cell, doing: str) -> Iterator[None]:
     """A tracking store that fails before the MLflow run is open (a full disk, a broken server):
-    ``RunFailed`` naming it in one line, and the marker says FAILED (a config error passes)."""
+    ``RunFailed`` naming it in one line, and the marker says FAILED, unless it says FINISHED: a store
+    that cannot be read does not undo a finished run (a config error, e.g. a damaged store, passes)."""
     try:
         yield
     except ConfigError:
         raise
     except Exception as err:  # noqa: BLE001 - any failure of the store: reported in one line
         reason = f"could not {doing}: {tracking.describe_error(err)}"
-        kept = {k: v for k, v in (read_status(cell.run_dir) or {}).items() if k in ("attempts", "run_id")}
+        marker = read_status(cell.run_dir) or {}
+        if marker.get("status") == "FINISHED":
+            raise RunFailed(f"run {cell.name!r} (key {cell.key}, FINISHED before): {reason}") from None
+        kept = {k: v for k, v in marker.items() if k in ("attempts", "run_id")}
         notes = _try(lambda: write_status(cell.run_dir, "FAILED", **kept, name=cell.name, reason=reason))
         notes = f"; {cell.run_dir / STATUS_FILE} could not be written ({notes})" if notes else ""
         raise RunFailed(f"run {cell.name!r} (key {cell.key}) failed: {reason}{notes}") from None

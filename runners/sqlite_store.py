@@ -8,7 +8,11 @@ fails. Here the schema is built in a private temporary file, under an exclusive 
 (``flock`` on ``<db>.lock``), and renamed into place complete: the others wait for the lock and
 find the file done. A process killed while building leaves only its temporary file, never a
 half-built store. A store left broken by such a race before (it has ``_alembic_tmp_*`` tables) is
-reported with the file to move away, instead of MLflow's migration error.
+reported with the file to move away, instead of MLflow's migration error; so is a damaged file
+(``check_sqlite_store``: not SQLite, an unreadable schema, or shorter than its header declares with
+damage SQLite's ``quick_check`` confirms),
+with what moving it aside keeps (run directories, checkpoints, artifacts with each run's metric
+history) and loses, instead of MLflow's traceback. Every command that opens the store checks it so.
 
 Building the schema costs about 2.5 s of CPU (the migrations), in every new trustbench home. So the
 first build for an MLflow version also keeps an empty store as a template in the cache
@@ -36,13 +40,14 @@ TEMPLATE_ARTIFACTS = Path("/trustbench-template/artifacts")
 
 
 class BrokenStore(RuntimeError):
-    """An existing sqlite store whose schema creation was interrupted; the message names the file."""
+    """An existing sqlite store that is damaged or whose schema creation was interrupted; the message
+    names the file and how to recover."""
 
 
 def ensure_sqlite_store(db: Path) -> None:
     """Make ``db`` a complete MLflow sqlite store if it is missing or empty; check an existing one."""
     if _exists(db):
-        _check_not_half_built(db)
+        check_sqlite_store(db)
         return
     db.parent.mkdir(parents=True, exist_ok=True)
     _create_once(db, lambda tmp: _build(tmp, artifact_root=db.parent / "artifacts"))
@@ -122,6 +127,52 @@ def _build_from_scratch(path: Path, artifact_root: Path) -> None:
     store = SqlAlchemyStore(uri, artifact_root.as_uri())
     store.engine.dispose()
     SqlAlchemyStore._engine_map.pop(uri, None)
+
+
+def check_sqlite_store(db: Path) -> None:
+    """``BrokenStore`` if ``db`` exists, is not empty, and is damaged or half-built. A store that is
+    locked or busy (another process writes it) or unreadable for permissions passes: MLflow waits or
+    reports it. A missing or empty file passes (``ensure_sqlite_store`` creates it)."""
+    fault = _damage(db)
+    if fault:
+        from runners.paths import trustbench_home
+
+        home = trustbench_home()
+        raise BrokenStore(
+            f"the MLflow store {db} is damaged ({fault}): move it aside (mv {db} {db}.damaged) and run again to "
+            f"start an empty store; kept: run directories and checkpoints ({home / 'runs'}, a rerun resumes each "
+            f"cell from its last checkpoint) and artifacts ({home / 'artifacts'}, each run's metrics/history.parquet "
+            f"up to its last checkpoint); lost: what only this file held (sqlite3 {db}.damaged .recover may save it)"
+        )
+    _check_not_half_built(db)
+
+
+def _damage(db: Path) -> str | None:
+    """What is wrong with the file ``db`` as an SQLite database, or None (fine, missing, empty, locked).
+
+    A file shorter than its header declares (a truncated copy) is checked further by SQLite's
+    ``quick_check`` (only then: it reads the whole file); SQLite reads some truncated files whole (the
+    cut fell in free space). The header and the size are read under SQLite's shared lock (taken by
+    reading the schema): no commit is under way then (a commit writes page 1, with the new page
+    count, before the pages it appends), and a journal left by a killed writer has been rolled back
+    (or the read fails as locked)."""
+    try:
+        with closing(sqlite3.connect(f"{db.resolve().as_uri()}?mode=ro", uri=True, isolation_level=None)) as con:
+            con.execute("BEGIN")
+            con.execute("SELECT name, sql FROM sqlite_master").fetchall()
+            with db.open("rb") as f:
+                head, size = f.read(100), os.fstat(f.fileno()).st_size
+            page = int.from_bytes(head[16:18], "big")
+            declared = int.from_bytes(head[28:32], "big") * (65536 if page == 1 else page)
+            if len(head) == 100 and head[24:28] == head[92:96] and declared > size:  # the page count is valid
+                found = " ".join(con.execute("PRAGMA quick_check(1)").fetchone()[0].split())
+                if found != "ok":
+                    return f"truncated: {size:,} bytes of the {declared:,} its header declares; {found}"
+    except (OSError, sqlite3.OperationalError):  # missing, unreadable, locked, busy: not damage
+        return None
+    except sqlite3.DatabaseError as err:  # "file is not a database", "database disk image is malformed"
+        return f"SQLite cannot read it: {err}"
+    return None
 
 
 def _check_not_half_built(db: Path) -> None:

@@ -95,6 +95,10 @@ MISTAKES = [
     ("experiment_absolute_path", ["experiment={tmp}/escaped"], "experiment"),
     ("experiment_with_slash", ["experiment=a/escaped"], "experiment"),
     ("experiment_hidden", ["experiment=.escaped"], "experiment"),
+    # sizes no machine can hold (runners.config.validate.step_memory) and a step count no run reaches
+    ("response_length_1e8", ["rollout.max_response_length=100000000"], "rollout.max_response_length"),
+    ("prompts_per_step_1e8", ["trainer.prompts_per_step=100000000"], "trainer.prompts_per_step"),
+    ("total_steps_1e9", ["trainer.total_steps=1000000000"], "trainer.total_steps"),
 ]
 
 
@@ -114,7 +118,7 @@ def test_a_user_mistake_is_one_message_exit_2_and_no_failed_run(home, capsys, ca
         if torch.cuda.is_available():
             pytest.skip("this machine has CUDA")
     overrides = [o.replace("{tmp}", str(home.parent)) for o in overrides]
-    code, _, err = _main(capsys, "run", *overrides, *FAST)
+    code, _, err = _main(capsys, "run", *FAST, *overrides)  # the case's overrides win over FAST's
     assert code == 2, err
     message = one_message(err, "configuration error", f"config key '{key}'", *words)
     assert message.count("config key") == 1 and len(message) < 600

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -28,6 +29,9 @@ DEVICES = ("auto", "cpu", "cuda")
 SEED_MAX = 2**32 - 1
 # experiment names name directories under the trustbench home (artifacts, hydra, reports): a slug
 EXPERIMENT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+TOTAL_STEPS_MAX = 10_000_000
+STEPS_WHY = "at one step a second that is 116 days, more than any run takes: a larger value is a typo"
+STEP_TOKEN_BYTES = 8 + 4 + 1  # a step holds per response token, any model: id (int64), log-prob (fp32), mask
 
 
 class ConfigError(ValueError):
@@ -192,6 +196,7 @@ def _check_rollout(c: _Checker, cfg: DictConfig, method) -> None:
 def _check_trainer(c: _Checker, cfg: DictConfig, method) -> None:
     t = cfg.trainer
     c.at_least("trainer.total_steps", 1)
+    c.require("trainer.total_steps", lambda v: v <= TOTAL_STEPS_MAX, f"must be <= {TOTAL_STEPS_MAX:,} ({STEPS_WHY})")
     c.at_least("trainer.prompts_per_step", 1)
     c.at_least("trainer.n", 1)
     if method.requires("groups"):
@@ -326,6 +331,44 @@ def _check_experiment(name: Any) -> None:
         )
 
 
+def step_memory(cfg: Any) -> tuple[int, int]:
+    """(bytes, limit): a lower bound of a step's memory when responses reach their length limit, and the memory
+    it runs in (this machine's; ``launcher=slurm``: ``launcher.mem_gb``). Each response holds ``STEP_TOKEN_BYTES``
+    a token; with the embedded model (shape known unloaded) a forward keeps, per token of its micro-batch (one
+    response on verl), each layer's residual stream and the logits (``TransformerShape``: hidden x layers + vocab)."""
+    t, r, m = cfg["trainer"], cfg["rollout"], cfg["model"]
+    tokens = int(r["max_prompt_length"]) + int(r["max_response_length"])
+    need = int(t["prompts_per_step"]) * int(t["n"]) * tokens * STEP_TOKEN_BYTES
+    if m["kind"] == "embedded":
+        from runners.data.embedded import EMBEDDED_ALPHABET
+        from runners.models.embedded import EmbeddedRecipe as R
+
+        o = m.get("options") or {}
+        width = int(o.get("hidden_size", R.hidden_size)) * int(o.get("num_hidden_layers", R.num_hidden_layers))
+        rows = int(t["micro_batch_size"]) or int(t["mini_batch_prompts"]) * int(t["n"])
+        rows = rows if cfg["backend"]["name"] == "local" else 1
+        need += rows * tokens * (4 if m["dtype"] == "float32" else 2) * (width + len(EMBEDDED_ALPHABET))
+    if cfg["launcher"]["name"] == "slurm":
+        from runners.resources import cell_resources
+
+        return need, cell_resources(cfg)["mem_gb"] * 2**30
+    return need, os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def _check_step_memory(cfg: DictConfig) -> None:
+    """Refuse a step that cannot fit, naming the size furthest above its default (``runners.config.schema``)."""
+    need, limit = step_memory(cfg)
+    sizes = {"rollout.max_response_length": 48, "rollout.max_prompt_length": 64, "trainer.prompts_per_step": 8}
+    if need > limit:
+        key = max({**sizes, "trainer.n": 8}.items(), key=lambda kv: OmegaConf.select(cfg, kv[0]) / kv[1])[0]
+        t, r, where = cfg.trainer, cfg.rollout, "launcher.mem_gb" if cfg.launcher.name == "slurm" else "this machine"
+        shape = (
+            f"{t.prompts_per_step} prompts x {t.n} responses of {r.max_prompt_length}+{r.max_response_length} tokens"
+        )
+        big = f"{need / 2**30:,.1f} GiB ({shape}), more than the {limit / 2**30:,.1f} GiB of {where}"
+        raise ConfigError(key, f"a training step needs at least {big} (got {OmegaConf.select(cfg, key)!r})")
+
+
 def check_seed(cfg: DictConfig) -> None:
     """``seed`` in [0, SEED_MAX]. Not part of ``validate``, which never reads the seed: the sweep
     planner validates cells that differ only in it once (``runners.config.grid``) and checks each
@@ -354,3 +397,4 @@ def validate(cfg: DictConfig) -> None:
     _check_model(checker, cfg)
     _check_dataset(checker, cfg)
     _check_infrastructure(checker, cfg)
+    _check_step_memory(cfg)

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from runners import metric_names, paths, tracking
+from runners import metric_names, paths, sqlite_store, tracking
 from runners.config import (
     SEARCHPATH_OVERRIDE,
     SWEEPS_DIR,
@@ -126,7 +126,8 @@ def _existing_runs(uri: str, experiment: str, source: str | None = None) -> dict
 
     A sqlite store is read with one SQL query (no mlflow import: the dry run stays fast). The sweep's own
     server (``source`` None), when down, is read through its sqlite file, this home's; a URI given by
-    ``source`` (``tracking.uri``, ``MLFLOW_TRACKING_URI``) must answer (``ConfigError`` naming it)."""
+    ``source`` (``tracking.uri``, ``MLFLOW_TRACKING_URI``) must answer (``ConfigError`` naming it); a damaged
+    sqlite file is ``BrokenStore`` (``runners.sqlite_store.check_sqlite_store``)."""
     from runners import tracking_server
 
     db = _sqlite_file(uri)
@@ -135,10 +136,9 @@ def _existing_runs(uri: str, experiment: str, source: str | None = None) -> dict
             raise ConfigError(source, f"no MLflow server answers at {redact(uri)}: cannot tell which cells finished")
         db = _sqlite_file(tracking_server.store_uri())
     if db is not None:
-        if not db.exists():
-            return {}
+        sqlite_store.check_sqlite_store(db)  # damaged or half-built: BrokenStore naming the file and the way out
         try:
-            return _existing_runs_sql(db, experiment)
+            return _existing_runs_sql(db, experiment) if db.exists() else {}
         except sqlite3.Error:
             pass  # an unexpected schema: ask MLflow
     client = tracking._client(uri)
