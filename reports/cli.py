@@ -23,6 +23,9 @@ def add_report_parser(subparsers) -> argparse.ArgumentParser:
         description="Load the runs of EXPERIMENT from MLflow (cached, refreshed incrementally), build the tables and "
         "figures registered for it (reports/registry.py; unknown experiments get a generic report) and write "
         "report.html (self-contained), report.pdf (headless Chromium, else reportlab), Markdown and LaTeX tables.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="examples:\n  trustbench report demo\n  trustbench report stability_map_cpu --no-pdf --out /tmp/map\n"
+        "  trustbench report demo --pdf-renderer chromium",
     )
     p.add_argument("experiment", help="MLflow experiment (= sweep) name, e.g. troll_table1")
     p.add_argument(
@@ -132,6 +135,7 @@ def add_bounds_parser(subparsers) -> argparse.ArgumentParser:
         help="print TRM error bounds for a sequence length and divergence (TRM, arXiv 2512.23075, section 4)",
         description="Print the classical, linear, Pinsker-Marginal, Mixed (with --d-seq) and unified bounds on "
         "|J(theta) - J(roll) - L(theta)| for sequence length T and max token KL delta; --out also plots them vs T.",
+        epilog="example: trustbench bounds --T 4096 --delta 1e-4 --d-seq 0.01 --out bounds.svg",
     )
     p.add_argument("--T", type=int, required=True, help="sequence length in tokens")
     p.add_argument("--delta", type=float, required=True, help="max per-token KL divergence (rollout -> training)")

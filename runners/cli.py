@@ -1,4 +1,4 @@
-"""The ``trustbench`` command.
+"""The trustbench command.
 
     trustbench run [OVERRIDES...]                 train one cell (Hydra overrides, e.g. algorithm=gspo objective=troll)
     trustbench sweep NAME [OVERRIDES...]          run the grid of sweeps/NAME.yaml (skips finished cells)
@@ -11,12 +11,11 @@
     trustbench ui                                 MLflow UI on 127.0.0.1
     trustbench list [GROUP]                       config groups and their options, and the sweeps
 
-Every argument of ``run`` goes to Hydra, overrides and Hydra's own flags in any order
-(``trustbench run --cfg job algorithm=tppo``); ``sweep`` takes its flags anywhere among the overrides.
+Every argument of run goes to Hydra, overrides and Hydra's own flags in any order
+(trustbench run --cfg job algorithm=tppo); sweep takes its flags anywhere among the overrides.
 
 Exit codes: 0 success, 1 a run or cell failed (or the cell is already running elsewhere), 2 a
-configuration error or a damaged tracking store (nothing was started; one message naming the key or
-file, never a traceback).
+configuration error (nothing was started; one message naming the key or file, never a traceback).
 """
 
 from __future__ import annotations
@@ -29,6 +28,21 @@ from collections.abc import Sequence
 from pathlib import Path
 
 CONFIG_ERROR = 2
+RUN_EXAMPLES = """examples:
+  trustbench run                                   GRPO on the embedded default (CPU, no network)
+  trustbench run objective=troll                   GRPO with TROLL's trust region instead of clipping
+  trustbench run +method=grpo_trm +regime=stale2   TRM-Max on rollouts sampled 2 iterations behind
+  trustbench run --cfg job algorithm=tppo          print the composed config, train nothing
+
+Hydra's own flags are accepted too (--cfg job, --info, --hydra-help); the groups and their options:
+trustbench list.
+"""
+SWEEP_EXAMPLES = """examples:
+  trustbench sweep demo --dry-run                  the cells, what is done, the estimated CPU time
+  trustbench sweep demo                            run them (finished cells are skipped)
+  trustbench sweep stability_map_cpu seed=0,1      only the first two seeds
+  trustbench sweep troll_table1 launcher=cluster   on your Slurm site profile
+"""
 # Hydra flags that change where the config comes from, or compose a sweep: composing is left to Hydra
 _HYDRA_COMPOSES = ("--config-path", "--config-name", "--config-dir", "--experimental-rerun", "--multirun")
 
@@ -248,11 +262,23 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("run", help="train one cell", description="Train one cell; arguments are Hydra overrides.")
+    p = sub.add_parser(
+        "run",
+        help="train one cell",
+        description="Train one cell; arguments are Hydra overrides (one option per config group, any key).",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=RUN_EXAMPLES,
+    )
     p.add_argument("overrides", nargs=argparse.REMAINDER, help="e.g. algorithm=grpo objective=troll seed=1")
     p.set_defaults(func=cmd_run)
 
-    p = sub.add_parser("sweep", help="run the grid of sweeps/NAME.yaml")
+    p = sub.add_parser(
+        "sweep",
+        help="run the grid of sweeps/NAME.yaml",
+        description="Run every cell of sweeps/NAME.yaml that has not finished (trustbench list shows the sweeps).",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=SWEEP_EXAMPLES,
+    )
     p.add_argument("name", help="sweep file name without .yaml (trustbench list shows them)")
     p.add_argument("overrides", nargs="*", help="extra Hydra overrides for every cell (sweep syntax a,b allowed)")
     p.add_argument("--dry-run", action="store_true", help="print the cells and resources; submit nothing")
@@ -274,13 +300,23 @@ def build_parser() -> argparse.ArgumentParser:
     except ImportError:  # pragma: no cover - reports package missing its optional deps
         pass
 
-    p = sub.add_parser("ui", help="start the MLflow UI on 127.0.0.1")
+    p = sub.add_parser(
+        "ui",
+        help="start the MLflow UI on 127.0.0.1",
+        description="Serve the MLflow UI of this home's store (or --tracking-uri) until Ctrl-C.",
+        epilog="example: trustbench ui --port 5001",
+    )
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=5000)
     p.add_argument("--tracking-uri", default=None, help="default: $MLFLOW_TRACKING_URI or .trustbench/mlflow.db")
     p.set_defaults(func=cmd_ui)
 
-    p = sub.add_parser("list", help="list config groups, their options and the sweeps")
+    p = sub.add_parser(
+        "list",
+        help="list config groups, their options and the sweeps",
+        description="Every config group of conf/ with its options, then the sweeps of sweeps/.",
+        epilog="examples: trustbench list; trustbench list regime",
+    )
     p.add_argument("group", nargs="?", help="one group only (e.g. algorithm)")
     p.set_defaults(func=cmd_list)
     return parser
@@ -289,7 +325,7 @@ def build_parser() -> argparse.ArgumentParser:
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     """``run``: every argument is Hydra's (``cmd_run`` sorts flags from overrides); ``sweep``: its
     flags may come after overrides (``sweep demo --dry-run trainer.lr=1e-4``)."""
-    if list(argv[:1]) == ["run"]:
+    if list(argv[:1]) == ["run"] and not {"-h", "--help"} & set(argv[1:]):
         return argparse.Namespace(command="run", overrides=list(argv[1:]), func=cmd_run)
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
