@@ -23,6 +23,7 @@ from analysis.frames import ExperimentData
 from analysis.skip import SkipItem
 from analysis.tables.base import MISSING, Table
 from runners import metric_names
+from runners.paths import repo_root
 
 Params = dict[str, str]
 
@@ -110,6 +111,20 @@ def _machine(data: ExperimentData, run_ids: list[str]) -> str:
     return "; ".join(parts)
 
 
+def planned_seeds(sweep: str) -> list[int] | None:
+    """The seeds ``sweeps/<sweep>.yaml`` sweeps over (its ``hydra.sweeper.params.seed``), None when the file or
+    the axis is not there: a report of a sweep stopped early says how many of its seeds ran."""
+    import yaml
+
+    path = repo_root() / "sweeps" / f"{sweep}.yaml"
+    try:
+        doc = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        axis = doc["hydra"]["sweeper"]["params"]["seed"]
+        return sorted({int(s) for s in str(axis).split(",")})
+    except (OSError, KeyError, TypeError, ValueError, yaml.YAMLError):
+        return None
+
+
 def setup_table(data: ExperimentData) -> Table:
     """Rows: the settings of ``ROWS``, then regime, seeds, code and machine (module docstring)."""
     labels = run_labels(data)
@@ -128,6 +143,10 @@ def setup_table(data: ExperimentData) -> Table:
     rows["Seeds"] = f"{len(seeds)} ({', '.join(map(str, seeds))}); per compared configuration {per_arm.min()}" + (
         f" to {per_arm.max()}" if per_arm.max() != per_arm.min() else ""
     )
+    sweeps = sorted({str(s) for s in labels[metric_names.TAG_SWEEP].dropna()})
+    planned = planned_seeds(sweeps[0]) if len(sweeps) == 1 else None
+    if planned and len(planned) > len(seeds):
+        rows["Seeds"] += f"; {len(seeds)} of the {len(planned)} seeds of sweeps/{sweeps[0]}.yaml ran"
     rows["Runs"] = f"{len(run_ids)} runs of {labels['arm'].nunique()} compared configurations"
     rows["Code"] = "; ".join(f"{code} ({n} runs)" for code, n in data.code_versions())
     rows["Machine"] = _machine(data, run_ids)

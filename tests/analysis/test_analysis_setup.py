@@ -38,7 +38,7 @@ BASE = {
 }
 
 
-def _data(per_run: list[dict[str, str]], regimes: list[str]) -> ExperimentData:
+def _data(per_run: list[dict[str, str]], regimes: list[str], sweep: str = "no_such_sweep") -> ExperimentData:
     rows = []
     for i, (params, regime) in enumerate(zip(per_run, regimes)):
         row = {
@@ -50,6 +50,7 @@ def _data(per_run: list[dict[str, str]], regimes: list[str]) -> ExperimentData:
             f"tags.{metric_names.TAG_SEED}": str(i // 2),
             f"tags.{metric_names.TAG_REGIME}": regime,
             f"tags.{metric_names.TAG_HOST}": "node7",
+            f"tags.{metric_names.TAG_SWEEP}": sweep,
             f"tags.{metric_names.TAG_GIT_REVISION}": "abc123",
             f"tags.{metric_names.TAG_PACKAGE_VERSION}": "0.1.0",
         }
@@ -95,3 +96,10 @@ def test_config_diff_shows_the_component_a_run_used_not_the_presets_declaration(
     diff = config_diff_table(data).display
     assert "algorithm.components.objective" not in diff.index
     assert list(diff.loc["objective.name"]) == ["clip", "troll", "dapo_clip"]
+
+
+def test_a_sweep_stopped_early_says_how_many_of_its_seeds_ran():
+    """The stability map's sweep file sweeps 10 seeds: a report of 2 of them says so."""
+    table = setup_table(_data([BASE] * 4, ["a"] * 4, sweep="stability_map_cpu")).display["setting"]
+    assert table["Seeds"].endswith("; 2 of the 10 seeds of sweeps/stability_map_cpu.yaml ran")
+    assert "of the" not in setup_table(_data([BASE] * 4, ["a"] * 4)).display["setting"]["Seeds"]
