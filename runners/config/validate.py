@@ -21,7 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from runners.config.components import field_checks
-from runners.config.schema import LAUNCHERS, ROLLOUT_MODES
+from runners.config.schema import LAUNCHERS, ROLLOUT_MODES, RolloutConfig, TrainerConfig
 
 DTYPES = ("float32", "bfloat16", "float16")
 DEVICES = ("auto", "cpu", "cuda")
@@ -30,7 +30,7 @@ SEED_MAX = 2**32 - 1
 # experiment names name directories under the trustbench home (artifacts, hydra, reports): a slug
 EXPERIMENT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 TOTAL_STEPS_MAX = 10_000_000
-STEPS_WHY = "at one step a second that is 116 days, more than any run takes: a larger value is a typo"
+STEPS_WHY = "116 days at a step a second: a typo"
 STEP_TOKEN_BYTES = 8 + 4 + 1  # a step holds per response token, any model: id (int64), log-prob (fp32), mask
 
 
@@ -332,10 +332,10 @@ def _check_experiment(name: Any) -> None:
 
 
 def step_memory(cfg: Any) -> tuple[int, int]:
-    """(bytes, limit): a lower bound of a step's memory when responses reach their length limit, and the memory
-    it runs in (this machine's; ``launcher=slurm``: ``launcher.mem_gb``). Each response holds ``STEP_TOKEN_BYTES``
-    a token; with the embedded model (shape known unloaded) a forward keeps, per token of its micro-batch (one
-    response on verl), each layer's residual stream and the logits (``TransformerShape``: hidden x layers + vocab)."""
+    """(bytes, limit): a lower bound of a step's memory at full-length responses, and the memory it runs in (this
+    machine's; ``launcher=slurm``: ``launcher.mem_gb``). A response holds ``STEP_TOKEN_BYTES`` a token; with the
+    embedded model (shape known unloaded) a forward keeps, per token of its micro-batch (one response on verl),
+    each layer's residual stream and the logits (hidden x layers + vocab)."""
     t, r, m = cfg["trainer"], cfg["rollout"], cfg["model"]
     tokens = int(r["max_prompt_length"]) + int(r["max_response_length"])
     need = int(t["prompts_per_step"]) * int(t["n"]) * tokens * STEP_TOKEN_BYTES
@@ -358,14 +358,13 @@ def step_memory(cfg: Any) -> tuple[int, int]:
 def _check_step_memory(cfg: DictConfig) -> None:
     """Refuse a step that cannot fit, naming the size furthest above its default (``runners.config.schema``)."""
     need, limit = step_memory(cfg)
-    sizes = {"rollout.max_response_length": 48, "rollout.max_prompt_length": 64, "trainer.prompts_per_step": 8}
     if need > limit:
-        key = max({**sizes, "trainer.n": 8}.items(), key=lambda kv: OmegaConf.select(cfg, kv[0]) / kv[1])[0]
+        default = {"rollout": RolloutConfig, "trainer": TrainerConfig}  # the sizes' defaults, written once
+        sizes = ("rollout.max_response_length", "rollout.max_prompt_length", "trainer.prompts_per_step", "trainer.n")
+        key = max(sizes, key=lambda k: OmegaConf.select(cfg, k) / getattr(default[k.split(".")[0]], k.split(".")[1]))
         t, r, where = cfg.trainer, cfg.rollout, "launcher.mem_gb" if cfg.launcher.name == "slurm" else "this machine"
-        shape = (
-            f"{t.prompts_per_step} prompts x {t.n} responses of {r.max_prompt_length}+{r.max_response_length} tokens"
-        )
-        big = f"{need / 2**30:,.1f} GiB ({shape}), more than the {limit / 2**30:,.1f} GiB of {where}"
+        shape = f"{t.prompts_per_step} prompts x {t.n} responses of {r.max_prompt_length}+{r.max_response_length}"
+        big = f"{need / 2**30:,.1f} GiB ({shape} tokens), more than the {limit / 2**30:,.1f} GiB of {where}"
         raise ConfigError(key, f"a training step needs at least {big} (got {OmegaConf.select(cfg, key)!r})")
 
 
