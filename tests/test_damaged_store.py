@@ -30,6 +30,18 @@ from tests.reliability import FAST, REPO, command_env, free_port, one_message
 EXPERIMENT = "default"
 
 
+def _python(home, module: str, *args: str) -> subprocess.CompletedProcess:
+    """``python -m module args`` with ``home`` as the trustbench home, from its parent folder."""
+    return subprocess.run(
+        [sys.executable, "-m", module, *args],
+        cwd=home.parent,
+        env=command_env(home),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
 def _cell_key() -> str:
     from runners.config import compose, run_key
 
@@ -170,14 +182,7 @@ def test_every_command_names_the_damaged_store_in_one_line(damaged_home, command
     file of the home (the FINISHED status.json included) keeps its bytes and none is added."""
     before = _snapshot(damaged_home)
     args = [a.replace("{port}", str(free_port())) for a in COMMANDS[command]]
-    done = subprocess.run(
-        [sys.executable, "-m", "runners.cli", *args],
-        cwd=damaged_home.parent,
-        env=command_env(damaged_home),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    done = _python(damaged_home, "runners.cli", *args)
     assert done.returncode == 2, done.stderr
     db = damaged_home / "mlflow.db"
     one_message(done.stderr, f"the MLflow store {db} is damaged", f"mv {db} {db}.damaged", "checkpoints")
@@ -192,14 +197,7 @@ def test_a_sweep_cell_on_a_damaged_store_keeps_its_finished_marker(damaged_home)
     exit 2 naming the store, and the FINISHED status.json untouched."""
     (run_dir,) = (damaged_home / "runs").iterdir()
     marker = (run_dir / STATUS_FILE).read_bytes()
-    done = subprocess.run(
-        [sys.executable, "-m", "runners.main", *FAST],
-        cwd=damaged_home.parent,
-        env=command_env(damaged_home),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    done = _python(damaged_home, "runners.main", *FAST)
     assert done.returncode == 2, done.stderr
     one_message(done.stderr, str(damaged_home / "mlflow.db"), "is damaged")
     assert (run_dir / STATUS_FILE).read_bytes() == marker

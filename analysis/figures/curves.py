@@ -34,6 +34,21 @@ def _draw(ax, data: ExperimentData, metric: str, window: int, styles: dict, scal
     return int(curves["window"].max()) if len(curves) else 0
 
 
+def panel_legend(fig, axes, n_panels: int) -> None:
+    """Hide the grid's unused axes and draw one legend for all panels under them (each label once, rows of
+    ``legend_columns``), then lay the figure out around it."""
+    for ax in list(axes.flat)[n_panels:]:
+        ax.set_visible(False)
+    seen: dict[str, object] = {}
+    for ax in axes.flat:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            seen.setdefault(label, handle)
+    ncol, by_column = legend_columns(list(seen.items()))
+    labels, handles = [label for label, _ in by_column], [handle for _, handle in by_column]
+    fig.legend(handles, labels, loc="lower center", ncol=ncol, bbox_to_anchor=(0.5, -0.02 - 0.04 * (len(labels) > 6)))
+    fig.tight_layout(rect=(0, 0.08 if len(labels) <= 6 else 0.14, 1, 1))
+
+
 def legend_columns(entries: list, max_per_row: int = 6) -> tuple[int, list]:
     """(ncol, entries reordered) so that a legend reads left to right in rows of (nearly) equal
     length, at most ``max_per_row`` each: matplotlib fills a legend column by column, so it gets
@@ -74,22 +89,7 @@ def panels_figure(
         step_axis(ax)
         if logy:
             set_log(ax, y=True)
-    for ax in list(axes.flat)[len(panels) :]:
-        ax.set_visible(False)
-    seen: dict[str, object] = {}
-    for ax in axes.flat:
-        for handle, label in zip(*ax.get_legend_handles_labels()):
-            seen.setdefault(label, handle)
-    ncol, by_column = legend_columns(list(seen.items()))
-    labels, handles = [label for label, _ in by_column], [handle for _, handle in by_column]
-    fig.legend(
-        handles,
-        labels,
-        loc="lower center",
-        ncol=ncol,
-        bbox_to_anchor=(0.5, -0.02 - 0.04 * (len(labels) > 6)),
-    )
-    fig.tight_layout(rect=(0, 0.08 if len(labels) <= 6 else 0.14, 1, 1))
+    panel_legend(fig, axes, len(panels))
     smoothing = ", ".join(sorted({str(w) for w in windows}))
     return render(fig, key, title, caption + f" Smoothing window(s) used: {smoothing} points.", reproduces)
 

@@ -18,7 +18,7 @@ from analysis import aggregates as agg
 from analysis import stability as st
 from analysis.aggregate import run_series
 from analysis.arms import run_labels
-from analysis.figures.curves import legend_columns
+from analysis.figures.curves import panel_legend
 from analysis.figures.style import Figure, method_styles, render, setup, step_axis
 from analysis.frames import ExperimentData
 from analysis.names import eval_metrics
@@ -163,16 +163,7 @@ def regime_curves_figure(data: ExperimentData) -> Figure:
         ax.set_xlabel("training step")
         ax.set_ylabel("held-out pass@1")
         step_axis(ax)
-    for ax in list(axes.flat)[len(regimes) :]:
-        ax.set_visible(False)
-    seen: dict[str, object] = {}
-    for ax in axes.flat:
-        for handle, label in zip(*ax.get_legend_handles_labels()):
-            seen.setdefault(label, handle)
-    ncol, by_column = legend_columns(list(seen.items()))
-    fig.legend([h for _, h in by_column], [lab for lab, _ in by_column], loc="lower center", ncol=ncol,
-               bbox_to_anchor=(0.5, -0.02 - 0.04 * (len(seen) > 6)))  # fmt: skip
-    fig.tight_layout(rect=(0, 0.08 if len(seen) <= 6 else 0.14, 1, 1))
+    panel_legend(fig, axes, len(regimes))
     return render(
         fig,
         "regime_curves",
