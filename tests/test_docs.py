@@ -235,3 +235,19 @@ def test_every_command_of_a_page_has_an_entry(page):
     or its dry form, in test_readme_command_works)."""
     missing = [c for c in readme_commands(page.read_text()) if c not in COMMANDS]
     assert not missing, f"{page.relative_to(ROOT)}: commands with no entry in tests/test_readme_commands.py: {missing}"
+
+
+def test_results_page_has_a_marked_place_for_every_generated_part():
+    """docs/gen_results.py rewrites only what sits between its markers; the prose around them is kept."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gen_results", ROOT / "docs" / "gen_results.py")
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    text = (ROOT / "docs" / "results.md").read_text()
+    for part in ("provenance", "setup", "figures", "verdicts", "score_map", "stability", "regime_claims"):
+        assert f"<!-- results:{part} -->" in text and f"<!-- /results:{part} -->" in text, part
+    page = "prose\n<!-- results:setup -->\nold\n<!-- /results:setup -->\nmore prose\n"
+    assert gen.replace_part(page, "setup", "new") == page.replace("old", "new")
+    with pytest.raises(SystemExit, match="results:missing"):
+        gen.replace_part(page, "missing", "x")
