@@ -171,7 +171,6 @@ def score_map(
 
 
 # -- stability indicators ------------------------------------------------------------------------
-ROLLOUT_CORR_KL = metric_names.ROLLOUT_CORR_KL
 WINDOW_FRACTION = 0.25  # "first"/"last"/"best" windows: a quarter of the run's logged points
 ENTROPY_COLLAPSE_FRACTION = 0.5
 REWARD_COLLAPSE_FRACTION = 0.5
@@ -264,7 +263,7 @@ INDICATORS = (
               f"last-quarter mean of {metric_names.SCORE_MEAN} < {REWARD_COLLAPSE_FRACTION:g} x its best sliding "
               f"quarter-run mean, when that best > {REWARD_FLOOR:g}"),
     Indicator("gap", "G", "training-inference gap blow-up",
-              f"last-quarter mean of {ROLLOUT_CORR_KL} > {GAP_FACTOR:g} x its first-quarter mean and > {GAP_FLOOR:g} "
+              f"last-quarter mean of {metric_names.ROLLOUT_CORR_KL} > {GAP_FACTOR:g} x its first-quarter mean and > {GAP_FLOOR:g} "
               "nats/token; n/a when not logged"),
     Indicator("pinned", "P", "controller pinned at a cap",
               f"ADAPO's {metric_names.ENTROPY_EPS_HIGH} (caps entropy_control.eps_high_min/max) or REPO-R's "
@@ -293,7 +292,7 @@ def run_indicators(data: ExperimentData) -> pd.DataFrame:
         for key, metric in (
             ("entropy", metric_names.ENTROPY),
             ("reward", metric_names.SCORE_MEAN),
-            ("gap", ROLLOUT_CORR_KL),
+            ("gap", metric_names.ROLLOUT_CORR_KL),
         )
     }
     controller_series = {ctl: run_series(data, spec[0]) for ctl, spec in CONTROLLERS.items()}

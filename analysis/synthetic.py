@@ -23,7 +23,6 @@ from analysis.frames import ExperimentData, normalize_metrics
 from runners import metric_names
 
 TAG_SYNTHETIC = "trustbench.synthetic"
-ROLLOUT_CORR_KL = metric_names.ROLLOUT_CORR_KL
 # response-length buckets of the TRM acceptance metrics and TV position buckets
 LENGTH_BUCKETS = ((0, 256), (256, 1024), (1024, 4096), (4096, 8192))
 POSITION_BUCKETS = ((0, 64), (64, 256), (256, 1024), (1024, 4096))
@@ -275,7 +274,7 @@ def _claim_metrics(out: dict, spec: SyntheticSpec, method: SyntheticMethod, step
         out[metric_names.ENTROPY_ZETA] = (steps, np.clip(1e-3 * np.exp(method.zeta_growth * t / spec.steps), lo, hi))
     if method.gap is not None:
         growth = method.gap_growth ** (t / spec.steps)
-        out[ROLLOUT_CORR_KL] = (steps, method.gap * growth * np.exp(rng.normal(0.0, 0.1, size=t.shape)))
+        out[metric_names.ROLLOUT_CORR_KL] = (steps, method.gap * growth * np.exp(rng.normal(0.0, 0.1, size=t.shape)))
 
 
 def _kl_shares(out: dict, method: SyntheticMethod, steps: np.ndarray, rng, eps: float, troll: bool) -> None:

@@ -1,7 +1,7 @@
 """Refresh the results page (``docs/results.md``) from a finished stability-map sweep.
 
 The page's measured parts sit between ``<!-- results:NAME -->`` and ``<!-- /results:NAME -->`` markers and
-are rewritten from the report of the sweep's runs; the prose around them is kept. The figures are copied
+are rewritten from the report of the sweep's runs; the prose around them is kept. The figures are drawn
 into ``docs/results/`` as PNG.
 
     python docs/gen_results.py --tracking-uri sqlite:///$PWD/.trustbench/mlflow.db
@@ -18,7 +18,6 @@ import argparse
 import os
 import platform
 import re
-import shutil
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
@@ -69,6 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out or tempfile.mkdtemp(prefix="trustbench-results-"))
     result = build_report(args.experiment, args.tracking_uri, out, pdf=False, log_to_mlflow=False, progress=False)
     tables = {it.obj.key: it.obj for it in result.items if it.status == "ok" and it.kind == "table"}
+    figures = {it.obj.key: it.obj for it in result.items if it.status == "ok" and it.kind == "figure"}
     text = PAGE.read_text(encoding="utf-8")
     for key in ("setup", "score_map", "stability", "regime_claims"):
         if key in tables:
@@ -85,10 +85,9 @@ def main(argv: list[str] | None = None) -> int:
     FIGURES.mkdir(parents=True, exist_ok=True)
     shown = []
     for key, caption in SHOWN.items():
-        png = out / "figures" / f"{key}.png"
-        if png.exists():
-            shutil.copyfile(png, FIGURES / png.name)
-            shown.append(f"![{caption}](results/{png.name})\n\n*{caption}.*\n")
+        if getattr(figures.get(key), "mpl", None) is not None:  # the report keeps SVG; the page embeds a PNG
+            figures[key].mpl.savefig(FIGURES / f"{key}.png", format="png", dpi=150, bbox_inches="tight")
+            shown.append(f"![{caption}](results/{key}.png)\n\n*{caption}.*\n")
     text = replace_part(text, "figures", "\n".join(shown))
     versions = "; ".join(f"{code} ({n} runs)" for code, n in data.code_versions())
     provenance = (

@@ -200,8 +200,6 @@ def write_outputs(out_dir: Path, items: list[BuiltItem], html: str) -> Path:
         else:
             f = it.obj
             (out_dir / "figures" / f"{f.key}.{f.extension}").write_bytes(f.data)
-            if f.extension != "png" and getattr(f, "mpl", None) is not None:  # for pages that embed a bitmap
-                f.mpl.savefig(out_dir / "figures" / f"{f.key}.png", format="png", dpi=150, bbox_inches="tight")
     (out_dir / "report.md").write_text("\n\n".join(markdown))
     path = out_dir / "report.html"
     path.write_text(html, encoding="utf-8")

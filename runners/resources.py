@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from runners.config import ConfigError
+from runners.config.regime import ON_POLICY, regime_label
 
 GPUS_PER_NODE_MAX = 8
 # (max parameters in billions, GPUs) for the verl backend
@@ -298,12 +299,7 @@ def cpu_seconds(cfg: Any) -> float | None:
     c = EMBEDDED_CPU_COST
     responses = int(trainer["prompts_per_step"]) * int(trainer["n"])
     epochs = int(trainer["ppo_epochs"])
-    on_policy = (
-        epochs == 1
-        and int(trainer["mini_batch_prompts"]) >= int(trainer["prompts_per_step"])
-        and int(cfg["rollout"].get("staleness", 0) or 0) == 0
-    )
-    old = c["old_pass_on_policy"] if on_policy else c["old_pass"]
+    old = c["old_pass_on_policy"] if regime_label(cfg) == ON_POLICY else c["old_pass"]
     step = c["step"] + responses * (c["sample"] + old + c["update"] * epochs)
     steps = int(trainer["total_steps"])
     every = int(trainer.get("eval_every") or 0)

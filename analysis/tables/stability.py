@@ -161,7 +161,9 @@ def regime_claims_table(
     smap = _require_map(data, margin, reps)
     answers = st.regime_claims(data, smap, margin)
     rows, cells, classes = [], [], []
-    by_regime = st.regime_data(data)
+    # a regime's own runs are only needed to check the paper claims on them
+    answered = st.regime_order(answers["regime"]) if len(answers) else []
+    by_regime = st.regime_data(data) if claims else dict.fromkeys(answered)
     for regime, subset in by_regime.items():
         for claim in st.REGIME_CLAIMS:
             hits = answers[(answers["regime"] == regime) & (answers["claim"] == claim.key)] if len(answers) else answers
@@ -172,7 +174,7 @@ def regime_claims_table(
                      _ci(r["diff"], r["diff_lo"], r["diff_hi"]), verdict_text(r)]
                 )  # fmt: skip
                 classes.append(["", "", "", f"verdict-{str(r['verdict']).replace(' ', '-')}"])
-        for outcome in check_claims(subset, list(claims)):
+        for outcome in check_claims(subset, list(claims)) if claims else ():
             runs = sorted({c.runs for c in outcome.checks if c.counts and c.runs != "–"})
             rows.append((regime, f"paper claim: {outcome.claim.title} ({outcome.claim.paper})"))
             cells.append(["; ".join(runs) or MISSING, MISSING, MISSING, outcome.verdict])
