@@ -1,22 +1,23 @@
 """The papers' claims as checks on a sweep's runs (verdict rules: ``analysis.claims``).
 
-Each function takes the data and the claim's options and returns its checks; runs are chosen by
-their tags (``analysis.arms``), comparisons are paired by seed, and a check that cannot run says
-which run or metric is missing. Thresholds are options with the defaults below, printed in the report.
+Each claim quotes its paper and uses the paper's own metric; runs are chosen by their tags
+(``analysis.arms``), comparisons are paired by seed, "final" is each run's last evaluation
+(``analysis.aggregate.final_evals``), and a check that cannot run says which run or metric is missing.
+A check on one method's own numbers is run on its baseline too (``CheckResult.baseline_values``).
 
-- troll_kl_bound (arXiv 2510.03817 section 3, eq. 3): TROLL keeps the token KL(pi_new || pi_old) measured
-  after the update at or below its eps on (nearly) every token, where Clip does not.
-- trm_length (arXiv 2512.23075 section 5 and appendix D.1): under a sampler/trainer mismatch,
-  TRM-Max rejects long sequences more than short ones, and the run's Adaptive bound (eq. 40) is
-  below the classical TRPO bound (eq. 27).
-- repo_r_entropy (arXiv 2603.11682 section 5): REPO-R keeps the policy entropy near its start while
-  GRPO's drops.
-- gtpo_conflict (arXiv 2508.03772 section 5): GTPO's conflict tokens keep their probability (GRPO's
-  negative samples push them down).
-- adapo_eps_high (arXiv 2603.11682 section 5.2): ADAPO moves eps_high and changes the clip fraction
-  relative to DAPO.
-- tppo_time (arXiv 2506.15050 section 4.2.2): T-PPO reaches PPO's final reward in at most half of
-  PPO's wall-clock time.
+- troll_success (arXiv 2510.03817 abstract, Table 1; section 4 and Figures 5, 17): TROLL's final success
+  rate above Clip's, and more entropy kept.
+- troll_kl_bound (arXiv 2510.03817 section 3, eq. 3): fewer tokens beyond the KL radius eps after the update
+  than Clip leaves.
+- trm_bound (arXiv 2512.23075 abstract, section 6, section 7; appendix D.1): the error bound at the runs'
+  real response lengths and measured divergence is non-vacuous (below 1, the largest reward, section 4.1),
+  training is stable (final success not below GRPO's); the length bias TRM concedes is shown, not counted.
+- gtpo_conflict (arXiv 2508.03772 abstract, section 5): conflict tokens keep their probability (run on
+  GRPO too), better than under GRPO, and a better final success rate.
+- repo_r_entropy, adapo_success (arXiv 2603.11682 abstract, section 5): entropy kept better than the
+  baseline's and a better final success rate; a controller pinned at its cap is flagged.
+- tppo_time (arXiv 2506.15050 section 4.2, Figure 1): T-PPO matches PPO's final reward with 60% less
+  wall-clock time (a ratio at most 0.4).
 """
 
 from __future__ import annotations
@@ -26,12 +27,13 @@ from collections.abc import Callable, Mapping
 import numpy as np
 import pandas as pd
 
-from analysis.aggregate import effective_window, run_series, smooth
-from analysis.arms import arm_table, counterpart, per_seed, run_labels, run_params, select_arms
+from analysis.aggregate import effective_window, final_eval_label, run_series, smooth
+from analysis.arms import arm_table, counterpart, per_seed, per_seed_final_eval, run_labels, run_params, select_arms
 from analysis.claims import CheckResult, Claim, Rule, not_checked, register_claim
 from analysis.frames import ExperimentData
 from analysis.names import accept_rate_buckets, eval_metrics, find_eval, tv_position_buckets
 from analysis.skip import SkipItem
+from analysis.stability import CONTROLLERS, controller_pinned
 from analysis.tables.scaling import compute_at
 from analysis.timing import cumulative_time, phase_times
 from runners import metric_names
@@ -43,6 +45,7 @@ SAME_RECIPE = (
     metric_names.TAG_MASK,
     metric_names.TAG_ENTROPY_CONTROL,
 )
+PINNED, SHOWN = "pinned at a cap", "shown"
 
 
 def _is_troll(objective: str) -> bool:
@@ -75,7 +78,95 @@ def _per_run_seed(data: ExperimentData, arm: str, fn: Callable[[str], float]) ->
     return {s: float(np.mean(v)) for s, v in acc.items()}
 
 
+# -- shared checks ---------------------------------------------------------------------------------
+def _eval_metric(data: ExperimentData, opts: Mapping) -> str | None:
+    """The held-out pass@1 the papers report: ``opts["eval"]`` or the first evaluation set logged."""
+    wanted = opts.get("eval")
+    if wanted:
+        return wanted if wanted in data.metric_names() else None
+    return next(iter(eval_metrics(data.metric_names()).values()), None)
+
+
+def final_success(data: ExperimentData, opts: Mapping, part: str, arm: str, base: str | None, base_what: str):
+    """Final held-out pass@1 (each run's last evaluation), ``arm`` − ``base`` paired by seed, claimed > 0."""
+    if base is None:
+        return not_checked(part, f"no {base_what} run in this sweep", arm)
+    metric = _eval_metric(data, opts)
+    if metric is None:
+        return not_checked(part, "no held-out evaluation logged (trainer.eval_every = 0?)", f"{arm} − {base}")
+    finals, steps = per_seed_final_eval(data, metric)
+    diff = _paired(finals.get(arm, {}), finals.get(base, {}))
+    stat = f"{final_eval_label(steps)} of {metric}, paired by seed"
+    return CheckResult(part, f"{arm} − {base}", stat, diff, Rule("greater", 0.0))
+
+
+def final_tenth(s: pd.Series) -> float:
+    """Mean of the last tenth of a run's steps (at least one point)."""
+    s = s.dropna().sort_index()
+    return float(s.iloc[-max(1, len(s) // 10) :].mean())
+
+
+def entropy_kept(data: ExperimentData, part: str, arm: str, base: str | None, base_what: str) -> CheckResult:
+    """Entropy at the end of the run (mean of its last tenth of steps), ``arm`` − ``base`` by seed, claimed > 0."""
+    if base is None:
+        return not_checked(part, f"no {base_what} run in this sweep", arm)
+    if metric_names.ENTROPY not in data.metric_names():
+        return not_checked(part, f"no run logs {metric_names.ENTROPY}", arm)
+    ent = per_seed(data, metric_names.ENTROPY, final_tenth)
+    stat = f"{metric_names.ENTROPY} over the last tenth of the steps (nats), paired by seed"
+    return CheckResult(part, f"{arm} − {base}", stat, _paired(ent.get(arm, {}), ent.get(base, {})), Rule("greater", 0.0))
+
+
+def pinned_check(data: ExperimentData, arm: str, controller: str) -> CheckResult:
+    """Shown, not counted: the share of the arm's seeds whose controller sat at one cap over the whole last
+    quarter of the run (``analysis.stability.controller_pinned``): such a run is its baseline with a fixed
+    setting, not the adaptive method the paper describes."""
+    metric, lo_key, hi_key = CONTROLLERS[controller]
+    part = f"{controller} controller off its caps ({metric})"
+    if metric not in data.metric_names():
+        return not_checked(part, f"no run logs {metric}", arm, counts=False)
+    labels, series = run_labels(data), run_series(data, metric)
+    lows, highs = run_params(data, lo_key), run_params(data, hi_key)
+    pinned: dict[int, float] = {}
+    for rid, seed in zip(labels.loc[labels["arm"] == arm, "run_id"], labels.loc[labels["arm"] == arm, metric_names.TAG_SEED]):
+        rid = str(rid)
+        if rid not in lows or rid not in highs:
+            continue
+        flag = controller_pinned(series.get(rid), float(lows[rid]), float(highs[rid]))
+        if flag is not None:
+            pinned[int(seed)] = float(flag)
+    if not pinned:
+        return not_checked(part, f"caps {lo_key} / {hi_key} not logged", arm, counts=False)
+    k = int(sum(pinned.values()))
+    check = CheckResult(part, arm, f"seeds with {metric} at one cap over the whole last quarter: {k} of {len(pinned)}",
+                        pinned, counts=False, interval=False)  # fmt: skip
+    check.verdict = PINNED if k else SHOWN
+    if k:
+        check.note = (f"{metric} sat at a cap ({lo_key} or {hi_key}) on {k} of {len(pinned)} seeds: those runs are "
+                      "their baseline with a fixed setting, not the adaptive method")  # fmt: skip
+    return check
+
+
 # -- TROLL -----------------------------------------------------------------------------------------
+def _troll_pairs(data: ExperimentData) -> tuple[pd.DataFrame, list[tuple[str, str | None]]]:
+    """(arm table, [(TROLL arm, its Clip counterpart of the same recipe or None)])."""
+    arms = arm_table(data)
+    clips = select_arms(arms, objective=lambda o: not _is_troll(o))
+    return arms, [(a, counterpart(arms, a, clips, SAME_RECIPE)) for a in select_arms(arms, objective=_is_troll)]
+
+
+def troll_success(data: ExperimentData, opts: Mapping) -> list[CheckResult]:
+    part_success, part_entropy = "TROLL's final success rate above Clip's", "TROLL keeps more entropy than Clip"
+    _, pairs = _troll_pairs(data)
+    if not pairs:
+        return [not_checked(part_success, "no TROLL run (objective troll*) in this sweep")]
+    checks = []
+    for arm, clip in pairs:
+        checks.append(final_success(data, opts, part_success, arm, clip, f"Clip run with the recipe of {arm}"))
+        checks.append(entropy_kept(data, part_entropy, arm, clip, f"Clip run with the recipe of {arm}"))
+    return checks
+
+
 def _troll_eps(data: ExperimentData, runs: pd.Series, default: float) -> tuple[float, str]:
     """(eps of a TROLL arm's runs, a note when it had to be assumed)."""
     eps_by_run = {r: float(v) for r, v in run_params(data, "objective.eps").items()}
@@ -88,50 +179,39 @@ def _troll_eps(data: ExperimentData, runs: pd.Series, default: float) -> tuple[f
 def troll_kl_bound(data: ExperimentData, opts: Mapping) -> list[CheckResult]:
     """TROLL bounds the KL of every token (eq. 3), so the statistic is per token: the share of response
     tokens whose KL(pi_new || pi_old) after the update exceeds eps (``actor/post_update_kl_frac_above_<eps>``,
-    mean over steps), at most ``tolerance`` for TROLL and above it for Clip with TROLL's eps. Shown beside
-    them, not counted: TROLL's share minus Clip's, paired by seed (how much of Clip's excess TROLL removes).
+    mean over steps), TROLL's minus Clip's (same eps, same recipe), paired by seed, claimed < 0. The paper
+    guarantees the *projected* policy inside the region; the network after the optimiser step is what both
+    methods leave, so no absolute tolerance is claimed. Both shares are shown beside it, not counted.
 
     pi_old of the statistic is the policy before the update; TROLL's region is centred on the sampling
     policy. They are the same on-policy; with stale rollouts (``rollout.staleness`` > 0) the note says so."""
-    tol = float(opts["tolerance"])
-    part_troll = f"TROLL keeps the post-update token KL at or below eps (all but {tol:.0%} of tokens)"
-    part_clip = f"Clip leaves eps on more than {tol:.0%} of tokens"
-    arms, names = arm_table(data), set(data.metric_names())
-    trolls = select_arms(arms, objective=_is_troll)
-    if not trolls:
-        return [not_checked(part_troll, "no TROLL run (objective troll*) in this sweep")]
-    labels = run_labels(data)
-    clips = select_arms(arms, objective=lambda o: not _is_troll(o))
+    part = "TROLL leaves fewer tokens beyond eps than Clip"
+    arms, pairs = _troll_pairs(data)
+    if not pairs:
+        return [not_checked(part, "no TROLL run (objective troll*) in this sweep")]
+    labels, names = run_labels(data), set(data.metric_names())
     checks = []
-    for arm in trolls:
+    for arm, clip in pairs:
         runs = labels.loc[labels["arm"] == arm, "run_id"].astype(str)
         eps, eps_note = _troll_eps(data, runs, float(opts["eps_default"]))
         metric = metric_names.post_update_kl_frac_above(eps)
-        stat = f"share of tokens with KL(π_new ‖ π_old) > eps = {eps:g} after the update ({metric}), mean over steps"
-        clip = counterpart(arms, arm, clips, SAME_RECIPE)
+        if clip is None:
+            checks.append(not_checked(part, f"no Clip run with the recipe of {arm}", arm))
+            continue
         if metric not in names:
             logged = ", ".join(f"{e:g}" for e in metric_names.POST_UPDATE_KL_THRESHOLDS)
             why = f"no run logs {metric} (thresholds logged: {logged}; runs from before the metric existed lack it)"
-            checks += [not_checked(part_troll, why, arm), not_checked(part_clip, why, clip or "–")]
+            checks.append(not_checked(part, why, f"{arm} − {clip}"))
             continue
         share = per_seed(data, metric, "mean", labels=labels)
+        stat = f"share of tokens with KL(π_new ‖ π_old) > eps = {eps:g} after the update ({metric}), mean over steps"
         note = "; ".join(filter(None, [eps_note, _stale_note(data, runs)]))
-        checks.append(CheckResult(part_troll, arm, stat, share.get(arm, {}), Rule("less", tol), note=note))
-        if clip is None:
-            checks.append(not_checked(part_clip, f"no Clip run with the recipe of {arm}"))
-            continue
-        checks.append(CheckResult(part_clip, clip, stat, share.get(clip, {}), Rule("greater", tol)))
         diff = _paired(share.get(arm, {}), share.get(clip, {}))
-        checks.append(
-            CheckResult(
-                "TROLL leaves eps on fewer tokens than Clip (not counted)",
-                f"{arm} − {clip}",
-                "difference of the shares above, paired by seed",
-                diff,
-                Rule("less", 0.0),
-                counts=False,
-            )
-        )
+        checks.append(CheckResult(part, f"{arm} − {clip}", stat + ", paired by seed", diff, Rule("less", 0.0), note=note))
+        for who in (arm, clip):
+            shown = CheckResult(f"share beyond eps ({who})", who, stat, share.get(who, {}), counts=False)
+            shown.verdict = SHOWN
+            checks.append(shown)
     return checks
 
 
@@ -147,155 +227,143 @@ def _stale_note(data: ExperimentData, runs: pd.Series) -> str:
 
 
 # -- TRM -------------------------------------------------------------------------------------------
-def _bound_ratio(data: ExperimentData, rid: str, tv: list, series: dict) -> float:
+def _run_length(data: ExperimentData, rid: str, lengths: dict) -> int | None:
+    """The run's real response length: the longest response it logged, else its configured maximum."""
+    s = lengths.get(rid)
+    if s is not None and s.notna().any():
+        return max(1, int(np.ceil(float(s.max()))))
+    configured = run_params(data, "rollout.max_response_length").get(rid)
+    return int(float(configured)) if configured is not None else None
+
+
+def _log10_bound(data: ExperimentData, rid: str, tv: list, series: dict, lengths: dict) -> float:
+    """log10 of TRM's best error bound (eq. 42-45: min of Pinsker-marginal, Adaptive) at the run's
+    largest logged ``trm/max_kl``, its per-position TV and its real response length T."""
     kl = series["max_kl"].get(rid)
-    if kl is None or not kl.notna().any():
+    T = _run_length(data, rid, lengths)
+    if kl is None or not kl.notna().any() or T is None:
         return float("nan")
     buckets = {(lo, hi): float(series[m][rid].mean()) for lo, hi, m in tv if rid in series[m]}
-    if len(buckets) != len(tv) or not all(np.isfinite(v) for v in buckets.values()):
+    if not buckets or not all(np.isfinite(v) for v in buckets.values()):
         return float("nan")
-    T = max(hi for _, hi, _ in tv)
-    b = error_bounds(T, float(kl.max()), dbar=dbar_from_position_buckets(buckets, T))
-    return float(np.log10(b["adaptive"] / b["classical"])) if b["classical"] > 0 else float("nan")
+    try:
+        dbar = dbar_from_position_buckets(buckets, T)
+    except ValueError:
+        return float("nan")
+    best = float(error_bounds(T, float(kl.max()), dbar=dbar)["best"])
+    return float(np.log10(best)) if best > 0 else float("nan")
 
 
-def trm_length(data: ExperimentData, opts: Mapping) -> list[CheckResult]:
-    part_len, part_bound = (
-        "TRM-Max rejects long sequences more than short ones",
-        "Adaptive bound below the classical bound",
-    )
+def trm_bound(data: ExperimentData, opts: Mapping) -> list[CheckResult]:
+    part_bound = "TRM-Max's error bound is non-vacuous (below 1, the largest reward)"
+    part_stable = "TRM-Max's final success rate not below GRPO's (stable training)"
+    part_len = "length bias (appendix D.1, a limitation the paper concedes)"
     arms, names = arm_table(data), data.metric_names()
     trms = select_arms(arms, mask="trm_max")
     if not trms:
-        return [not_checked(part_len, "no TRM-Max run (mask trm_max) in this sweep")]
+        return [not_checked(part_bound, "no TRM-Max run (mask trm_max) in this sweep")]
     buckets, tv = accept_rate_buckets(names), tv_position_buckets(names)
+    lengths = run_series(data, metric_names.RESPONSE_LENGTH_MAX)
     checks = []
     for arm in trms:
-        if len(buckets) < 2:
-            checks.append(
-                not_checked(
-                    part_len, f"fewer than two {metric_names.trm_accept_rate_bucket(0, 256)}-style buckets", arm
-                )
-            )
-        else:
-            acc = {(lo, hi): per_seed(data, m, "mean").get(arm, {}) for lo, hi, m in buckets}
-            vals, used = {}, set()
-            for seed in sorted(set().union(*(set(v) for v in acc.values()))):
-                have = [(k, v[seed]) for k, v in acc.items() if seed in v and np.isfinite(v[seed])]
-                if len(have) >= 2:
-                    vals[seed] = have[0][1] - have[-1][1]
-                    used.add((have[0][0], have[-1][0]))
-            (short, long_), *_ = sorted(used) or [((0, 0), (0, 0))]
-            stat = f"acceptance of lengths [{short[0]}, {short[1]}) minus [{long_[0]}, {long_[1]}) (mean over steps)"
-            checks.append(CheckResult(part_len, arm, stat, vals, Rule("greater", 0.0, opts["accept_margin"])))
-        if metric_names.TRM_MAX_KL not in names or not tv:
-            checks.append(
-                not_checked(
-                    part_bound,
-                    f"needs {metric_names.TRM_MAX_KL} and {metric_names.trm_tv_position_bucket(0, 64)}-style buckets",
-                    arm,
-                )
-            )
-            continue
-        series = {"max_kl": run_series(data, metric_names.TRM_MAX_KL), **{m: run_series(data, m) for _, _, m in tv}}
-        vals = _per_run_seed(data, arm, lambda rid, series=series: _bound_ratio(data, rid, tv, series))
-        stat = f"log10(Adaptive / Classical) at the run's max {metric_names.TRM_MAX_KL} and per-position TV, T = {max(h for _, h, _ in tv)}"
-        checks.append(CheckResult(part_bound, arm, stat, vals, Rule("less", 0.0)))
-    return checks
-
-
-# -- REPO-R ----------------------------------------------------------------------------------------
-def relative_change(s: pd.Series) -> float:
-    """(mean of the last k points - mean of the first k) / mean of the first k, k = a tenth of the run (>= 1)."""
-    s = s.dropna().sort_index()
-    k = max(1, len(s) // 10)
-    h0 = float(s.iloc[:k].mean())
-    return (float(s.iloc[-k:].mean()) - h0) / h0 if h0 != 0 else float("nan")
-
-
-def repo_r_entropy(data: ExperimentData, opts: Mapping) -> list[CheckResult]:
-    part_repo, part_grpo = "REPO-R keeps entropy near its start", "GRPO's entropy drops"
-    arms = arm_table(data)
-    repos = _either(arms, entropy_control="repo_r", algorithm="repo_r")
-    if not repos:
-        return [not_checked(part_repo, "no REPO-R run in this sweep")]
-    if metric_names.ENTROPY not in data.metric_names():
-        return [not_checked(part_repo, f"no run logs {metric_names.ENTROPY}")]
-    change = per_seed(data, metric_names.ENTROPY, relative_change)
-    stat = f"relative change of {metric_names.ENTROPY}, last vs first tenth of the run"
-    margin = float(opts["entropy_band"])
-    checks = []
-    for arm in repos:
-        checks.append(CheckResult(part_repo, arm, stat, change.get(arm, {}), Rule("within", 0.0, margin)))
         grpo = counterpart(arms, arm, _grpo_arms(arms), ())
-        if grpo is None:
-            checks.append(not_checked(part_grpo, "no GRPO run (Clip, no mask, no entropy control) in this sweep"))
+        if metric_names.TRM_MAX_KL not in names or not tv:
+            need = f"needs {metric_names.TRM_MAX_KL} and {metric_names.trm_tv_position_bucket(0, 64)}-style buckets"
+            checks.append(not_checked(part_bound, need, arm))
         else:
-            checks.append(CheckResult(part_grpo, grpo, stat, change.get(grpo, {}), Rule("less", 0.0)))
+            series = {"max_kl": run_series(data, metric_names.TRM_MAX_KL), **{m: run_series(data, m) for _, _, m in tv}}
+
+            def bound(rid: str, series=series) -> float:
+                return _log10_bound(data, rid, tv, series, lengths)
+
+            stat = (f"log10 of the best bound (eq. 42-45) at the run's largest {metric_names.TRM_MAX_KL}, its per-position "
+                    f"TV and its longest response (T)")  # fmt: skip
+            base_values = _per_run_seed(data, grpo, bound) if grpo is not None else None
+            values = _per_run_seed(data, arm, bound)
+            note = "" if base_values else "the baseline logs no TRM divergence: it is not run through this check"
+            if not values:
+                note = ("needs each run's response length (response_length/max or rollout.max_response_length) "
+                        "inside the per-position TV buckets")  # fmt: skip
+            checks.append(CheckResult(part_bound, arm, stat, values, Rule("less", 0.0),
+                                      baseline_runs=grpo or "", baseline_values=base_values or None, note=note))  # fmt: skip
+        checks.append(final_success(data, opts, part_stable, arm, grpo, "GRPO (Clip, no mask)"))
+        if len(buckets) < 2:
+            checks.append(not_checked(part_len, "fewer than two acceptance-by-length buckets", arm, counts=False))
+            continue
+        acc = {(lo, hi): per_seed(data, m, "mean").get(arm, {}) for lo, hi, m in buckets}
+        vals, used = {}, set()
+        for seed in sorted(set().union(*(set(v) for v in acc.values()))):
+            have = [(k, v[seed]) for k, v in acc.items() if seed in v and np.isfinite(v[seed])]
+            if len(have) >= 2:
+                vals[seed] = have[0][1] - have[-1][1]
+                used.add((have[0][0], have[-1][0]))
+        (short, long_), *_ = sorted(used) or [((0, 0), (0, 0))]
+        stat = f"acceptance of lengths [{short[0]}, {short[1]}) minus [{long_[0]}, {long_[1]}) (mean over steps)"
+        shown = CheckResult(part_len, arm, stat, vals, counts=False)
+        shown.verdict = SHOWN
+        checks.append(shown)
     return checks
 
 
 # -- GTPO ------------------------------------------------------------------------------------------
 def gtpo_conflict(data: ExperimentData, opts: Mapping) -> list[CheckResult]:
-    part_keep, part_vs = "GTPO's conflict tokens keep their probability", "GTPO protects them better than GRPO"
+    part_keep, part_vs = "GTPO's conflict tokens gain probability", "they gain more under GTPO than under GRPO"
+    part_success = "GTPO's final success rate above GRPO's"
     arms = arm_table(data)
     gtpos = _either(arms, algorithm="gtpo", objective="gtpo")
     if not gtpos:
         return [not_checked(part_keep, "no GTPO run in this sweep")]
     metric = metric_names.GTPO_CONFLICT_PROB_DELTA
-    if metric not in data.metric_names():
-        return [not_checked(part_keep, f"no run logs {metric} (backends must log it)")]
-    delta = per_seed(data, metric, "mean")
-    tol = float(opts["logprob_tolerance"])
+    delta = per_seed(data, metric, "mean") if metric in data.metric_names() else {}
     checks = []
     for arm in gtpos:
-        stat = f"mean over steps of {metric} (nats)"
-        checks.append(CheckResult(part_keep, arm, stat, delta.get(arm, {}), Rule("greater", -tol)))
         grpo = counterpart(arms, arm, _grpo_arms(arms), ())
-        if grpo is None or not delta.get(grpo):
-            why = "no GRPO run" if grpo is None else f"{grpo} does not log {metric}"
-            checks.append(not_checked(part_vs, why, arm))
-            continue
-        diff = _paired(delta.get(arm, {}), delta[grpo])
-        checks.append(
-            CheckResult(part_vs, f"{arm} − {grpo}", f"{stat}, paired by seed", diff, Rule("greater", 0.0, tol))
-        )
+        stat = f"mean over steps of {metric} (nats)"
+        if not delta.get(arm):
+            checks.append(not_checked(part_keep, f"no run logs {metric} (backends must log it)", arm))
+        else:
+            base = delta.get(grpo) if grpo is not None else None
+            note = "" if base else "no GRPO run logs the statistic: the baseline is not run through this check"
+            checks.append(CheckResult(part_keep, arm, stat, delta[arm], Rule("greater", 0.0),
+                                      baseline_runs=grpo or "", baseline_values=base or None, note=note))  # fmt: skip
+            if grpo is None or not base:
+                checks.append(not_checked(part_vs, "no GRPO run" if grpo is None else f"{grpo} does not log {metric}", arm))
+            else:
+                checks.append(CheckResult(part_vs, f"{arm} − {grpo}", f"{stat}, paired by seed",
+                                          _paired(delta[arm], base), Rule("greater", 0.0)))  # fmt: skip
+        checks.append(final_success(data, opts, part_success, arm, grpo, "GRPO (Clip, no mask)"))
     return checks
 
 
-# -- ADAPO -----------------------------------------------------------------------------------------
-def adapo_eps_high(data: ExperimentData, opts: Mapping) -> list[CheckResult]:
-    part_eps, part_clip = "ADAPO moves eps_high", "ADAPO changes the clip fraction relative to DAPO"
-    arms, names = arm_table(data), data.metric_names()
+# -- entropy-preserving RL -------------------------------------------------------------------------
+def repo_r_entropy(data: ExperimentData, opts: Mapping) -> list[CheckResult]:
+    part_entropy, part_success = "REPO-R keeps more entropy than GRPO", "REPO-R's final success rate above GRPO's"
+    arms = arm_table(data)
+    repos = _either(arms, entropy_control="repo_r", algorithm="repo_r")
+    if not repos:
+        return [not_checked(part_entropy, "no REPO-R run in this sweep")]
+    checks = []
+    for arm in repos:
+        grpo = counterpart(arms, arm, _grpo_arms(arms), ())
+        checks.append(entropy_kept(data, part_entropy, arm, grpo, "GRPO (Clip, no mask)"))
+        checks.append(final_success(data, opts, part_success, arm, grpo, "GRPO (Clip, no mask)"))
+        checks.append(pinned_check(data, arm, "repo_r"))
+    return checks
+
+
+def adapo_success(data: ExperimentData, opts: Mapping) -> list[CheckResult]:
+    part_entropy, part_success = "ADAPO keeps more entropy than DAPO", "ADAPO's final success rate above DAPO's"
+    arms = arm_table(data)
     adapos = _either(arms, entropy_control="adapo", algorithm="adapo")
     if not adapos:
-        return [not_checked(part_eps, "no ADAPO run in this sweep")]
+        return [not_checked(part_success, "no ADAPO run in this sweep")]
     dapos = select_arms(arms, algorithm="dapo", entropy_control="none")
-    moved = per_seed(data, metric_names.ENTROPY_EPS_HIGH, lambda s: float(s.max() - s.min()))
-    clip = per_seed(data, metric_names.PG_CLIPFRAC, "mean")
     checks = []
     for arm in adapos:
-        if metric_names.ENTROPY_EPS_HIGH not in names:
-            checks.append(not_checked(part_eps, f"no run logs {metric_names.ENTROPY_EPS_HIGH}", arm))
-        else:
-            stat = f"range (max − min) of {metric_names.ENTROPY_EPS_HIGH} over the run"
-            checks.append(
-                CheckResult(part_eps, arm, stat, moved.get(arm, {}), Rule("greater", float(opts["eps_high_move"])))
-            )
         dapo = counterpart(arms, arm, dapos, ())
-        if dapo is None or metric_names.PG_CLIPFRAC not in names:
-            checks.append(
-                not_checked(
-                    part_clip, "no DAPO run" if dapo is None else f"no run logs {metric_names.PG_CLIPFRAC}", arm
-                )
-            )
-            continue
-        a, d = clip.get(arm, {}), clip.get(dapo, {})
-        rel = {s: (a[s] - d[s]) / d[s] for s in sorted(set(a) & set(d)) if d[s] > 0}
-        stat = f"(ADAPO − DAPO) / DAPO of the mean {metric_names.PG_CLIPFRAC}, paired by seed"
-        checks.append(
-            CheckResult(part_clip, f"{arm} vs {dapo}", stat, rel, Rule("differs", 0.0, float(opts["clipfrac_band"])))
-        )
+        checks.append(entropy_kept(data, part_entropy, arm, dapo, "DAPO"))
+        checks.append(final_success(data, opts, part_success, arm, dapo, "DAPO"))
+        checks.append(pinned_check(data, arm, "adapo"))
     return checks
 
 
@@ -361,7 +429,7 @@ def tppo_time(data: ExperimentData, opts: Mapping) -> list[CheckResult]:
     arms, names = arm_table(data), data.metric_names()
     tppos = select_arms(arms, algorithm="tppo")
     if not tppos:
-        return [not_checked(part, "no T-PPO run in this sweep")]
+        return [not_checked(part, "not run in this sweep: sweeps/tppo_table1.yaml (GPU) and sweeps/tppo_table1_cpu.yaml run it")]
     if metric_names.TIMING_STEP not in names:
         return [not_checked(part, f"no run logs {metric_names.TIMING_STEP}")]
     reward, window = _reward_metric(names, opts.get("reward"))
@@ -404,23 +472,27 @@ def tppo_time(data: ExperimentData, opts: Mapping) -> list[CheckResult]:
 
 
 for _claim in (
+    Claim("troll_success", "TROLL against Clip", "arXiv 2510.03817 abstract, Table 1; §4, Figures 5 and 17",
+          "\"TROLL consistently outperforms PPO-like clipping in terms of training speed, stability, and final success "
+          "rates\"; \"TROLL generally maintains more entropy during training while showing higher success rates\".",
+          troll_success, {"eval": None}),
     Claim("troll_kl_bound", "TROLL trust region", "arXiv 2510.03817 §3, eq. 3",
-          "TROLL keeps the KL(π_new ‖ π_old) of each token after the update at or below eps, where Clip does not.",
-          troll_kl_bound, {"eps_default": 0.05, "tolerance": 0.01}),
-    Claim("trm_length", "TRM length bias and bounds", "arXiv 2512.23075 §4, App. D.1",
-          "Under mismatch TRM-Max rejects long sequences more than short ones, and the Adaptive bound at the run's "
-          "measured divergence is below the classical bound.", trm_length, {"accept_margin": 0.02}),
-    Claim("repo_r_entropy", "REPO-R preserves entropy", "arXiv 2603.11682 §5",
-          "REPO-R holds the policy entropy near its starting value where GRPO's entropy drops.",
-          repo_r_entropy, {"entropy_band": 0.2}),
-    Claim("gtpo_conflict", "GTPO protects conflict tokens", "arXiv 2508.03772 §5",
-          "Tokens shared by positive and negative responses keep their probability under GTPO (GRPO's negative "
-          "samples push them down).", gtpo_conflict, {"logprob_tolerance": 0.005}),
-    Claim("adapo_eps_high", "ADAPO adapts the clip range", "arXiv 2603.11682 §5.2",
-          "ADAPO moves eps_high during training and so changes the clip fraction relative to DAPO.",
-          adapo_eps_high, {"eps_high_move": 0.01, "clipfrac_band": 0.1}),
-    Claim("tppo_time", "T-PPO efficiency", "arXiv 2506.15050 §4.2.2",
-          "T-PPO reaches PPO's final reward in at most half of PPO's wall-clock time.",
-          tppo_time, {"goal": 0.5, "last_n": 3, "reward": None}),
+          "The projection \"provides principled token-level KL constraints\": KL(π_new ‖ π_old) ≤ eps per token, where "
+          "clipping is \"a crude approximation\".", troll_kl_bound, {"eps_default": 0.05}),
+    Claim("trm_bound", "TRM: non-vacuous bounds, stable training", "arXiv 2512.23075 abstract, §4.1, §6, §7; App. D.1",
+          "\"TRM enables the first non-vacuous monotonic improvement guarantees\" (a bound below 1, \"the maximum "
+          "possible reward\") \"and demonstrates empirical training stability\".", trm_bound, {"eval": None}),
+    Claim("gtpo_conflict", "GTPO protects conflict tokens", "arXiv 2508.03772 abstract, §5",
+          "GTPO \"identifies conflict tokens ... and protects them by skipping negative updates, while amplifying positive "
+          "ones\", \"ensuring greater training stability and improved performance\".", gtpo_conflict, {"eval": None}),
+    Claim("repo_r_entropy", "REPO-R preserves entropy", "arXiv 2603.11682 abstract, §5",
+          "\"Models trained with our entropy-preserving methods maintain diversity throughout training, yielding final "
+          "policies that are more performant\".", repo_r_entropy, {"eval": None}),
+    Claim("adapo_success", "ADAPO preserves entropy", "arXiv 2603.11682 abstract, §5.2",
+          "ADAPO, \"an adaptive asymmetric clipping approach\", maintains diversity and yields more performant final "
+          "policies than its base, DAPO.", adapo_success, {"eval": None}),
+    Claim("tppo_time", "T-PPO efficiency", "arXiv 2506.15050 §4.2, Figure 1",
+          "T-PPO matches PPO's final reward \"with 60% wall-clock time reduction\" (a time ratio of at most 0.4).",
+          tppo_time, {"goal": 0.4, "last_n": 3, "reward": None}),
 ):  # fmt: skip
     register_claim(_claim)

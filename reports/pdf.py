@@ -66,7 +66,13 @@ SHORT_EM = 16  # a column whose widest cell is narrower than this many ems (of t
 LONG_EM = 11  # the least width of a wrapping column, in ems
 FIGURE_DPI = 200
 INK, MUTED, LINE, HEAD, PAPER = "#1d2430", "#5b6575", "#d7dce3", "#f4f6f9", "#8a5a00"
-VERDICT_COLOURS = {"verdict-pass": "#1e7b34", "verdict-fail": "#c0392b", "verdict-inconclusive": "#8a5a00"}
+VERDICT_COLOURS = {
+    "verdict-supported": "#1e7b34",
+    "verdict-contradicted": "#c0392b",
+    "verdict-underpowered": "#8a5a00",
+    "verdict-pinned-at-a-cap": "#8a5a00",
+    "verdict-not-evidence": "#5b3f8c",
+}
 
 FONT, BOLD, ITALIC = "DejaVuSans", "DejaVuSans-Bold", "DejaVuSans-Oblique"
 
@@ -215,7 +221,7 @@ def _table_flowable(table, size: float, widths: list[float], header, body, n_ind
             cls = str(classes.iat[r, c]) if classes is not None and classes.iat[r, c] else ""
             if cls in VERDICT_COLOURS:
                 markup = f'<font color="{VERDICT_COLOURS[cls]}"><b>{markup}</b></font>'
-            elif cls == "verdict-not-checked":
+            elif cls in ("verdict-not-checked", "verdict-shown"):
                 markup = f'<font color="{MUTED}">{markup}</font>'
             out.append(Paragraph(markup, cell))
         rows.append(out)

@@ -60,7 +60,7 @@ class Table:
     digits: int = 3
     # secondary numbers shown inside display cells (e.g. "std" of a "mean ± std" cell), same shape
     aux: dict[str, pd.DataFrame] = field(default_factory=dict)
-    # extra CSS classes of display cells (same shape; "" for none), e.g. "verdict-pass"
+    # extra CSS classes of display cells (same shape; "" for none), e.g. "verdict-supported"
     cell_classes: pd.DataFrame | None = None
 
     def __post_init__(self) -> None:

@@ -1,9 +1,11 @@
 """The report section that checks the papers' claims on the sweep's runs (``analysis.claims``).
 
-One row per check and one "claim" row per claim with its overall verdict: the runs involved, the
-per-seed statistic, its mean and 95% t interval over seeds (n), the verdict rule and the verdict
-(pass / fail / inconclusive / not checked). Notes carry what a check needs and lacks, and details
-such as the T-PPO phase breakdown.
+One "claim" row per claim (the paper's words, its overall verdict) and one row per check: the runs
+involved, the per-seed statistic, its mean and 95% t interval over seeds (n), the same statistic on the
+baseline where the check is on one method's own numbers, the rule and the verdict (supported /
+contradicted / underpowered (needs N seeds) / not evidence / not checked; rows that are shown and not
+counted say "shown" or "pinned at a cap"). Notes carry what a check needs and lacks, and details such
+as the T-PPO phase breakdown.
 
     from analysis.tables.claims import claims_table
     claims_table(data, claims=["tppo_time"])
@@ -20,8 +22,21 @@ from analysis.frames import ExperimentData
 from analysis.skip import SkipItem
 from analysis.tables.base import MISSING, Table
 
-ALL_CLAIMS = ("troll_kl_bound", "trm_length", "repo_r_entropy", "gtpo_conflict", "adapo_eps_high", "tppo_time")
-COLUMNS = ["runs", "per-seed statistic", "mean [95% CI]", "rule", "verdict"]
+# every registered claim (tests/analysis/test_analysis_claims.py checks this against the registry)
+ALL_CLAIMS = (
+    "troll_success",
+    "troll_kl_bound",
+    "trm_bound",
+    "gtpo_conflict",
+    "repo_r_entropy",
+    "adapo_success",
+    "tppo_time",
+)
+COLUMNS = ["runs", "per-seed statistic", "mean [95% CI]", "baseline [95% CI]", "rule", "verdict"]
+
+
+def verdict_class(verdict: str) -> str:
+    return "verdict-" + verdict.replace(" ", "-")
 
 
 def claims_table(
@@ -40,14 +55,15 @@ def claims_table(
     for o in outcomes:
         name = f"{o.claim.title} ({o.claim.paper})"
         rows.append((name, "claim: " + o.claim.statement))
-        cells.append(["", "", "", "all counted checks pass", o.verdict])
-        classes.append(["", "", "", "", f"verdict-{o.verdict.replace(' ', '-')}"])
+        cells.append(["", "", "", "", "every counted check supported", o.verdict_text])
+        classes.append(["", "", "", "", "", verdict_class(o.verdict)])
         means.append(float("nan"))
         for c in o.checks:
-            rows.append((name, c.part))
+            rows.append((name, c.part if c.counts else f"{c.part} (not counted)"))
             ci = c.ci.text(3) if c.ci is not None else MISSING
-            cells.append([c.runs, c.statistic, ci, c.rule.describe() if c.rule else MISSING, c.verdict])
-            classes.append(["", "", "", "", f"verdict-{c.verdict.replace(' ', '-')}"])
+            base = f"{c.baseline_runs}: {c.baseline_ci.text(3)}, {c.baseline_verdict}" if c.baseline_ci is not None else MISSING
+            cells.append([c.runs, c.statistic, ci, base, c.rule.describe() if c.rule else MISSING, c.verdict_text])
+            classes.append(["", "", "", "", "", verdict_class(c.verdict)])
             means.append(c.ci.mean if c.ci is not None else float("nan"))
             if c.note:
                 notes.append(f"{o.claim.title}, {c.part} ({c.runs}): {c.note}")
@@ -59,12 +75,14 @@ def claims_table(
         key="claims",
         title="The papers' claims, checked on these runs",
         caption=(
-            "Each check reduces every seed to one number (comparisons: paired by seed) and takes the 95% t interval over "
-            "seeds. greater: pass if the interval lies above the null, fail if below it or inside null ± margin (effect "
-            "absent); less mirrors it; within: pass inside the band, fail outside; differs: pass if the interval excludes "
-            "the null, fail inside the band; one seed: inconclusive. A claim passes when all its counted checks pass, "
-            "fails when one fails, and is inconclusive otherwise; 'not checked' names what is missing. Ratios use a t "
-            "interval on the log scale (geometric mean)."
+            "Each claim is quoted from its paper and checked with the paper's own metric; 'final' is each run's last "
+            "evaluation. A check reduces every seed to one number (comparisons: paired by seed) and takes the 95% t "
+            "interval over seeds; the rule states only the direction the paper claims, against a null from the paper "
+            "(0 for a difference). supported: the interval is on the claimed side; contradicted: on the other side; "
+            "underpowered: it contains the null, with the seeds a paired t-test (alpha 0.05, power 0.8) needs if the true "
+            "effect were the observed one; not evidence: the baseline, run through the same check, is supported too. "
+            "A claim is contradicted if a counted check is, underpowered if one is, not evidence if one is, supported "
+            "if all are. 'not checked' names what is missing. Ratios use a t interval on the log scale (geometric mean)."
         ),
         values=values,
         display=display,

@@ -13,12 +13,12 @@ import pandas as pd
 
 from analysis import aggregates as agg
 from analysis import stability as st
-from analysis.claims import check_claims
+from analysis.claims import NOT_CHECKED, check_claims
 from analysis.frames import ExperimentData
 from analysis.skip import SkipItem
 from analysis.stats import seeds_text
 from analysis.tables.base import MISSING, Table
-from analysis.tables.claims import ALL_CLAIMS
+from analysis.tables.claims import ALL_CLAIMS, verdict_class
 from runners import metric_names
 
 SCORE_COLUMNS = [
@@ -175,10 +175,12 @@ def regime_claims_table(
                 )  # fmt: skip
                 classes.append(["", "", "", f"verdict-{str(r['verdict']).replace(' ', '-')}"])
         for outcome in check_claims(subset, list(claims)) if claims else ():
+            if outcome.verdict == NOT_CHECKED:
+                continue
             runs = sorted({c.runs for c in outcome.checks if c.counts and c.runs != "–"})
             rows.append((regime, f"paper claim: {outcome.claim.title} ({outcome.claim.paper})"))
-            cells.append(["; ".join(runs) or MISSING, MISSING, MISSING, outcome.verdict])
-            classes.append(["", "", "", f"verdict-{outcome.verdict.replace(' ', '-')}"])
+            cells.append(["; ".join(runs) or MISSING, MISSING, MISSING, outcome.verdict_text])
+            classes.append(["", "", "", verdict_class(outcome.verdict)])
     if not rows:
         raise SkipItem("no regime has runs")
     index = pd.MultiIndex.from_tuples(rows, names=["Regime", "Claim"])
@@ -192,8 +194,8 @@ def regime_claims_table(
             "over GRPO, read from the score map (Δ IQM with its stratified-bootstrap 95% CI, arXiv 2108.13264; paired "
             f"Δ with its 95% t interval; verdict: {st.verdict_rule(margin)})."
             + (
-                " Then each paper claim given (analysis/claim_checks.py) checked on that regime's runs alone: pass / "
-                "fail / inconclusive / not checked, rules as in the claims table."
+                " Then each paper claim its runs can check (analysis/claim_checks.py), on that regime's runs alone: "
+                "supported / contradicted / underpowered (seeds needed) / not evidence, rules as in the claims table."
                 if claims
                 else ""
             )

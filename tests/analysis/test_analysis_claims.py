@@ -1,7 +1,8 @@
-"""The papers' claims on synthetic sweeps with known effects: each claim passes where the effect was put in,
-fails where the opposite (or nothing) was, is inconclusive where seeds cannot decide, and is "not checked"
-without the runs. Statistics are recomputed here with numpy from the logged curves, intervals with
-scipy's t distribution (a generic solver)."""
+"""The papers' claims on synthetic sweeps with known effects: each claim is supported where the effect was
+put in, contradicted where the opposite was, underpowered (with the seeds a t-test needs) where seeds cannot
+decide, "not evidence" where the baseline passes the same check, and "not checked" without the runs.
+Statistics are recomputed here with numpy from the logged curves, intervals with scipy's t distribution,
+and the seeds needed by a Monte Carlo simulation of paired t-tests."""
 
 from __future__ import annotations
 
@@ -9,14 +10,27 @@ import numpy as np
 import pytest
 from scipy import stats as st
 
-from analysis.claims import FAIL, INCONCLUSIVE, NOT_CHECKED, PASS, Rule, check_claims, claim_keys
+from analysis.claims import (
+    CONTRADICTED,
+    NOT_CHECKED,
+    NOT_EVIDENCE,
+    SUPPORTED,
+    UNDERPOWERED,
+    CheckResult,
+    Rule,
+    check_claims,
+    claim_keys,
+)
+from analysis.claim_checks import PINNED, SHOWN
 from analysis.stats import MeanCI
-from analysis.synthetic import SyntheticSpec, _m, synthetic_data
+from analysis.synthetic import ADAPO_CAPS, REPO_R_CAPS, SyntheticSpec, _m, synthetic_data
 from analysis.tables.claims import ALL_CLAIMS, claims_table
 from reports.registry import ALL_CLAIMS as REGISTRY_CLAIMS
 from runners import metric_names
 
 FAMILIES = frozenset({"core", "timing", "claims", "trm"})
+SHORT = {"rollout.max_response_length": 48}  # the demo's response length: TRM's bounds are taken at it
+EVAL = metric_names.val_acc_mean("dapo_eval", 1)
 
 
 def _data(methods, seeds=(0, 1, 2), steps=40, **kw):
@@ -36,159 +50,196 @@ def _outcome(data, key):
     return outcome
 
 
+def _check(outcome, part):
+    (check,) = [c for c in outcome.checks if c.part == part]
+    return check
+
+
+def _final_eval(truth, label, seed):
+    """The run's last evaluation, read from its curve (the step with the largest index)."""
+    steps, values = truth[(label, seed)]["curves"][EVAL]
+    return values[np.argmax(steps)]
+
+
+def _last_tenth(truth, label, seed, metric):
+    values = truth[(label, seed)]["curves"][metric][1]
+    return values[-max(1, len(values) // 10) :].mean()
+
+
 @pytest.mark.parametrize(
     "rule,lo,hi,expected",
     [
-        (Rule("greater", 0.0, 0.1), 0.05, 0.3, PASS),
-        (Rule("greater", 0.0, 0.1), -0.3, -0.05, FAIL),
-        (Rule("greater", 0.0, 0.1), -0.05, 0.08, FAIL),  # effect absent: tight interval inside 0 +- 0.1
-        (Rule("greater", 0.0, 0.1), -0.05, 0.3, INCONCLUSIVE),
-        (Rule("less", 1.0), 0.5, 0.9, PASS),
-        (Rule("less", 1.0), 1.1, 2.0, FAIL),
-        (Rule("less", 1.0), 0.9, 1.1, INCONCLUSIVE),
-        (Rule("within", 0.0, 0.2), -0.1, 0.15, PASS),
-        (Rule("within", 0.0, 0.2), 0.25, 0.4, FAIL),
-        (Rule("within", 0.0, 0.2), 0.1, 0.3, INCONCLUSIVE),
-        (Rule("differs", 0.0, 0.1), 0.2, 0.5, PASS),
-        (Rule("differs", 0.0, 0.1), -0.05, 0.05, FAIL),
-        (Rule("differs", 0.0, 0.1), -0.05, 0.5, INCONCLUSIVE),
+        (Rule("greater", 0.0), 0.05, 0.3, SUPPORTED),
+        (Rule("greater", 0.0), -0.3, -0.05, CONTRADICTED),
+        (Rule("greater", 0.0), -0.05, 0.3, UNDERPOWERED),
+        (Rule("less", 1.0), 0.5, 0.9, SUPPORTED),
+        (Rule("less", 1.0), 1.1, 2.0, CONTRADICTED),
+        (Rule("less", 1.0), 0.9, 1.1, UNDERPOWERED),
     ],
 )
 def test_verdict_rules(rule, lo, hi, expected):
     assert rule.verdict(MeanCI((lo + hi) / 2, lo, hi, 3, 0.1)) == expected
-    assert rule.verdict(MeanCI((lo + hi) / 2, float("nan"), float("nan"), 1, float("nan"))) == INCONCLUSIVE
+    assert rule.verdict(MeanCI((lo + hi) / 2, float("nan"), float("nan"), 1, float("nan"))) == UNDERPOWERED
+    with pytest.raises(ValueError, match="greater or less"):
+        Rule("within", 0.0)
 
 
-def test_every_registered_claim_is_offered_to_the_reports():
-    assert set(ALL_CLAIMS) == set(REGISTRY_CLAIMS) == set(claim_keys())
+def _mc_power(n, delta, sd, reps=40_000, seed=0):
+    """Monte Carlo power of a two-sided one-sample t-test at alpha 0.05 with n seeds."""
+    x = np.random.default_rng(seed).normal(delta, sd, size=(reps, n))
+    t = x.mean(1) / (x.std(1, ddof=1) / np.sqrt(n))
+    return float(np.mean(np.abs(t) > st.t.ppf(0.975, n - 1)))
+
+
+def test_underpowered_names_the_seeds_a_paired_t_test_needs_checked_by_monte_carlo():
+    values = {0: 0.03, 1: -0.01, 2: 0.05}  # interval contains 0
+    check = CheckResult("x", "A − B", "diff", values, Rule("greater", 0.0)).evaluate()
+    assert check.verdict == UNDERPOWERED
+    x = np.array(list(values.values()))
+    n = check.needs
+    assert check.verdict_text == f"underpowered (needs {n} seeds)"
+    assert _mc_power(n, x.mean(), x.std(ddof=1)) >= 0.79 > _mc_power(n - 1, x.mean(), x.std(ddof=1))
+    one = CheckResult("x", "A", "v", {0: 0.1}, Rule("greater", 0.0)).evaluate()
+    assert one.verdict_text == "underpowered (1 seed: needs at least 2)"
+    tiny = CheckResult("x", "A", "v", {0: 1e-6, 1: -1e-3, 2: 1e-3}, Rule("greater", 0.0)).evaluate()
+    assert tiny.verdict_text == "underpowered (needs > 1000 seeds)"
+    same = CheckResult("x", "A − B", "v", {0: 0.0, 1: 0.0, 2: 0.0}, Rule("greater", 0.0)).evaluate()
+    assert same.verdict_text == "underpowered (exactly 0 on every seed: no seed count decides)"
+
+
+def test_a_check_the_baseline_also_passes_is_not_evidence():
+    """GTPO's conflict tokens gain probability: evidence only while GRPO's lose it. When GRPO's gain it too
+    (the same rule supported on the baseline) the check is 'not evidence' whatever GTPO's interval says."""
+    _, data, _ = _data([_m("GRPO", "grpo"), _m("GTPO", "gtpo", "gtpo")])
+    keep = _check(_outcome(data, "gtpo_conflict"), "GTPO's conflict tokens gain probability")
+    assert (keep.verdict, keep.baseline_verdict, keep.baseline_runs) == (SUPPORTED, CONTRADICTED, "GRPO")
+    _, data, _ = _data([_m("GRPO", "grpo", conflict_delta=0.01), _m("GTPO", "gtpo", "gtpo", conflict_delta=0.01)])
+    outcome = _outcome(data, "gtpo_conflict")
+    keep = _check(outcome, "GTPO's conflict tokens gain probability")
+    assert keep.ci.lo > 0 and keep.baseline_ci.lo > 0 and keep.verdict == NOT_EVIDENCE
+    assert _check(outcome, "they gain more under GTPO than under GRPO").verdict == UNDERPOWERED
+
+
+def test_final_means_the_last_evaluation_of_each_run():
+    spec, data, truth = _data([_m("GRPO", "grpo", final=0.5), _m("GRPO+TROLL", "grpo", "troll", final=0.8)])
+    check = _check(_outcome(data, "troll_success"), "TROLL's final success rate above Clip's")
+    diffs = [_final_eval(truth, "GRPO+TROLL", s) - _final_eval(truth, "GRPO", s) for s in spec.seeds]
+    assert (check.ci.lo, check.ci.mean, check.ci.hi) == pytest.approx(_ci(diffs), rel=1e-9)
+    assert "step 40 (last eval)" in check.statistic and EVAL in check.statistic
+    assert check.verdict == SUPPORTED
+
+
+@pytest.mark.parametrize(
+    "troll_final,decay,expected",
+    [(0.8, 0.0, SUPPORTED), (0.3, 0.05, CONTRADICTED), (0.6, 0.01, UNDERPOWERED)],
+)
+def test_troll_success_and_entropy(troll_final, decay, expected):
+    spec, data, truth = _data(
+        [_m("GRPO", "grpo", final=0.6, entropy_decay=0.01), _m("GRPO+TROLL", "grpo", "troll", final=troll_final,
+                                                             entropy_decay=decay)]
+    )  # fmt: skip
+    outcome = _outcome(data, "troll_success")
+    entropy = _check(outcome, "TROLL keeps more entropy than Clip")
+    diffs = [_last_tenth(truth, "GRPO+TROLL", s, metric_names.ENTROPY) - _last_tenth(truth, "GRPO", s, metric_names.ENTROPY)
+             for s in spec.seeds]  # fmt: skip
+    assert (entropy.ci.lo, entropy.ci.mean, entropy.ci.hi) == pytest.approx(_ci(diffs), rel=1e-9)
+    assert outcome.verdict == expected
+    if expected == UNDERPOWERED:
+        assert outcome.verdict_text.startswith("underpowered (needs ")
 
 
 def _troll_methods(troll_share=None, clip_share=None):
-    return [
-        _m("GRPO", "grpo", kl_over_eps=clip_share),
-        _m("GRPO+TROLL", "grpo", "troll", kl_over_eps=troll_share),
-    ]
+    return [_m("GRPO", "grpo", kl_over_eps=clip_share), _m("GRPO+TROLL", "grpo", "troll", kl_over_eps=troll_share)]
 
 
 SHARE = metric_names.post_update_kl_frac_above(0.05)
 
 
-def _shares(spec, truth, label):
-    """Per seed: the mean over steps of the share of tokens above eps = 0.05, from the logged curves."""
-    return [truth[(label, s)]["curves"][SHARE][1].mean() for s in spec.seeds]
-
-
-def test_troll_claim_passes_with_the_per_token_statistic_recomputed_from_the_curves():
-    """TROLL leaves eps on 0.2% of tokens, Clip on 4%: both checks pass against the 1% tolerance."""
+def test_troll_trust_region_is_the_paired_share_beyond_eps_against_clip():
     spec, data, truth = _data(_troll_methods())
     outcome = _outcome(data, "troll_kl_bound")
-    assert outcome.verdict == PASS
-    troll, clip, diff = outcome.checks
-    for check, label in ((troll, "GRPO+TROLL"), (clip, "GRPO")):
-        assert (check.ci.lo, check.ci.mean, check.ci.hi) == pytest.approx(_ci(_shares(spec, truth, label)), rel=1e-9)
-        assert SHARE in check.statistic and "KL(π_new ‖ π_old)" in check.statistic
-    assert troll.verdict == PASS and troll.ci.hi < 0.01 and clip.verdict == PASS and clip.ci.lo > 0.01
-    assert "KL(π_new ‖ π_old)" in outcome.claim.statement
-    paired = np.array(_shares(spec, truth, "GRPO+TROLL")) - np.array(_shares(spec, truth, "GRPO"))
+    diff = _check(outcome, "TROLL leaves fewer tokens beyond eps than Clip")
+    paired = [truth[("GRPO+TROLL", s)]["curves"][SHARE][1].mean() - truth[("GRPO", s)]["curves"][SHARE][1].mean()
+              for s in spec.seeds]  # fmt: skip
     assert (diff.ci.lo, diff.ci.mean, diff.ci.hi) == pytest.approx(_ci(paired), rel=1e-9)
-    assert not diff.counts and diff.verdict == PASS and "stale" not in troll.note
-
-
-def test_troll_claim_fails_when_troll_leaves_eps_and_is_inconclusive_on_the_edge():
-    spec, data, truth = _data(_troll_methods(troll_share=0.1))  # TROLL looser than Clip: fail
-    troll = _outcome(data, "troll_kl_bound").checks[0]
-    assert troll.verdict == FAIL and _ci(_shares(spec, truth, "GRPO+TROLL"))[0] > 0.01
-    assert _outcome(data, "troll_kl_bound").verdict == FAIL
-    _, data, _ = _data(_troll_methods(clip_share=0.001))  # Clip inside the region as well: its check fails
-    assert [c.verdict for c in _outcome(data, "troll_kl_bound").checks][:2] == [PASS, FAIL]
-    spec, data, truth = _data(_troll_methods(troll_share=0.01), seeds=(0, 1))  # at the tolerance: undecided
-    troll = _outcome(data, "troll_kl_bound").checks[0]
-    lo, _, hi = _ci(_shares(spec, truth, "GRPO+TROLL"))
-    assert lo < 0.01 < hi and troll.verdict == INCONCLUSIVE
-    assert _outcome(data, "troll_kl_bound").verdict == INCONCLUSIVE
+    assert outcome.verdict == SUPPORTED and diff.counts and "stale" not in diff.note
+    shown = [c for c in outcome.checks if not c.counts]
+    assert [c.verdict for c in shown] == [SHOWN, SHOWN]  # both shares beside it, no tolerance claimed
+    _, data, _ = _data(_troll_methods(troll_share=0.1))  # TROLL looser than Clip
+    assert _outcome(data, "troll_kl_bound").verdict == CONTRADICTED
     _, data, _ = _data(_troll_methods(), seeds=(0,))
-    assert _outcome(data, "troll_kl_bound").verdict == INCONCLUSIVE  # one seed: no interval
+    assert _outcome(data, "troll_kl_bound").verdict_text == "underpowered (1 seed: needs at least 2)"
 
 
-def test_troll_claim_uses_the_runs_eps_and_says_when_its_share_is_not_logged():
-    spec, data, truth = _data([_m("GRPO", "grpo"), _m("GRPO+TROLL", "grpo", "troll", params={"objective.eps": 0.1})])
-    troll, clip, _ = _outcome(data, "troll_kl_bound").checks
-    at_01 = metric_names.post_update_kl_frac_above(0.1)
-    assert troll.note == "" and clip.note == ""
-    assert at_01 in troll.statistic and at_01 in clip.statistic
-    per_seed = [truth[("GRPO", s)]["curves"][at_01][1].mean() for s in spec.seeds]
-    assert clip.ci.mean == pytest.approx(np.mean(per_seed), rel=1e-9)
+def test_troll_trust_region_uses_the_runs_eps_and_says_when_rollouts_are_stale():
     _, data, _ = _data([_m("GRPO", "grpo"), _m("GRPO+TROLL", "grpo", "troll", params={"objective.eps": 0.03})])
     outcome = _outcome(data, "troll_kl_bound")
-    assert outcome.verdict == NOT_CHECKED
-    assert all(c.verdict == NOT_CHECKED and "actor/post_update_kl_frac_above_0.03" in c.note for c in outcome.checks)
-
-
-def test_troll_claim_says_when_rollouts_are_stale():
-    """With stale rollouts TROLL's region (around the sampler) and the statistic's pi_old (the policy before
-    the update) differ: the check says so."""
+    assert outcome.verdict == NOT_CHECKED and "actor/post_update_kl_frac_above_0.03" in outcome.checks[0].note
     stale = {"rollout.staleness": 1}
     _, data, _ = _data([_m("GRPO", "grpo", params=stale), _m("GRPO+TROLL", "grpo", "troll", params=stale)])
-    troll = _outcome(data, "troll_kl_bound").checks[0]
-    assert "1 iteration(s) stale" in troll.note and "sampling policy" in troll.note
+    diff = _outcome(data, "troll_kl_bound").checks[0]
+    assert "1 iteration(s) stale" in diff.note and "sampling policy" in diff.note
 
 
 def test_claims_without_their_runs_are_not_checked_and_say_why():
     _, data, _ = _data([_m("GRPO", "grpo")])
-    for key in ("troll_kl_bound", "trm_length", "repo_r_entropy", "gtpo_conflict", "adapo_eps_high", "tppo_time"):
+    for key in ALL_CLAIMS:
         outcome = _outcome(data, key)
         assert outcome.verdict == NOT_CHECKED
-        assert outcome.checks[0].note.startswith("no ")
+        assert outcome.checks[0].note.startswith(("no ", "not run in this sweep"))
+    assert "sweeps/tppo_table1_cpu.yaml" in _outcome(data, "tppo_time").checks[0].note
 
 
-def test_trm_claim_pass_and_fail_on_known_violation_rates():
-    spec, data, truth = _data([_m("GRPO", "grpo", violation_p=1e-3), _m("TRM-Max", "grpo", "token_is", mask="trm_max")])
-    length, bound = _outcome(data, "trm_length").checks
-    short, long_ = metric_names.trm_accept_rate_bucket(0, 256), metric_names.trm_accept_rate_bucket(4096, 8192)
-    diffs = [
-        truth[("TRM-Max", s)]["curves"][short][1].mean() - truth[("TRM-Max", s)]["curves"][long_][1].mean()
-        for s in spec.seeds
-    ]
-    assert (length.ci.lo, length.ci.mean, length.ci.hi) == pytest.approx(_ci(diffs), rel=1e-9)
-    assert length.verdict == PASS and bound.verdict == PASS and bound.ci.hi < 0
-    _, data, _ = _data([_m("TRM-Max", "grpo", "token_is", mask="trm_max", violation_p=0.0)])
-    outcome = _outcome(data, "trm_length")
-    assert outcome.checks[0].verdict == FAIL  # no length bias: acceptance ~1 everywhere, tight interval inside +-0.02
-    assert outcome.verdict == FAIL
+def test_trm_bound_at_the_real_response_length_and_the_baseline():
+    """At T = 48 (the demo's length) and TRM-Max's divergence the bound is non-vacuous; GRPO with a large
+    mismatch (violation 0.05) and long responses has a vacuous one, so the check is evidence. With the same
+    small mismatch and length GRPO's bound is non-vacuous too: not evidence."""
+    trm = _m("TRM-Max", "grpo", "token_is", mask="trm_max", params=SHORT)
+    long = {"rollout.max_response_length": 4096}
+    spec, data, truth = _data([_m("GRPO", "grpo", violation_p=0.05, params=long), trm])
+    outcome = _outcome(data, "trm_bound")
+    bound = _check(outcome, "TRM-Max's error bound is non-vacuous (below 1, the largest reward)")
+    assert "T)" in bound.statistic and bound.ci.hi < 0 and bound.baseline_ci.lo > 0
+    assert bound.verdict == SUPPORTED and bound.baseline_verdict == CONTRADICTED
+    length = _check(outcome, "length bias (appendix D.1, a limitation the paper concedes)")
+    assert not length.counts and length.verdict == SHOWN
+    _, data, _ = _data([_m("GRPO", "grpo", params=SHORT), trm])
+    assert _check(_outcome(data, "trm_bound"), bound.part).verdict == NOT_EVIDENCE
+    _, data, _ = _data([_m("GRPO", "grpo"), _m("TRM-Max", "grpo", "token_is", mask="trm_max", violation_p=0.05, params=long)])
+    assert _check(_outcome(data, "trm_bound"), bound.part).verdict == CONTRADICTED  # vacuous at T = 4096
 
 
-def test_repo_r_claim():
-    spec, data, truth = _data(
-        [_m("GRPO", "grpo", entropy_decay=0.02), _m("REPO-R", "repo_r", entropy_decay=0.0, entropy_control="repo_r")]
-    )
+def test_trm_bound_statistic_is_the_bound_at_the_runs_largest_kl_and_length():
+    """The statistic is the bound (eq. 42-45, ``runners.algorithms.bounds``, checked against the paper's own
+    figures in tests/algorithms) at T = the run's response length and delta = its largest logged trm/max_kl, with
+    the per-position TV read from its buckets: recomputed here from the curves."""
+    from runners.algorithms.bounds import error_bounds
+
+    spec, data, truth = _data([_m("TRM-Max", "grpo", "token_is", mask="trm_max", params=SHORT)])
+    bound = _outcome(data, "trm_bound").checks[0]
+    for seed in spec.seeds:
+        curves = truth[("TRM-Max", seed)]["curves"]
+        dbar = np.full(48, np.nan)
+        for lo, hi in ((0, 64),):
+            dbar[lo : min(hi, 48)] = curves[metric_names.trm_tv_position_bucket(lo, hi)][1].mean()
+        expected = error_bounds(48, curves[metric_names.TRM_MAX_KL][1].max(), dbar=dbar)["best"]
+        assert bound.values[seed] == pytest.approx(np.log10(expected), rel=1e-9)
+
+
+def test_repo_r_and_adapo_entropy_success_and_pinned_controllers():
+    grpo = _m("GRPO", "grpo", final=0.5, entropy_decay=0.03)
+    repo = _m("REPO-R", "repo_r", final=0.8, entropy_decay=0.0, entropy_control="repo_r", zeta_growth=10.0,
+              params=dict(REPO_R_CAPS))  # fmt: skip
+    dapo = _m("DAPO", "dapo", final=0.6, entropy_decay=0.01)
+    adapo = _m("ADAPO", "adapo", final=0.4, entropy_decay=0.05, entropy_control="adapo", params=dict(ADAPO_CAPS))
+    _, data, _ = _data([grpo, repo, dapo, adapo])
     outcome = _outcome(data, "repo_r_entropy")
-    repo, grpo = outcome.checks
-    k = 4  # a tenth of 40 steps
-    rel = []
-    for s in spec.seeds:
-        h = truth[("REPO-R", s)]["curves"][metric_names.ENTROPY][1]
-        rel.append((h[-k:].mean() - h[:k].mean()) / h[:k].mean())
-    assert repo.ci.mean == pytest.approx(np.mean(rel), rel=1e-9)
-    assert (outcome.verdict, repo.verdict, grpo.verdict) == (PASS, PASS, PASS)
-    _, data, _ = _data([_m("GRPO", "grpo"), _m("REPO-R", "repo_r", entropy_decay=0.02, entropy_control="repo_r")])
-    assert _outcome(data, "repo_r_entropy").checks[0].verdict == FAIL  # -55% over the run: outside +-20%
-
-
-def test_gtpo_claim():
-    _, data, _ = _data([_m("GRPO", "grpo"), _m("GTPO", "gtpo", "gtpo")])
-    outcome = _outcome(data, "gtpo_conflict")
-    assert outcome.verdict == PASS and outcome.checks[1].runs == "GTPO − GRPO"
-    _, data, _ = _data([_m("GRPO", "grpo"), _m("GTPO", "gtpo", "gtpo", conflict_delta=-0.05)])
-    outcome = _outcome(data, "gtpo_conflict")
-    assert [c.verdict for c in outcome.checks] == [FAIL, FAIL] and outcome.verdict == FAIL
-
-
-def test_adapo_claim():
-    _, data, _ = _data([_m("DAPO", "dapo"), _m("ADAPO", "adapo", entropy_control="adapo", clipfrac=2.5e-3)])
-    assert _outcome(data, "adapo_eps_high").verdict == PASS
-    _, data, _ = _data([_m("DAPO", "dapo"), _m("ADAPO", "adapo", entropy_control="adapo", eps_high_drift=0.0)])
-    outcome = _outcome(data, "adapo_eps_high")
-    assert outcome.checks[0].verdict == FAIL  # eps_high never moved
+    assert outcome.verdict == SUPPORTED
+    pinned = _check(outcome, "repo_r controller off its caps (entropy/zeta)")
+    assert pinned.verdict == PINNED and not pinned.counts and "3 of 3" in pinned.statistic
+    outcome = _outcome(data, "adapo_success")
+    assert outcome.verdict == CONTRADICTED
+    assert _check(outcome, "adapo controller off its caps (entropy/eps_high)").verdict == SHOWN  # drifts, not pinned
 
 
 def _time_to_target(truth, label, seed, target, metric):
@@ -199,11 +250,10 @@ def _time_to_target(truth, label, seed, target, metric):
     return t[t_steps <= step].sum()
 
 
-@pytest.mark.parametrize("tppo_rate,expected", [(0.2, PASS), (0.1, INCONCLUSIVE), (0.05, FAIL)])
-def test_tppo_claim_time_to_ppo_final_reward(tppo_rate, expected):
-    """T-PPO steps are ~0.68x PPO's (generation 2.5x shorter). Learning four times as fast per step it reaches
-    PPO's final reward in well under half the time (~0.2x); twice as fast, near half (~0.45x, three seeds
-    cannot decide); at PPO's rate it needs ~0.68x: fail."""
+@pytest.mark.parametrize("tppo_rate", [0.3, 0.1, 0.05])
+def test_tppo_claim_time_to_ppo_final_reward_against_the_papers_60_percent(tppo_rate):
+    """T-PPO steps are ~0.68x PPO's (generation 2.5x shorter); learning faster per step it reaches PPO's final
+    reward sooner. The verdict follows the interval of the ratio against the paper's 0.4 (a 60% reduction)."""
     methods = [_m("PPO", "ppo", final=0.5, rate=0.05), _m("T-PPO", "tppo", final=0.5, rate=tppo_rate)]
     spec, data, truth = _data(methods, steps=60, eval_sets=("aime24",))
     outcome = _outcome(data, "tppo_time")
@@ -215,19 +265,35 @@ def test_tppo_claim_time_to_ppo_final_reward(tppo_rate, expected):
         ratios.append(
             _time_to_target(truth, "T-PPO", s, target, metric) / _time_to_target(truth, "PPO", s, target, metric)
         )
-    assert (wall.ci.lo, wall.ci.mean, wall.ci.hi) == pytest.approx(_ci(ratios, log=True), rel=1e-9)
+    lo, mean, hi = _ci(ratios, log=True)
+    assert (wall.ci.lo, wall.ci.mean, wall.ci.hi) == pytest.approx((lo, mean, hi), rel=1e-9)
+    expected = SUPPORTED if hi < 0.4 else CONTRADICTED if lo > 0.4 else UNDERPOWERED
     assert wall.verdict == expected and outcome.verdict == expected
-    lo, _, hi = _ci(ratios, log=True)
-    assert {PASS: hi < 0.5, INCONCLUSIVE: lo < 0.5 < hi, FAIL: lo > 0.5}[expected]
     assert not cpu.counts and "CPU" in cpu.part
     assert "seconds per step (wall / CPU)" in wall.note and "gen" in wall.note
+
+
+def test_tppo_cases_cover_every_verdict():
+    verdicts = set()
+    for rate in (0.3, 0.1, 0.05):
+        methods = [_m("PPO", "ppo", final=0.5, rate=0.05), _m("T-PPO", "tppo", final=0.5, rate=rate)]
+        _, data, _ = _data(methods, steps=60, eval_sets=("aime24",))
+        verdicts.add(_outcome(data, "tppo_time").verdict)
+    assert SUPPORTED in verdicts and CONTRADICTED in verdicts
+
+
+def test_every_registered_claim_is_offered_to_the_reports():
+    assert set(ALL_CLAIMS) == set(REGISTRY_CLAIMS) == set(claim_keys())
+    assert tuple(ALL_CLAIMS) == tuple(REGISTRY_CLAIMS)
 
 
 def test_claims_table_shows_verdicts_with_classes():
     _, data, _ = _data(_troll_methods())
     table = claims_table(data, claims=("troll_kl_bound", "tppo_time"))
     verdicts = list(table.display["verdict"])
-    assert verdicts == [PASS, PASS, PASS, PASS, NOT_CHECKED, NOT_CHECKED]
-    assert 'class="verdict-pass"' in table.to_html() and 'class="verdict-not-checked"' in table.to_html()
+    assert verdicts == [SUPPORTED, SUPPORTED, SHOWN, SHOWN, NOT_CHECKED, NOT_CHECKED]
+    html = table.to_html()
+    assert 'class="verdict-supported"' in html and 'class="verdict-not-checked"' in html
     only = claims_table(data, claims=("troll_kl_bound", "tppo_time"), show_unchecked=False)
     assert len(only.display) == 4
+    assert "not evidence" in table.caption and "underpowered" in table.caption
