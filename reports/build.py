@@ -156,6 +156,11 @@ def render_html(
             else:
                 row["html"] = it.obj.to_html()
         rows.append(row)
+    # the legend promises the papers' numbers only where a table prints one (a "paper" column)
+    has_paper = any(
+        it.status == "ok" and it.kind == "table" and any("paper" in str(c) for c in it.obj.display.columns)
+        for it in items
+    )
     labels = data.labels()
     synthetic_col = f"tags.{TAG_SYNTHETIC}"
     synthetic = int(data.runs[synthetic_col].notna().sum()) if synthetic_col in data.runs else 0
@@ -167,6 +172,7 @@ def render_html(
         spec=spec,
         experiment=experiment,
         items=rows,
+        has_paper=has_paper,
         n_runs=len(labels),
         n_methods=labels[metric_names.TAG_METHOD].nunique() if len(labels) else 0,
         seeds=", ".join(map(str, seeds)),

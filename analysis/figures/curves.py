@@ -14,7 +14,17 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from analysis.aggregate import seed_curves
-from analysis.figures.style import RAW_ALPHA, Figure, method_styles, render, set_log, setup, step_axis
+from analysis.figures.style import (
+    LINE_STYLE_NOTE,
+    RAW_ALPHA,
+    Figure,
+    method_styles,
+    render,
+    reproduces_if_run,
+    set_log,
+    setup,
+    step_axis,
+)
 from analysis.frames import ExperimentData
 from analysis.names import eval_metrics
 from analysis.skip import SkipItem
@@ -105,8 +115,8 @@ def success_figure(data: ExperimentData) -> Figure:
         "success_curves",
         "Training and evaluation success",
         "Success rate per method on training data (critic/score/mean) and each evaluation set (pass@1, val-core/<data>/acc/mean_at_N); "
-        "mean over seeds, raw values faint, smoothed values solid with a bootstrap 95% band over seeds. "
-        "Dashed: Clip, solid: TROLL (when both are present).",
+        "mean over seeds, raw values faint, smoothed values as lines with a bootstrap 95% band over seeds. "
+        + LINE_STYLE_NOTE,
         reproduces="TROLL (arXiv 2510.03817) Figures 3, 8, 9",
     )
 
@@ -118,21 +128,23 @@ def entropy_figure(data: ExperimentData) -> Figure:
         "entropy (nats)",
         "entropy_curves",
         "Policy entropy",
-        "Mean token entropy of the current policy on the training batch, mean over seeds (raw faint, smoothed solid, bootstrap 95% band).",
+        "Mean token entropy of the current policy on the training batch, mean over seeds (raw faint, smoothed as lines, "
+        "bootstrap 95% band). " + LINE_STYLE_NOTE,
         reproduces="Entropy-preserving RL (arXiv 2603.11682) Figures 1, 6; TROLL (arXiv 2510.03817) Figure 17",
         ncols=1,
     )
 
 
 def response_length_figure(data: ExperimentData) -> Figure:
+    tppo, note = reproduces_if_run(data.labels(), "tppo", "T-PPO (arXiv 2506.15050) Figure 6")
     return panels_figure(
         data,
         [(metric_names.RESPONSE_LENGTH_MEAN, "mean response length (response_length/mean)", TRAIN_WINDOW)],
         "response length (tokens)",
         "response_length",
         "Response length",
-        "Mean generated response length per training batch, mean over seeds.",
-        reproduces="TROLL (arXiv 2510.03817) Figure 18 (bottom); T-PPO (arXiv 2506.15050) Figure 6",
+        "Mean generated response length per training batch, mean over seeds. " + LINE_STYLE_NOTE + note,
+        reproduces="; ".join(filter(None, ["TROLL (arXiv 2510.03817) Figure 18 (lower row)", tppo])),
         ncols=1,
     )
 
@@ -157,7 +169,7 @@ def clip_projection_figure(data: ExperimentData) -> Figure:
         "clip_vs_projection",
         "Clipped vs projected token fraction",
         "Percentage of response tokens whose ratio was clipped (Clip objective) or whose distribution was projected onto the trust region (TROLL).",
-        reproduces="TROLL (arXiv 2510.03817) Figure 18 (bottom row)",
+        reproduces="TROLL (arXiv 2510.03817) Figure 18 (middle row)",
         scale=100.0,
         ncols=2,
     )
@@ -176,7 +188,7 @@ def all_metrics_figure(data: ExperimentData, max_panels: int = 24) -> Figure:
         "value",
         "all_metrics",
         "Every logged metric",
-        "Each logged metric per method (mean over seeds, raw faint, smoothed solid)."
+        "Each logged metric per method (mean over seeds, raw faint, smoothed as lines). " + LINE_STYLE_NOTE
         + (f" {extra} further metrics not shown." if extra > 0 else ""),
         ncols=4,
     )

@@ -5,8 +5,10 @@ figure it reproduces); reports embed it as an ``<img>`` data URI, so the HTML st
 and figures cannot clash (SVG ids, CSS). SVG is preferred (sharp in the PDF); a figure whose SVG
 would exceed ``MAX_SVG_BYTES`` (thousands of points) is encoded as a 150 dpi PNG instead.
 
-Colours follow the TROLL (arXiv 2510.03817) convention: one colour per estimator/algorithm, TROLL runs drawn
-solid and Clip runs dashed, so "GRPO" and "GRPO+TROLL" share a colour.
+Colours: one per method, from colour-blind-safe palettes (Okabe and Ito's eight, then Paul Tol's "muted"
+nine), in the order methods first appear. Line style says one thing in every figure: dashed for TROLL's
+projection objective (``objective=troll*``), solid for every other objective (``LINE_STYLE_NOTE``, which
+captions quote).
 """
 
 from __future__ import annotations
@@ -26,7 +28,12 @@ import seaborn as sns  # noqa: E402
 from runners import metric_names  # noqa: E402
 
 MAX_SVG_BYTES = 700_000
-PALETTE = sns.color_palette("tab10") + sns.color_palette("Dark2")
+# Okabe & Ito (2008), "Color Universal Design" (black moved last: it reads as a reference line), then Paul
+# Tol's "muted" scheme: 17 colour-blind-safe colours before any repeats
+OKABE_ITO = ["#E69F00", "#56B4E9", "#009E73", "#F0E442", "#0072B2", "#D55E00", "#CC79A7", "#000000"]
+TOL_MUTED = ["#332288", "#88CCEE", "#44AA99", "#117733", "#999933", "#DDCC77", "#CC6677", "#882255", "#AA4499"]
+PALETTE = [matplotlib.colors.to_rgb(c) for c in OKABE_ITO + TOL_MUTED]
+LINE_STYLE_NOTE = "Each method its own colour; dashed lines: TROLL's projection objective, solid: every other objective."
 RAW_ALPHA = 0.25
 
 
@@ -81,39 +88,23 @@ def render(fig, key: str, title: str, caption: str, reproduces: str = "") -> Fig
 
 
 def method_styles(labels: pd.DataFrame) -> dict[str, dict]:
-    """{method label: matplotlib kwargs}, one distinct style per method.
-
-    the TROLL paper's convention where it applies: a Clip method and its TROLL counterpart (same tags
-    except the objective) share a colour, TROLL solid and Clip dashed. Every other method gets its
-    own colour, solid.
-    """
+    """{method label: matplotlib kwargs}: one colour per method (``PALETTE``, in order of first appearance),
+    dashed for a TROLL objective and solid otherwise (``LINE_STYLE_NOTE``)."""
     first = labels.drop_duplicates(metric_names.TAG_METHOD)
-    keys = [
-        metric_names.TAG_ALGORITHM,
-        metric_names.TAG_ESTIMATOR,
-        metric_names.TAG_MASK,
-        metric_names.TAG_ENTROPY_CONTROL,
-        metric_names.TAG_ROLLOUT_CORRECTION,
-        metric_names.TAG_MODEL,
-    ]
-    groups: dict[tuple, dict[str, list[str]]] = {}
-    for _, row in first.iterrows():
-        key = tuple(str(row.get(k)) for k in keys)
-        kind = "troll" if str(row[metric_names.TAG_OBJECTIVE]).startswith("troll") else "other"
-        groups.setdefault(key, {"troll": [], "other": []})[kind].append(row[metric_names.TAG_METHOD])
     styles: dict[str, dict] = {}
-    colour = 0
-    for members in groups.values():
-        if members["troll"] and members["other"]:
-            c = PALETTE[colour % len(PALETTE)]
-            colour += 1
-            styles[members["other"][0]] = {"color": c, "linestyle": "--"}
-            styles[members["troll"][0]] = {"color": c, "linestyle": "-"}
-        for method in members["other"] + members["troll"]:
-            if method not in styles:
-                styles[method] = {"color": PALETTE[colour % len(PALETTE)], "linestyle": "-"}
-                colour += 1
-    return {m: styles[m] for m in first[metric_names.TAG_METHOD]}
+    for i, (_, row) in enumerate(first.iterrows()):
+        troll = str(row.get(metric_names.TAG_OBJECTIVE, "")).startswith("troll")
+        styles[row[metric_names.TAG_METHOD]] = {"color": PALETTE[i % len(PALETTE)], "linestyle": "--" if troll else "-"}
+    return styles
+
+
+def reproduces_if_run(labels: pd.DataFrame, algorithm: str, ref: str) -> tuple[str, str]:
+    """(``reproduces`` text, caption note) for a figure drawn after a paper's figure of ``algorithm``: it
+    reproduces ``ref`` only when the sweep ran that algorithm; otherwise the caption says it is drawn in that
+    figure's form."""
+    if algorithm in set(labels.get(metric_names.TAG_ALGORITHM, pd.Series(dtype=str)).astype(str)):
+        return ref, ""
+    return "", f" Drawn in the form of {ref}; this sweep has no {algorithm.upper().replace('TPPO', 'T-PPO')} run."
 
 
 def step_axis(ax) -> None:

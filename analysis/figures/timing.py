@@ -13,7 +13,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from analysis.figures.style import PALETTE, Figure, render, setup
+from analysis.figures.style import PALETTE, Figure, render, reproduces_if_run, setup
 from analysis.frames import ExperimentData
 from analysis.timing import inflation_notes
 from analysis.timing import phase_times as _phase_times
@@ -54,6 +54,7 @@ def timing_figure(data: ExperimentData) -> Figure:
     ax.legend(fontsize=7, ncol=len(phases), loc="upper center", bbox_to_anchor=(0.5, -0.25 - 0.05 * (n < 3)))
     fig.tight_layout()
     notes = inflation_notes(data)
+    reproduces, form = reproduces_if_run(data.labels(), "tppo", "T-PPO (arXiv 2506.15050) Figure 4")
     return render(
         fig,
         "timing_breakdown",
@@ -61,6 +62,7 @@ def timing_figure(data: ExperimentData) -> Figure:
         "Mean seconds per step of each phase (generation, old log-prob recomputation, actor update, critic update; "
         "'other' = the rest of timing_s/step), first step excluded, averaged over seeds"
         + ("; hatched bars: CPU time of the training process (timing_cpu_s/<phase>)." if "cpu" in clocks else ".")
-        + (" " + " ".join(notes) if notes else ""),
-        reproduces="T-PPO (arXiv 2506.15050) Figure 4",
+        + (" " + " ".join(notes) if notes else "")
+        + form,
+        reproduces=reproduces,
     )

@@ -27,3 +27,37 @@ def test_legend_reads_left_to_right_in_rows_of_at_most_six(n):
     plt.close(fig)
     assert read == list(lines)
     assert len(rows) == -(-n // 6) and ncol <= 6
+
+
+def _labels(rows):
+    import pandas as pd
+
+    from runners import metric_names
+
+    cols = [metric_names.TAG_METHOD, metric_names.TAG_ALGORITHM, metric_names.TAG_OBJECTIVE]
+    return pd.DataFrame(rows, columns=cols)
+
+
+def test_every_method_has_its_own_colour_and_dashed_means_troll_only():
+    """Line style says one thing (TROLL's objective), colours never repeat below 17 methods, and the palette is
+    the published colour-blind-safe one (Okabe & Ito's hex values)."""
+    from analysis.figures.style import LINE_STYLE_NOTE, PALETTE, method_styles
+
+    rows = [("GRPO", "grpo", "clip"), ("GRPO + TROLL", "grpo", "troll"), ("PPO", "ppo", "clip"),
+            ("PPO + TROLL seq", "ppo", "troll_seq"), ("DAPO", "dapo", "dapo_clip")]  # fmt: skip
+    rows += [(f"M{i}", "grpo", "clip") for i in range(12)]
+    styles = method_styles(_labels(rows))
+    colours = [s["color"] for s in styles.values()]
+    assert len(set(colours)) == len(rows) == 17
+    assert {m for m, s in styles.items() if s["linestyle"] == "--"} == {"GRPO + TROLL", "PPO + TROLL seq"}
+    assert matplotlib.colors.to_hex(PALETTE[0]).upper() == "#E69F00"  # Okabe-Ito orange
+    assert "dashed" in LINE_STYLE_NOTE and "TROLL" in LINE_STYLE_NOTE
+
+
+def test_a_figure_reproduces_a_papers_figure_only_when_the_sweep_ran_its_method():
+    from analysis.figures.style import reproduces_if_run
+
+    ref = "T-PPO (arXiv 2506.15050) Figure 4"
+    assert reproduces_if_run(_labels([("T-PPO", "tppo", "clip")]), "tppo", ref) == (ref, "")
+    reproduces, note = reproduces_if_run(_labels([("GRPO", "grpo", "clip")]), "tppo", ref)
+    assert reproduces == "" and ref in note and "no T-PPO run" in note

@@ -201,3 +201,31 @@ def test_report_shows_the_code_versions_of_its_runs(tmp_path):
     partial = _with_code(data, [None, ("0.1.0", None)])
     labels = dict(partial.code_versions())
     assert labels == {"unrecorded": (n + 1) // 2, "0.1.0 @ ?": n // 2}
+
+
+def test_the_legend_promises_the_papers_numbers_only_where_a_table_prints_one(tmp_path):
+    """The demo's tables have no "paper" column: its legend names ours only. A table with the paper's numbers
+    (TROLL's Table 1) brings the italic "paper" key back."""
+    from reports.build import BuiltItem, render_html
+    from reports.registry import get_report
+
+    data, _ = synthetic_data(_without_trm(profile("demo", steps=6, seeds=(0, 1))))
+    kwargs = dict(tracking_uri="sqlite:///unused.db", pdf=False, log_to_mlflow=False)
+    result = build_report("demo", out_dir=tmp_path / "demo", data=data, **kwargs)
+    html = result.html.read_text()
+    legend = html[html.index('<p class="legend-key">') :].split("</p>", 1)[0]
+    assert "<b>ours</b>" in legend and "paper" not in legend
+    assert not any("paper" in str(c) for it in result.items if it.kind == "table" and it.status == "ok"
+                   for c in it.obj.display.columns)  # fmt: skip
+
+    class _Paper:
+        class display:  # noqa: N801 - a stand-in with the one attribute render_html reads
+            columns = ["ours", "paper"]
+
+        @staticmethod
+        def to_html():
+            return "<table></table>"
+
+    item = BuiltItem("table", "t", "T", "ok", obj=_Paper())
+    html = render_html("demo", get_report("demo"), [item], data, "sqlite:///unused.db")
+    assert '<span class="paper">paper</span> (italic' in html
