@@ -236,9 +236,11 @@ def _run_length(data: ExperimentData, rid: str, lengths: dict) -> int | None:
     return int(float(configured)) if configured is not None else None
 
 
-def _log10_bound(data: ExperimentData, rid: str, tv: list, series: dict, lengths: dict) -> float:
+def _log10_bound(data: ExperimentData, rid: str, tv: list, series: dict, lengths: dict, masks: dict) -> float:
     """log10 of TRM's best error bound (eq. 42-45: min of Pinsker-marginal, Adaptive) at the run's
-    largest logged ``trm/max_kl``, its per-position TV and its real response length T."""
+    largest logged ``trm/max_kl``, its per-position TV and its real response length T. ``trm/max_kl`` is
+    taken over every sequence of a batch; a TRM-Max run trains only on those whose max KL is at most its
+    ``mask.delta`` (section 6), so its divergence is capped there."""
     kl = series["max_kl"].get(rid)
     T = _run_length(data, rid, lengths)
     if kl is None or not kl.notna().any() or T is None:
@@ -250,7 +252,10 @@ def _log10_bound(data: ExperimentData, rid: str, tv: list, series: dict, lengths
         dbar = dbar_from_position_buckets(buckets, T)
     except ValueError:
         return float("nan")
-    best = float(error_bounds(T, float(kl.max()), dbar=dbar)["best"])
+    delta = float(kl.max())
+    if rid in masks:
+        delta = min(delta, float(masks[rid]))
+    best = float(error_bounds(T, delta, dbar=dbar)["best"])
     return float(np.log10(best)) if best > 0 else float("nan")
 
 
@@ -264,6 +269,9 @@ def trm_bound(data: ExperimentData, opts: Mapping) -> list[CheckResult]:
         return [not_checked(part_bound, "no TRM-Max run (mask trm_max) in this sweep")]
     buckets, tv = accept_rate_buckets(names), tv_position_buckets(names)
     lengths = run_series(data, metric_names.RESPONSE_LENGTH_MAX)
+    labels = run_labels(data)
+    masked = set(labels.loc[labels[metric_names.TAG_MASK] == "trm_max", "run_id"].astype(str))
+    masks = {r: v for r, v in run_params(data, "mask.delta").items() if r in masked}
     checks = []
     for arm in trms:
         grpo = counterpart(arms, arm, _grpo_arms(arms), ())
@@ -274,10 +282,10 @@ def trm_bound(data: ExperimentData, opts: Mapping) -> list[CheckResult]:
             series = {"max_kl": run_series(data, metric_names.TRM_MAX_KL), **{m: run_series(data, m) for _, _, m in tv}}
 
             def bound(rid: str, series=series) -> float:
-                return _log10_bound(data, rid, tv, series, lengths)
+                return _log10_bound(data, rid, tv, series, lengths, masks)
 
-            stat = (f"log10 of the best bound (eq. 42-45) at the run's largest {metric_names.TRM_MAX_KL}, its per-position "
-                    f"TV and its longest response (T)")  # fmt: skip
+            stat = (f"log10 of the best bound (eq. 42-45) at the run's largest {metric_names.TRM_MAX_KL} (TRM-Max: at most "
+                    "its mask.delta, the largest divergence it trains on), its per-position TV and its longest response (T)")  # fmt: skip
             base_values = _per_run_seed(data, grpo, bound) if grpo is not None else None
             values = _per_run_seed(data, arm, bound)
             note = "" if base_values else "the baseline logs no TRM divergence: it is not run through this check"

@@ -215,15 +215,19 @@ def test_trm_bound_statistic_is_the_bound_at_the_runs_largest_kl_and_length():
     the per-position TV read from its buckets: recomputed here from the curves."""
     from runners.algorithms.bounds import error_bounds
 
-    spec, data, truth = _data([_m("TRM-Max", "grpo", "token_is", mask="trm_max", params=SHORT)])
-    bound = _outcome(data, "trm_bound").checks[0]
-    for seed in spec.seeds:
-        curves = truth[("TRM-Max", seed)]["curves"]
-        dbar = np.full(48, np.nan)
-        for lo, hi in ((0, 64),):
-            dbar[lo : min(hi, 48)] = curves[metric_names.trm_tv_position_bucket(lo, hi)][1].mean()
-        expected = error_bounds(48, curves[metric_names.TRM_MAX_KL][1].max(), dbar=dbar)["best"]
-        assert bound.values[seed] == pytest.approx(np.log10(expected), rel=1e-9)
+    for cap in (None, 1e-5):  # TRM-Max trains only on sequences whose max KL is at most its mask.delta
+        params = SHORT if cap is None else {**SHORT, "mask.delta": cap}
+        spec, data, truth = _data([_m("TRM-Max", "grpo", "token_is", mask="trm_max", params=params)])
+        bound = _outcome(data, "trm_bound").checks[0]
+        for seed in spec.seeds:
+            curves = truth[("TRM-Max", seed)]["curves"]
+            dbar = np.full(48, np.nan)
+            for lo, hi in ((0, 64),):
+                dbar[lo : min(hi, 48)] = curves[metric_names.trm_tv_position_bucket(lo, hi)][1].mean()
+            delta = curves[metric_names.TRM_MAX_KL][1].max()
+            assert cap is None or cap < delta
+            expected = error_bounds(48, delta if cap is None else cap, dbar=dbar)["best"]
+            assert bound.values[seed] == pytest.approx(np.log10(expected), rel=1e-9)
 
 
 def test_repo_r_and_adapo_entropy_success_and_pinned_controllers():
