@@ -114,7 +114,9 @@ def entropy_kept(data: ExperimentData, part: str, arm: str, base: str | None, ba
         return not_checked(part, f"no run logs {metric_names.ENTROPY}", arm)
     ent = per_seed(data, metric_names.ENTROPY, final_tenth)
     stat = f"{metric_names.ENTROPY} over the last tenth of the steps (nats), paired by seed"
-    return CheckResult(part, f"{arm} − {base}", stat, _paired(ent.get(arm, {}), ent.get(base, {})), Rule("greater", 0.0))
+    return CheckResult(
+        part, f"{arm} − {base}", stat, _paired(ent.get(arm, {}), ent.get(base, {})), Rule("greater", 0.0)
+    )
 
 
 def pinned_check(data: ExperimentData, arm: str, controller: str) -> CheckResult:
@@ -128,7 +130,9 @@ def pinned_check(data: ExperimentData, arm: str, controller: str) -> CheckResult
     labels, series = run_labels(data), run_series(data, metric)
     lows, highs = run_params(data, lo_key), run_params(data, hi_key)
     pinned: dict[int, float] = {}
-    for rid, seed in zip(labels.loc[labels["arm"] == arm, "run_id"], labels.loc[labels["arm"] == arm, metric_names.TAG_SEED]):
+    for rid, seed in zip(
+        labels.loc[labels["arm"] == arm, "run_id"], labels.loc[labels["arm"] == arm, metric_names.TAG_SEED]
+    ):
         rid = str(rid)
         if rid not in lows or rid not in highs:
             continue
@@ -207,7 +211,9 @@ def troll_kl_bound(data: ExperimentData, opts: Mapping) -> list[CheckResult]:
         stat = f"share of tokens with KL(π_new ‖ π_old) > eps = {eps:g} after the update ({metric}), mean over steps"
         note = "; ".join(filter(None, [eps_note, _stale_note(data, runs)]))
         diff = _paired(share.get(arm, {}), share.get(clip, {}))
-        checks.append(CheckResult(part, f"{arm} − {clip}", stat + ", paired by seed", diff, Rule("less", 0.0), note=note))
+        checks.append(
+            CheckResult(part, f"{arm} − {clip}", stat + ", paired by seed", diff, Rule("less", 0.0), note=note)
+        )
         for who in (arm, clip):
             shown = CheckResult(f"share beyond eps ({who})", who, stat, share.get(who, {}), counts=False)
             shown.verdict = SHOWN
@@ -335,7 +341,9 @@ def gtpo_conflict(data: ExperimentData, opts: Mapping) -> list[CheckResult]:
             checks.append(CheckResult(part_keep, arm, stat, delta[arm], Rule("greater", 0.0),
                                       baseline_runs=grpo or "", baseline_values=base or None, note=note))  # fmt: skip
             if grpo is None or not base:
-                checks.append(not_checked(part_vs, "no GRPO run" if grpo is None else f"{grpo} does not log {metric}", arm))
+                checks.append(
+                    not_checked(part_vs, "no GRPO run" if grpo is None else f"{grpo} does not log {metric}", arm)
+                )
             else:
                 checks.append(CheckResult(part_vs, f"{arm} − {grpo}", f"{stat}, paired by seed",
                                           _paired(delta[arm], base), Rule("greater", 0.0)))  # fmt: skip
@@ -437,7 +445,11 @@ def tppo_time(data: ExperimentData, opts: Mapping) -> list[CheckResult]:
     arms, names = arm_table(data), data.metric_names()
     tppos = select_arms(arms, algorithm="tppo")
     if not tppos:
-        return [not_checked(part, "not run in this sweep: sweeps/tppo_table1.yaml (GPU) and sweeps/tppo_table1_cpu.yaml run it")]
+        return [
+            not_checked(
+                part, "not run in this sweep: sweeps/tppo_table1.yaml (GPU) and sweeps/tppo_table1_cpu.yaml run it"
+            )
+        ]
     if metric_names.TIMING_STEP not in names:
         return [not_checked(part, f"no run logs {metric_names.TIMING_STEP}")]
     reward, window = _reward_metric(names, opts.get("reward"))

@@ -99,6 +99,7 @@ TIMING = _f("timing:timing_figure")
 TIMING_TABLE = _t("timing:timing_table")
 SCALING = _t("scaling:scaling_table")
 AGGREGATES = _t("aggregates:aggregate_table")  # IQM, mean, P(improvement) (arXiv 2108.13264)
+LEARNING = _t("learning:learning_table")  # area under the evaluation curve, steps and CPU seconds to a target
 
 
 def _compare(tags: dict[str, str] | None = None, match: tuple[str, ...] = ()) -> Item:
@@ -124,6 +125,7 @@ register_report(
             OVERVIEW,
             _compare(),
             AGGREGATES,
+            LEARNING,
             _claims(*ALL_CLAIMS, show_unchecked=False),
             _t("generic:eval_start_end_table"),
             _t("generic:final_metrics_table"),
@@ -146,6 +148,7 @@ register_report(
             OVERVIEW,
             _compare(),
             AGGREGATES,
+            LEARNING,
             # every paper's headline claims; T-PPO's row says which sweep runs it
             _claims(*ALL_CLAIMS),
             _t("generic:eval_start_end_table"),

@@ -188,7 +188,8 @@ def all_metrics_figure(data: ExperimentData, max_panels: int = 24) -> Figure:
         "value",
         "all_metrics",
         "Every logged metric",
-        "Each logged metric per method (mean over seeds, raw faint, smoothed as lines). " + LINE_STYLE_NOTE
+        "Each logged metric per method (mean over seeds, raw faint, smoothed as lines). "
+        + LINE_STYLE_NOTE
         + (f" {extra} further metrics not shown." if extra > 0 else ""),
         ncols=4,
     )

@@ -33,7 +33,9 @@ MAX_SVG_BYTES = 700_000
 OKABE_ITO = ["#E69F00", "#56B4E9", "#009E73", "#F0E442", "#0072B2", "#D55E00", "#CC79A7", "#000000"]
 TOL_MUTED = ["#332288", "#88CCEE", "#44AA99", "#117733", "#999933", "#DDCC77", "#CC6677", "#882255", "#AA4499"]
 PALETTE = [matplotlib.colors.to_rgb(c) for c in OKABE_ITO + TOL_MUTED]
-LINE_STYLE_NOTE = "Each method its own colour; dashed lines: TROLL's projection objective, solid: every other objective."
+LINE_STYLE_NOTE = (
+    "Each method its own colour; dashed lines: TROLL's projection objective, solid: every other objective."
+)
 RAW_ALPHA = 0.25
 
 

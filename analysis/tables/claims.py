@@ -61,7 +61,11 @@ def claims_table(
         for c in o.checks:
             rows.append((name, c.part if c.counts else f"{c.part} (not counted)"))
             ci = c.ci.text(3) if c.ci is not None else MISSING
-            base = f"{c.baseline_runs}: {c.baseline_ci.text(3)}, {c.baseline_verdict}" if c.baseline_ci is not None else MISSING
+            base = (
+                f"{c.baseline_runs}: {c.baseline_ci.text(3)}, {c.baseline_verdict}"
+                if c.baseline_ci is not None
+                else MISSING
+            )
             cells.append([c.runs, c.statistic, ci, base, c.rule.describe() if c.rule else MISSING, c.verdict_text])
             classes.append(["", "", "", "", "", verdict_class(c.verdict)])
             means.append(c.ci.mean if c.ci is not None else float("nan"))

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from scipy import stats as st
 
+from analysis.claim_checks import PINNED, SHOWN
 from analysis.claims import (
     CONTRADICTED,
     NOT_CHECKED,
@@ -21,7 +22,6 @@ from analysis.claims import (
     check_claims,
     claim_keys,
 )
-from analysis.claim_checks import PINNED, SHOWN
 from analysis.stats import MeanCI
 from analysis.synthetic import ADAPO_CAPS, REPO_R_CAPS, SyntheticSpec, _m, synthetic_data
 from analysis.tables.claims import ALL_CLAIMS, claims_table
@@ -205,7 +205,9 @@ def test_trm_bound_at_the_real_response_length_and_the_baseline():
     assert not length.counts and length.verdict == SHOWN
     _, data, _ = _data([_m("GRPO", "grpo", params=SHORT), trm])
     assert _check(_outcome(data, "trm_bound"), bound.part).verdict == NOT_EVIDENCE
-    _, data, _ = _data([_m("GRPO", "grpo"), _m("TRM-Max", "grpo", "token_is", mask="trm_max", violation_p=0.05, params=long)])
+    _, data, _ = _data(
+        [_m("GRPO", "grpo"), _m("TRM-Max", "grpo", "token_is", mask="trm_max", violation_p=0.05, params=long)]
+    )
     assert _check(_outcome(data, "trm_bound"), bound.part).verdict == CONTRADICTED  # vacuous at T = 4096
 
 
