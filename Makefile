@@ -6,6 +6,7 @@
 #   make test-times  the whole suite, then where its time went (per stage, slowest tests)
 #   make coverage    line and branch coverage of the library over the fast tier
 #   make mutation    mutation score of the algorithm library (hours; MUTANTS='runners.algorithms.troll.*' for one file)
+#   make readme-image  the README's picture: the first page of the demo's PDF report (after make demo)
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -13,7 +14,7 @@ BIN := $(VENV)/bin
 TORCH ?= torch==2.13.0
 PIP := $(BIN)/python -m pip -q --disable-pip-version-check
 
-.PHONY: setup setup-test demo test test-fast test-times coverage mutation bench docs clean-state
+.PHONY: setup setup-test demo test test-fast test-times coverage mutation bench docs readme-image clean-state
 
 $(VENV)/.setup: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -86,6 +87,11 @@ bench: $(VENV)/.setup-test $(BENCH_VENV)/.setup-bench
 docs: $(VENV)/.setup-test
 	$(BIN)/python docs/gen_reference.py
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
+
+# the README's picture of a report (docs/images/report.png): page 1 of the demo's report.pdf through
+# poppler's pdftoppm, 1000 px wide; without a demo report it says to run `make demo` first
+readme-image: $(VENV)/.setup
+	$(BIN)/python docs/gen_readme_image.py
 
 clean-state:
 	rm -rf .trustbench

@@ -40,6 +40,7 @@ import sys
 import time
 from pathlib import Path
 
+import record
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
@@ -179,9 +180,11 @@ def main(argv=None) -> None:
     p.add_argument("--skip-dense-above", type=int, default=1 << 30, help="no dense variant above this many tokens")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     p.add_argument("--chunk", type=int, default=None, help=argparse.SUPPRESS)
+    record.add_option(p)
     args = p.parse_args(argv)
     if args.worker:
         return worker(args)
+    rec = record.start("bench_chunked_head.py", argv=argv)
     torch.set_num_threads(args.threads)
     variants = _variants(args)
     memory = {label: peak_memory(args, name, chunk) for label, name, chunk in variants}
@@ -203,6 +206,7 @@ def main(argv=None) -> None:
         f"{args.repeats} repeats; peak memory = growth above the inputs, one fresh process per variant"
     )
     base: dict[str, tuple[float, float, float]] = {}
+    rows, figures = [], []
     for label, name, _ in variants:
         wall = statistics.median(t for t, _ in times[label])
         cpu = statistics.median(c for _, c in times[label])
@@ -215,6 +219,16 @@ def main(argv=None) -> None:
             f"  {label:34s} wall {wall:7.3f} s  CPU {cpu:7.3f} s  peak {memory[label]:8.1f} MiB  {ratio}  "
             f"max |logp error| vs float64 {errors[label]:.1e}"
         )
+        row = {"variant": label, "wall_s": wall, "cpu_s": cpu, "peak_mib": memory[label], "error": errors[label]}
+        rows.append(row)
+        if ref and not name.startswith("dense"):
+            figures.append(
+                record.figure(
+                    f"{label} / dense, N = {args.tokens:,}, V = {args.vocab:,}, {args.threads} thread(s)",
+                    f"{wall / ref[0]:.2f}x wall, {cpu / ref[1]:.2f}x CPU, peak memory {memory[label] / ref[2]:.3f}x",
+                )
+            )
+    rec.write(args.json, figures, {"args": vars(args), "variants": rows}, gpu=record.gpu_name(args.device))
 
 
 if __name__ == "__main__":

@@ -28,6 +28,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+import record  # noqa: E402
+
 from runners.algorithms.numerics import entropy_from_logits, token_logprobs  # noqa: E402
 
 
@@ -55,8 +57,9 @@ def step(fn, logits: torch.Tensor, tokens: torch.Tensor, weights: torch.Tensor, 
     return out.detach()
 
 
-def compare(title: str, forms: dict, exact: torch.Tensor, args, logits, tokens, weights, grad: bool = True) -> None:
-    """Alternate the forms ``args.repeats`` times; print medians, ratios to the first, and float64 errors."""
+def compare(title: str, forms: dict, exact: torch.Tensor, args, logits, tokens, weights, grad: bool = True) -> dict:
+    """Alternate the forms ``args.repeats`` times; print medians, ratios to the first, and float64 errors;
+    returns each form's median wall and CPU seconds and its error."""
     errors = {
         name: float((step(fn, logits, tokens, weights, grad).double() - exact).abs().max())
         for name, fn in forms.items()
@@ -69,14 +72,17 @@ def compare(title: str, forms: dict, exact: torch.Tensor, args, logits, tokens, 
             times[name].append((time.perf_counter() - wall, time.process_time() - cpu))
     print(f"\n{title}")
     base = None
+    out = {}
     for name, rows in times.items():
         wall = statistics.median(w for w, _ in rows)
         cpu = statistics.median(c for _, c in rows)
         base = base or (wall, cpu)
+        out[name] = {"wall_s": wall, "cpu_s": cpu, "max_abs_error": errors[name]}
         print(
             f"  {name:24s} wall {wall:7.3f} s  CPU {cpu:7.3f} s  ratio wall {wall / base[0]:.2f}x "
             f"CPU {cpu / base[1]:.2f}x  max |error| vs float64 {errors[name]:.1e}"
         )
+    return out
 
 
 def main(argv=None) -> None:
@@ -86,7 +92,9 @@ def main(argv=None) -> None:
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--device", default="cpu")
+    record.add_option(p)
     args = p.parse_args(argv)
+    rec = record.start("bench_logprobs.py", argv=argv)
     torch.set_num_threads(args.threads)
     g = torch.Generator().manual_seed(0)
     logits = torch.randn(1, args.tokens, args.vocab, generator=g) * 2
@@ -102,9 +110,28 @@ def main(argv=None) -> None:
     print(f"{args.device}: N={args.tokens} V={args.vocab} fp32, {args.threads} thread(s), {args.repeats} repeats")
     log_probs = {"x[y] - logsumexp(x)": token_logprobs, "log_softmax(x)[y]": fused_logprobs}
     entropies = {"entropy_from_logits": entropy, "log_softmax form": fused_entropy}
-    compare("log-probs, forward + backward", log_probs, exact_logp, args, logits, tokens, weights)
-    compare("entropy, forward + backward", entropies, exact_entropy, args, logits, tokens, weights)
-    compare("entropy, forward (no autograd)", entropies, exact_entropy, args, logits, tokens, weights, grad=False)
+    results = {
+        "log-probs, forward + backward": compare(
+            "log-probs, forward + backward", log_probs, exact_logp, args, logits, tokens, weights
+        ),
+        "entropy, forward + backward": compare(
+            "entropy, forward + backward", entropies, exact_entropy, args, logits, tokens, weights
+        ),
+        "entropy, forward (no autograd)": compare(
+            "entropy, forward (no autograd)", entropies, exact_entropy, args, logits, tokens, weights, grad=False
+        ),
+    }
+    figures = []
+    for title, forms in results.items():
+        (ours, a), (fused, b) = forms.items()
+        figures.append(
+            record.figure(
+                f"{title}, N = {args.tokens}, V = {args.vocab:,}, {args.threads} thread(s): `{fused}` / `{ours}`",
+                f"{b['wall_s'] / a['wall_s']:.2f}x wall, {b['cpu_s'] / a['cpu_s']:.2f}x CPU; "
+                f"max error vs float64 {b['max_abs_error']:.1e} against {a['max_abs_error']:.1e}",
+            )
+        )
+    rec.write(args.json, figures, {"args": vars(args), "forms": results}, gpu=record.gpu_name(args.device))
 
 
 if __name__ == "__main__":

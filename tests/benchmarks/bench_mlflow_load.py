@@ -41,6 +41,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import record
 
 
 def populate(
@@ -153,9 +154,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--checkpoint-every", type=int, default=250, help="steps between checkpoint flushes")
     parser.add_argument("--log-via", choices=("sqlite", "server"), default="sqlite", help="where trackers send points")
     parser.add_argument("--workdir", default=None, help="keep the store here (default: a temp dir, removed)")
+    record.add_option(parser)
     args = parser.parse_args(argv)
     if args.metrics < 2:
         parser.error("--metrics must be >= 2 (training/global_step is one of them)")
+    rec = record.start("bench_mlflow_load.py", argv=argv)
 
     from analysis.load import load_experiment
     from runners.tracking import ensure_store
@@ -218,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
         tmp.cleanup()
 
     print(f"{'loader':<46} {'seconds':>9} {'vs naive':>9}")
-    for label, secs in (
+    loaders = (
         ("naive get_metric_history loop (server)", t_naive),
         ("cold: history artifacts over HTTP", t_art),
         ("cold bulk: get-history-bulk (artifacts=False)", t_bulk),
@@ -226,12 +229,20 @@ def main(argv: list[str] | None = None) -> int:
         ("warm offline: parquet cache only", t_off),
         ("cold: server runs + SQL points (backend_uri)", t_hint),
         ("direct SQL on the sqlite file (no server)", t_sql),
-    ):
+    )
+    for label, secs in loaders:
         print(f"{label:<46} {secs:>9.3f} {t_naive / secs:>8.1f}x")
     ratio = t_naive / t_art
     print(f"cold artifacts speed-up {ratio:.1f}x (target >= 10x: {'met' if ratio >= 10 else 'NOT met'})")
     print(f"cold bulk REST speed-up {t_naive / t_bulk:.1f}x")
     print(f"warm speed-up {t_naive / t_warm:.1f}x (target >= 100x: {'met' if t_naive / t_warm >= 100 else 'NOT met'})")
+    size = f"{args.runs} runs x {args.metrics} metrics x {args.steps} steps"
+    figures = [
+        record.figure(f"cold (history artifacts) vs the `get_metric_history` loop, {size}", f"{ratio:.1f}x faster", ">= 10x"),
+        record.figure("warm (parquet cache) vs the same loop", f"{t_naive / t_warm:.1f}x faster", ">= 100x"),
+        record.figure("cold bulk REST vs the same loop", f"{t_naive / t_bulk:.1f}x faster"),
+    ]  # fmt: skip
+    rec.write(args.json, figures, {"args": vars(args), "points": points, "seconds": dict(loaders)})
     return 0
 
 

@@ -21,6 +21,7 @@ import argparse
 import statistics
 import time
 
+import record
 import torch
 
 
@@ -126,7 +127,9 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=64, help="max new tokens per row")
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--smollm2", action="store_true", help="also SmolLM2-135M (slow: ~100 tok/s)")
+    record.add_option(parser)
     args = parser.parse_args()
+    rec = record.start("bench_sampler.py")
 
     from runners.models import load_model
 
@@ -152,6 +155,18 @@ def main() -> None:
             f"{name:<12} {regime:<6} {batch:>5} {tokens:>6} {hf_rate:>15.0f} {generic_rate:>14.0f} "
             f"{our_rate:>11.0f} {our_rate / hf_rate:>6.2f} {best_ratio:>10.2f}"
         )
+    figures = [
+        record.figure(
+            f"{name} ({regime}), batch {batch} x {tokens} tokens, {torch.get_num_threads()} thread(s): "
+            "ours / `model.generate` tokens/s",
+            f"{our_rate / hf_rate:.2f}x (best run {best_ratio:.2f}x)",
+            ">= 1.5x",
+        )
+        for name, regime, batch, tokens, hf_rate, _, our_rate, best_ratio in rows
+    ]
+    keys = ("model", "regime", "batch", "tokens", "generate_tok_s", "generic_tok_s", "ours_tok_s", "best_ratio")
+    results = {"args": vars(args), "threads": torch.get_num_threads(), "rows": [dict(zip(keys, r)) for r in rows]}
+    rec.write(args.json, figures, results)
 
 
 if __name__ == "__main__":

@@ -26,6 +26,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import record
+
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 BASELINE_REV = "789aa83"  # last commit with the nobody/process-group sandbox
@@ -54,7 +56,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--runs", type=int, default=50)
     parser.add_argument("--baseline-rev", default=BASELINE_REV)
+    record.add_option(parser)
     args = parser.parse_args()
+    rec = record.start("bench_sandbox.py")
 
     from runners.data.sandbox import SandboxConfig, isolation, run_python
 
@@ -81,9 +85,20 @@ def main() -> None:
     print(f"{args.runs} runs each, baseline = {args.baseline_rev}")
     print(f"{'variant':10s} {'wall ms':>9s} {'cpu ms':>9s} {'wall ratio':>11s} {'cpu ratio':>10s}")
     base_wall, base_cpu = statistics.median(wall["baseline"]), statistics.median(cpu["baseline"])
+    rows = {}
     for name in names:
         w, c = statistics.median(wall[name]), statistics.median(cpu[name])
         print(f"{name:10s} {w * 1e3:9.1f} {c * 1e3:9.1f} {w / base_wall:11.2f} {c / base_cpu:10.2f}")
+        rows[name] = {"wall_ms": w * 1e3, "cpu_ms": c * 1e3, "wall_ratio": w / base_wall, "cpu_ratio": c / base_cpu}
+    figures = [
+        record.figure(
+            f"`{name}` sandbox, per program ({args.runs} runs against the sandbox of {args.baseline_rev})",
+            f"{r['wall_ms']:.1f} ms wall, {r['cpu_ms']:.1f} ms CPU: {r['wall_ratio']:.2f}x the baseline's wall",
+        )
+        for name, r in rows.items()
+        if name != "baseline"
+    ]
+    rec.write(args.json, figures, {"args": vars(args), "isolation": str(isolation()), "variants": rows})
 
 
 if __name__ == "__main__":

@@ -33,6 +33,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import record
+
 REPO = Path(__file__).resolve().parents[2]
 METHODS = "+method=grpo,grpo_troll,grpo_trm,gtpo,repo_r,dapo,adapo,drgrpo"
 GRID = [METHODS, "seed=range(0,32)"]
@@ -43,7 +45,7 @@ def _median(values: list[float]) -> str:
     return f"{statistics.median(values):.2f} s (min {min(values):.2f}, n={len(values)})"
 
 
-def bench_dry_run(repeats: int) -> None:
+def bench_dry_run(repeats: int) -> dict:
     from runners import sweep
     from runners.config import grid
 
@@ -82,9 +84,10 @@ def bench_dry_run(repeats: int) -> None:
         if out.returncode != 0:
             raise SystemExit(f"dry run failed:\n{out.stderr[-3000:]}")
     print(f"dry run as a command: wall {_median(walls)}, CPU {_median(cpus)}")
+    return {"cells": len(p.cells), "command_wall_s": walls, "command_cpu_s": cpus, "compose_per_cell_s": per_cell}
 
 
-def bench_queueing(repeats: int) -> None:
+def bench_queueing(repeats: int) -> dict:
     from runners import sweep
 
     times, inner = [], []
@@ -107,12 +110,17 @@ def bench_queueing(repeats: int) -> None:
     print(
         f"queueing 256 cells (launch until sbatch accepted all): {_median(times)}; of which job arrays: {_median(inner)}"
     )
+    return {"queue_s": times, "job_arrays_s": inner}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=3)
+    record.add_option(parser)
     args = parser.parse_args()
+    if args.json:
+        args.json = os.path.abspath(args.json)  # the benchmark runs in a temporary directory
+    rec = record.start("bench_slurm_submit.py")
     if subprocess.run(["sinfo", "-h"], capture_output=True).returncode != 0:
         raise SystemExit(
             "needs the Slurm test cluster: bash slurm/testcluster/up.sh && . /tmp/trustbench-slurm/etc/env.sh"
@@ -122,9 +130,18 @@ def main() -> None:
         os.environ.pop("MLFLOW_TRACKING_URI", None)
         os.chdir(home)
         print(f"load average before: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
-        bench_dry_run(args.repeats)
-        bench_queueing(args.repeats)
+        dry = bench_dry_run(args.repeats)
+        queue = bench_queueing(args.repeats)
         print(f"load average after: {os.getloadavg()[0]:.1f}")
+    figures = [
+        record.figure(
+            f"dry run of a {dry['cells']}-cell sweep (command, median wall)",
+            f"{statistics.median(dry['command_wall_s']):.1f} s",
+            "<= 2 s",
+        ),
+        record.figure("queued on the test cluster (median)", f"{statistics.median(queue['queue_s']):.1f} s", "<= 10 s"),
+    ]
+    rec.write(args.json, figures, {"args": vars(args), "dry_run": dry, "queueing": queue})
 
 
 if __name__ == "__main__":

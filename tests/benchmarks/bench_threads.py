@@ -23,6 +23,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import record
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -65,7 +67,9 @@ def main(argv=None) -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--model", default="embedded")
+    record.add_option(parser)
     args = parser.parse_args(argv)
+    rec = record.start("bench_threads.py", argv=argv)
     print(f"cores available: {len(os.sched_getaffinity(0))}; {args.steps} steps of model={args.model}")
     results: dict[tuple[str, int], list[tuple[float, float]]] = {}
     for load in ("quiet", "loaded"):
@@ -79,12 +83,24 @@ def main(argv=None) -> None:
         if spinner is not None:
             stop.set()
             spinner.join()
+    summary = []
     print(f"{'load':<8}{'threads':>8}{'wall s':>10}{'CPU s':>10}{'wall / 1 thread':>18}")
     for (load, threads), runs in results.items():
         wall = statistics.median(w for w, _ in runs)
         cpu = statistics.median(c for _, c in runs)
         base = statistics.median(w for w, _ in results[(load, args.threads[0])])
         print(f"{load:<8}{threads:>8}{wall:>10.1f}{cpu:>10.1f}{wall / base:>18.2f}")
+        summary.append({"load": load, "threads": threads, "wall_s": wall, "cpu_s": cpu, "wall_ratio": wall / base})
+    first = args.threads[0]
+    figures = [
+        record.figure(
+            f"{r['threads']} threads vs {first}, {r['load']} ({args.steps} steps of model={args.model})",
+            f"{r['wall_ratio']:.2f}x wall ({r['wall_s']:.1f} s, {r['cpu_s']:.1f} CPU-s)",
+        )
+        for r in summary
+        if r["threads"] != first
+    ]
+    rec.write(args.json, figures, {"args": vars(args), "runs": summary})
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ import argparse
 import statistics
 import time
 
+import record
 import torch
 
 from runners.algorithms.loss_agg import token_mean
@@ -137,7 +138,9 @@ def main() -> None:
     parser.add_argument("--noise", type=float, default=0.1, help="std of new - old logits (0.1: ~4% projected)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    record.add_option(parser)
     args = parser.parse_args()
+    rec = record.start("bench_troll.py")
     if args.threads:
         torch.set_num_threads(args.threads)
     dev = args.device
@@ -197,14 +200,18 @@ def main() -> None:
             med[name][1] / med[base][1],
         ]
         print(f"{label:<46}" + "".join(f"{v:>11.4f}" for v in row))
+    batch_ratio = {}
     for epochs in (1, 4):  # one rollout batch: the old pass once, then `epochs` updates of the same tokens
         ppo = med["old_ppo"][0] + epochs * med["ppo_update"][0]
         troll = med["old_troll"][0] + epochs * med["troll_update"][0]
+        batch_ratio[epochs] = troll / ppo
         print(f"rollout batch with {epochs} update(s) (old pass + updates), wall: TROLL / PPO = {troll / ppo:.3f}")
+    syncs = {}
     if dev.startswith("cuda"):
         leaf.grad = None
-        print(f"host synchronisations: TROLL update {count_syncs(fns['troll_update'])}, "
-              f"sparsify {count_syncs(fns['sparsify'])}, PPO update {count_syncs(fns['ppo_update'])}")  # fmt: skip
+        syncs = {name: count_syncs(fns[name]) for name in ("troll_update", "sparsify", "ppo_update")}
+        print(f"host synchronisations: TROLL update {syncs['troll_update']}, "
+              f"sparsify {syncs['sparsify']}, PPO update {syncs['ppo_update']}")  # fmt: skip
     kept = (logp > -float("inf")).sum(-1).double()
     sparse_bytes = index.numel() * index.element_size() + logp.numel() * logp.element_size()
     dense_bytes = dense_storage_bytes(tokens, 1, vocab)
@@ -215,6 +222,39 @@ def main() -> None:
           f"objective metrics: " + ", ".join(f"{k}={v:.4g}" for k, v in metrics.items()))  # fmt: skip
     stats = solver_stats(old, new, sampled)
     print("dual solver: " + ", ".join(f"{k}={v:.4g}" for k, v in stats.items()))
+    where = f"{dev}, T = {tokens}, V = {vocab:,}, {torch.get_num_threads()} thread(s)"
+    ratio = {name: med[name][0] / med[base][0] for _, name, base in rows}
+    cpu_ratio = {name: med[name][1] / med[base][1] for _, name, base in rows}
+    target = "<= 1.3x" if dev.startswith("cuda") else "<= 1.5x"
+    figures = [
+        record.figure(
+            f"TROLL sparsify + objective + backward / PPO clip loss + backward ({where})",
+            f"{ratio['troll_step']:.2f}x wall, {cpu_ratio['troll_step']:.2f}x CPU",
+            target,
+        ),
+        record.figure(
+            "TROLL update (objective + backward) / PPO update",
+            f"{ratio['troll_update']:.2f}x wall, {cpu_ratio['troll_update']:.2f}x CPU",
+        ),
+        record.figure(
+            "old pass: log pi_old + TROLL's sparse store / log pi_old alone",
+            f"{ratio['old_troll']:.2f}x wall, {cpu_ratio['old_troll']:.2f}x CPU",
+        ),
+        record.figure("rollout batch, old pass + 4 updates: TROLL / PPO", f"{batch_ratio[4]:.2f}x wall"),
+        record.figure("sparse storage / dense fp32", f"1/{dense_bytes / sparse_bytes:.0f}", "<= 1/1000"),
+    ]
+    if syncs:
+        figures.append(record.figure("host synchronisations per TROLL update", str(syncs["troll_update"])))
+    results = {
+        "args": vars(args),
+        "median_s": {name: {"wall": w, "cpu": c} for name, (w, c) in med.items()},
+        "rollout_batch_ratio": batch_ratio,
+        "storage_bytes": {"sparse": sparse_bytes, "dense": dense_bytes},
+        "host_syncs": syncs,
+        "objective_metrics": metrics,
+        "solver": stats,
+    }  # fmt: skip
+    rec.write(args.json, figures, results, gpu=record.gpu_name(dev))
 
 
 if __name__ == "__main__":

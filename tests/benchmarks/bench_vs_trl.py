@@ -43,6 +43,7 @@ from pathlib import Path
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+import record  # noqa: E402
 import torch  # noqa: E402
 
 from runners import metric_names as names  # noqa: E402
@@ -306,7 +307,8 @@ def summarise(args, rows: list[dict]) -> dict:
     )
     if gen_ratio:
         print(f"generation tokens/s ratio (per pair, CPU): {min(gen_ratio):.2f}-{max(gen_ratio):.2f}x")
-    out.update(ratio_wall=ratio_wall, ratio_cpu=ratio_cpu)
+    out.update(ratio_wall=ratio_wall, ratio_cpu=ratio_cpu, pair_ratios_cpu=pair_ratios, gen_ratios_cpu=gen_ratio)
+    out.update({f"median_{key}": med(key) for key in rows[0]})
     return out
 
 
@@ -324,7 +326,30 @@ def main(argv=None) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--diagnostics", action="store_true", help="keep the built-in post-update diagnostics pass")
     p.add_argument("--profile", type=int, default=0, help="then profile this many built-in steps (torch.profiler)")
-    run(p.parse_args(argv))
+    record.add_option(p)
+    args = p.parse_args(argv)
+    rec = record.start("bench_vs_trl.py", argv=argv)
+    out = run(args)
+    size = f"{args.model}, {args.prompts} prompts x {args.n} samples x <= {args.max_new} tokens, {args.device}"
+    figures = [
+        record.figure(
+            f"built-in / TRL `GRPOTrainer` tokens/s ({size}, {args.threads} thread(s), {args.steps} pairs)",
+            f"{out['ratio_cpu']:.2f}x CPU, {out['ratio_wall']:.2f}x wall "
+            f"(per pair {min(out['pair_ratios_cpu']):.2f}-{max(out['pair_ratios_cpu']):.2f}x)",
+            ">= 2x",
+        )
+    ]
+    if out["gen_ratios_cpu"]:
+        lo, hi = min(out["gen_ratios_cpu"]), max(out["gen_ratios_cpu"])
+        figures.append(record.figure("generation tokens/s, built-in / TRL (per pair, CPU)", f"{lo:.2f}-{hi:.2f}x"))
+    trl = None
+    try:
+        from importlib.metadata import version
+
+        trl = version("trl")
+    except Exception:
+        pass
+    rec.write(args.json, figures, {"args": vars(args), "trl": trl, **out}, gpu=record.gpu_name(args.device))
 
 
 if __name__ == "__main__":

@@ -27,6 +27,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
+import record  # noqa: E402
+
 from runners.resources import available_cpus  # noqa: E402
 from tests.suite_timing import _machine_busy_s, stage_table  # noqa: E402
 
@@ -89,9 +91,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--slowest", type=int, default=30)
     args = parser.parse_args(own)
     before = json.loads(args.compare.read_text()) if args.compare else None
+    if before is not None and "results" in before:  # a record: the suite's figures are its results
+        before = before["results"]
+    rec = record.start("suite_times.py", section="suite", argv=argv)
     code, data = run(pytest_args)
     if args.json:
-        args.json.write_text(json.dumps(data, indent=1))
+        cmd = data["command"]
+        figures = [
+            record.figure(
+                f"`pytest {' '.join(pytest_args)}` (exit {cmd['exit']})",
+                f"{cmd['wall_s']:.0f} s wall, {cmd['machine_cpu_s'] / cmd['wall_s']:.2f} of {cmd['cores']} cores busy",
+            )
+        ]
+        figures += [record.figure(f"stage `{name}`", f"{s['wall_s']:.0f} s wall") for name, s in data["stages"].items()]
+        # a benchmark record (tests/benchmarks/record.py) with the suite's figures as its results
+        args.json.write_text(json.dumps(rec.record(figures, data), indent=1))
     show(data, args.slowest, before)
     return code
 
