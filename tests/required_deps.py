@@ -30,6 +30,8 @@ REQUIRED = (
     # the test cluster as CI brings it up (slurm/testcluster/common.sh: 2 nodes, 8 fake GPUs each)
     (r"^slurm: the test cluster has \d+ GPU", "the test cluster's fake GPUs (TB_SLURM_GPUS, default 8 per node)"),
     (r"^slurm: no worker node to fail", "the test cluster's second node (TB_SLURM_NODES, default 2)"),
+    # CI's machine reaches PyPI, so it has one: the authenticated tracking server is tested on it
+    (r"^this machine has no non-loopback IPv4 address", "a non-loopback IPv4 address (hostname -I)"),
 )
 # pytest.importorskip("<module>") reasons, by top-level module
 REQUIRED_MODULES = {
@@ -52,6 +54,7 @@ ALLOWED = (
     (r"^Landlock ABI", "a kernel with Landlock ABI 6"),
     (r"^setpriv \(util-linux\) not installed", "setpriv (util-linux, part of the base system)"),
     (r"^cannot make a directory unwritable here", "a file system with chattr +i"),
+    (r"^git history: this clone is shallow", "a full clone (the benchmark records' commits)"),
 )
 _IMPORT = re.compile(r"^could not import '([\w.]+)'")
 
