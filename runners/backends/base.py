@@ -56,4 +56,20 @@ def pause(
         sleep(min(left, tick))
 
 
-__all__ = ["NonFiniteMetric", "StopRequested", "check_finite", "pause"]
+def progress_postfix(metrics: dict[str, float]) -> dict[str, str]:
+    """The few numbers a person watches per step, as both backends print them: training score, the
+    evaluation (when the step has one) and the entropy H."""
+    from runners import metric_names
+
+    out = {}
+    if metric_names.SCORE_MEAN in metrics:
+        out["score"] = f"{metrics[metric_names.SCORE_MEAN]:.2f}"
+    for key, value in metrics.items():
+        if key.startswith("val-core/") and "mean_at" in key:
+            out["eval"] = f"{value:.2f}"
+    if metric_names.ENTROPY in metrics:
+        out["H"] = f"{metrics[metric_names.ENTROPY]:.2f}"
+    return out
+
+
+__all__ = ["NonFiniteMetric", "StopRequested", "check_finite", "pause", "progress_postfix"]

@@ -419,7 +419,9 @@ def test_run_stop_resume_and_finish_into_one_mlflow_run(tmp_path, fake_verl, mon
     status = read_status(layout.root.parent)
     assert status["status"] == "PREEMPTED"
     assert latest_checkpoint_step(layout.checkpoints) == 2  # the hook saved step 2 (save_freq is 3)
-    first = json.loads(next(line for line in capfd.readouterr().out.splitlines() if line.startswith("FAKE_VERL "))[10:])
+    first = json.loads(
+        next(line for line in layout.log_file(1).read_text().splitlines() if line.startswith("FAKE_VERL "))[10:]
+    )
     assert first["start"] == 0 and first["args"]["trainer.val_before_train"] == "true"
     assert first["env"]["VERL_USE_EXTERNAL_MODULES"] == "runners.backends.verl.plugins"
     assert first["env"]["MLFLOW_RUN_ID"] == status["run_id"]
@@ -433,7 +435,7 @@ def test_run_stop_resume_and_finish_into_one_mlflow_run(tmp_path, fake_verl, mon
     result = run(cfg, choices)
     assert result["status"] == "FINISHED" and result["run_id"] == status["run_id"]
     second = json.loads(
-        next(line for line in capfd.readouterr().out.splitlines() if line.startswith("FAKE_VERL "))[10:]
+        next(line for line in layout.log_file(2).read_text().splitlines() if line.startswith("FAKE_VERL "))[10:]
     )
     assert second["start"] == 2 and second["args"]["trainer.val_before_train"] == "false"
     assert _history(cfg, result["run_id"], metric_names.SCORE_MEAN) == [(s, s / 10) for s in (1, 2, 3, 4)]
@@ -488,7 +490,8 @@ def test_resume_guards(tmp_path, fake_verl, monkeypatch, capfd, store, case, che
             backend.train()
         if case == "beyond":
             assert err.value.key == "trainer.total_steps"
-    launched = [line for line in capfd.readouterr().out.splitlines() if line.startswith("FAKE_VERL ")]
+    verl_output = "".join(log.read_text() for log in sorted(layout.root.glob("verl.*.log")))
+    launched = [line for line in verl_output.splitlines() if line.startswith("FAKE_VERL ")]
     assert len(launched) == (0 if case in ("done", "beyond") else 1)
     if case == "stale":
         assert json.loads(launched[0][10:])["start"] == 0 and latest_checkpoint_step(layout.checkpoints) == 4

@@ -102,7 +102,11 @@ def test_sbatch_runs_the_cell_through_ray_on_the_allocated_nodes(slurm_cluster, 
         info = slurm_cluster.wait_job(job, timeout=300)
         output = (tmp_path / f"slurm-{job}.out").read_text()
         assert info["JobState"] == "COMPLETED", output[-4000:]
-        record = json.loads(next(line for line in output.splitlines() if line.startswith("FAKE_VERL "))[10:])
+        verl_log = paths.run_dir(run_key(cfg)) / "verl" / "verl.1.log"  # verl's output: in the run, not the job's
+        assert f"verl's output goes to {verl_log}" in output and "FAKE_VERL " not in output
+        record = json.loads(
+            next(line for line in verl_log.read_text().splitlines() if line.startswith("FAKE_VERL "))[10:]
+        )
         assert record["alive_nodes"] == nodes and record["resources"].get("GPU") == float(nodes)
         assert record["args"]["trainer.nnodes"] == str(nodes) and record["args"]["trainer.n_gpus_per_node"] == "1"
         assert (

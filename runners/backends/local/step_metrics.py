@@ -15,6 +15,7 @@ from collections.abc import Iterator
 import torch
 
 from runners import metric_names as names
+from runners.backends.base import progress_postfix as postfix  # noqa: F401  (re-exported)
 from runners.backends.local.rollout import RolloutBatch
 from runners.resources import load_metrics  # noqa: F401  (re-exported)
 
@@ -127,18 +128,6 @@ def progress(iterable, *, enabled: bool, desc: str):
     from tqdm.auto import tqdm
 
     return tqdm(iterable, desc=desc, unit="step", dynamic_ncols=True, leave=True)
-
-
-def postfix(metrics: dict[str, float]) -> dict[str, str]:
-    out = {}
-    if names.SCORE_MEAN in metrics:
-        out["score"] = f"{metrics[names.SCORE_MEAN]:.2f}"
-    for key, value in metrics.items():
-        if key.startswith("val-core/") and "mean_at" in key:
-            out["eval"] = f"{value:.2f}"
-    if names.ENTROPY in metrics:
-        out["H"] = f"{metrics[names.ENTROPY]:.2f}"
-    return out
 
 
 __all__ = [

@@ -13,9 +13,11 @@ as it does the built-in trainer; ``train()`` then
    starts a local Ray) -- in its own process group, with ``VERL_USE_EXTERNAL_MODULES`` (the
    ``trustbench_*`` plugins), ``MLFLOW_TRACKING_URI``/``MLFLOW_RUN_ID`` (the tracker's run) and
    ``VERL_FILE_LOGGER_PATH`` in its environment;
-4. streams verl's output to this process and ``verl/verl.<attempt>.log``, follows verl's metrics
-   file, renames the metrics to the schema (``metrics.py``) and logs them through the run tracker
-   (steps logged by an earlier attempt are skipped);
+4. writes verl's output (its driver's and, forwarded by Ray, every worker's) to ``verl/verl.<attempt>.log``,
+   follows verl's metrics file, renames the metrics to the schema (``metrics.py``) and logs them
+   through the run tracker (steps logged by an earlier attempt are skipped). The terminal shows
+   trustbench's own lines: the log's path first, one line per step (``progress``), the end; when
+   verl fails, the log's last lines and its path. ``debug.verbose=true`` echoes verl's output too;
 5. on ``stop_requested`` (Slurm's pre-timeout or preemption signal, set by ``run``) writes the stop
    file named by ``TRUSTBENCH_VERL_STOP_FILE``: the trustbench trainer calls ``check_stop_request``
    (``checkpoints.py``) after each step, which saves a checkpoint and ends verl's loop. The backend waits up to
@@ -53,7 +55,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from runners import paths as tb_paths
 from runners.backends.verl.checkpoints import StopWatch, VerlLayout, check_resume, latest_checkpoint_step
@@ -65,7 +67,10 @@ from runners.backends.verl.process import (
     launch_argv,
     launch_env,
     model_path,
+    report_failure,
+    say,
     slurm_allocation,
+    step_line,
     stream,
     terminate,
     visible_gpus,
@@ -86,7 +91,8 @@ class VerlBackend:
         self.layout = VerlLayout.of(run_dir)
         self.options = backend_options(cfg)
         self.stop_requested = False
-        self.echo = True
+        self.echo = bool(OmegaConf.select(cfg, "debug.verbose", default=False))  # verl's output on the terminal
+        self.progress = bool(cfg.get("progress", True))  # a line per step
         self.last_metrics: dict[str, float] = {}
 
     # -- helpers -----------------------------------------------------------------------------
@@ -110,6 +116,8 @@ class VerlBackend:
             mapped = map_metrics(data, responses_per_step=self._responses_per_step())
             self.tracker.log_metrics(mapped, step=step)
             self.last_metrics.update(mapped)
+            if self.progress:
+                say(step_line(self.label, step, int(self.cfg.trainer.total_steps), mapped))
             last = step
         return last
 
@@ -137,12 +145,14 @@ class VerlBackend:
         if resume_step == total:
             print(f"[trustbench] verl checkpoint at step {total} = total_steps: nothing to train", file=sys.stderr)
             return self._final_metrics()
+        attempt = layout.attempt()
+        log = layout.log_file(attempt)
+        say(f"{self.label}: verl's output goes to {log}" + (" (and here: debug.verbose)" if self.echo else ""))
         check_trl()
         prepare_datasets(cfg, layout.data)
         path = model_path(cfg)
         cpu = cpu_placement(cfg, path)
         nnodes, gpus_per_node, in_slurm = self._resources() if cpu is None else (1, 1, False)
-        attempt = layout.attempt()
         vpaths = layout.paths(attempt)
         via = self.options.get("metrics_via", "tracker")
         env = launch_env(
@@ -171,9 +181,10 @@ class VerlBackend:
             from runners.backends.base import StopRequested
 
             raise StopRequested(f"stopped on request before verl started; resumes from checkpoint {resume_step}")
-        rc, stopped_at = self._run(
-            argv, env, layout.log_file(attempt), MetricsFile(vpaths.metrics_file) if via == "tracker" else None
-        )
+        where = "in CPU mode" if cpu is not None else f"on {nnodes or 1} node(s) x {gpus_per_node} GPU(s)"
+        say(f"{self.label}: verl starting {where}: steps {resume_step or 0} -> {total}")
+        started = time.monotonic()
+        rc, stopped_at = self._run(argv, env, log, MetricsFile(vpaths.metrics_file) if via == "tracker" else None)
         self.tracker.flush(wait=True)
         step = latest_checkpoint_step(layout.checkpoints)
         if self.stop_requested:
@@ -184,13 +195,21 @@ class VerlBackend:
                 f"resumes from verl checkpoint {step} in {layout.checkpoints}"
             )
         if rc != 0:
-            raise RuntimeError(f"verl exited with status {rc}; see {layout.log_file(attempt)}")
+            self._failed(log, f"verl exited with status {rc}")
+            raise RuntimeError(f"verl exited with status {rc}; see {log}")
         if step != total:
+            self._failed(log, f"verl exited normally but its last checkpoint is step {step}")
             raise RuntimeError(
                 f"verl exited normally but its last checkpoint is step {step}, not total_steps={total} "
-                f"(a resume into zero steps, or training ended early); see {layout.log_file(attempt)}"
+                f"(a resume into zero steps, or training ended early); see {log}"
             )
+        say(f"{self.label}: verl trained to step {total} in {time.monotonic() - started:.0f} s (log: {log})")
         return self._final_metrics()
+
+    def _failed(self, log: Path, what: str) -> None:
+        """The log's last lines and its path on the terminal (already there with ``debug.verbose``)."""
+        if not self.echo:
+            report_failure(log, f"{self.label}: {what}")
 
     def _run(
         self, argv: list[str], env: dict[str, str], log_path: Path, metrics: MetricsFile | None

@@ -7,7 +7,10 @@
   plugins, MLflow run, metrics file, stop file);
 - ``slurm_allocation``, ``model_path``, ``cpu_placement``: what the cell gets where it is launched;
 - ``check_trl``: refuses an installed TRL that verl 0.9.1's model loading cannot import from;
-- ``terminate`` / ``stream``: the process group ended, verl's output copied to a log and echoed.
+- ``terminate`` / ``stream``: the process group ended, verl's output copied to a log (and echoed with
+  ``debug.verbose``);
+- ``step_line`` / ``report_failure``: what the terminal shows instead: one line per training step,
+  and on failure the log's last lines and its path.
 """
 
 from __future__ import annotations
@@ -19,9 +22,11 @@ import sys
 import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import TextIO
 
 from omegaconf import DictConfig
 
+from runners import metric_names
 from runners import paths as tb_paths
 from runners.backends.verl.batch_dump import DUMP_ENV
 from runners.backends.verl.checkpoints import STOP_FILE_ENV
@@ -29,6 +34,8 @@ from runners.backends.verl.cpu_mode import CPUPlacement, exported_tokenizer_path
 from runners.backends.verl.translate import CPU_ENTRYPOINT, ENTRYPOINT, backend_options
 
 RAY_BOOTSTRAP = tb_paths.repo_root() / "slurm" / "ray_on_slurm.sh"
+# lines of verl's log shown when it fails
+TAIL_LINES = 30
 
 
 def slurm_allocation(env: Mapping[str, str] | None = None) -> tuple[int, int] | None:
@@ -147,6 +154,8 @@ def launch_env(cfg: DictConfig, *, tracking_uri: str, run_id: str, metrics_file:
             "TB_RAY_PYTHON": sys.executable,
         }
     )
+    # Ray prefixes every worker line forwarded to the driver with its name in colour: plain text in a log file
+    env.setdefault("RAY_COLOR_PREFIX", "0")
     if (bin_dir / "ray").exists():
         env.setdefault("TB_RAY_BIN", str(bin_dir / "ray"))
     # Ray >= 2.5x turns token authentication on for a cluster it starts when RAY_AUTH_MODE is unset
@@ -193,6 +202,9 @@ def terminate(proc: subprocess.Popen, grace_s: float = 30.0) -> None:
 
 
 def stream(proc: subprocess.Popen, log_path: Path, echo: bool) -> threading.Thread:
+    """Copy ``proc``'s output (verl's driver, and every Ray worker's, which Ray forwards to the driver)
+    to ``log_path``; with ``echo`` to this process's stdout as well."""
+
     def copy() -> None:
         with open(log_path, "ab") as log:
             for line in iter(proc.stdout.readline, b""):
@@ -205,6 +217,44 @@ def stream(proc: subprocess.Popen, log_path: Path, echo: bool) -> threading.Thre
     thread = threading.Thread(target=copy, name="verl-log", daemon=True)
     thread.start()
     return thread
+
+
+def say(text: str, file: TextIO | None = None) -> None:
+    """One line of trustbench's own on the terminal (stderr, as the built-in backend's progress bar)."""
+    print(f"[trustbench] {text}", file=file or sys.stderr, flush=True)
+
+
+def step_line(label: str, step: int, total: int, metrics: Mapping[str, float]) -> str:
+    """The terminal's line for one of verl's steps (step 0: the evaluation before training): the
+    built-in backend's progress-bar summary (score, eval, entropy H) and the step's seconds."""
+    from runners.backends.base import progress_postfix
+
+    head = f"step {step}/{total}" if step > 0 else f"step 0/{total} (before training)"
+    parts = [f"{key}={value}" for key, value in progress_postfix(dict(metrics)).items()]
+    if metric_names.TIMING_STEP in metrics:
+        parts.append(f"{metrics[metric_names.TIMING_STEP]:.1f} s")
+    return " ".join([f"{label}: {head}", *parts])
+
+
+def tail(path: Path, lines: int = TAIL_LINES) -> list[str]:
+    """The last ``lines`` lines of ``path`` ([] when it does not exist)."""
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(max(0, handle.seek(0, os.SEEK_END) - 512 * 1024))
+            data = handle.read()
+    except FileNotFoundError:
+        return []
+    return data.decode(errors="replace").splitlines()[-lines:]
+
+
+def report_failure(log_path: Path, what: str, file: TextIO | None = None, lines: int = TAIL_LINES) -> None:
+    """``what`` happened: the last lines of verl's log and its path, on the terminal."""
+    last = tail(log_path, lines)
+    out = file or sys.stderr
+    say(f"{what}; the last {len(last)} lines of {log_path}:", out)
+    for line in last:
+        print(f"    {line}", file=out)
+    out.flush()
 
 
 def visible_gpus() -> int:
