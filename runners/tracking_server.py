@@ -21,8 +21,12 @@ whichever command started it; a server started otherwise is never stopped; a swe
 outlive it leaves its server running (``detach``).
 
 The server binds 127.0.0.1 by default: reachable from jobs on this machine only (the test
-cluster). On a real cluster set ``tracking.host`` to an address of the login node that compute
-nodes reach (the server has no authentication: keep it on a private network).
+cluster), without authentication. On a real cluster set ``tracking.host`` to an address of the
+login node that compute nodes reach: a server started there runs MLflow's basic-auth app, the user
+and password taken from ``MLFLOW_TRACKING_USERNAME`` / ``MLFLOW_TRACKING_PASSWORD`` (which the jobs
+inherit and MLflow's client sends), and without them it is not started unless
+``tracking.trusted_network=true`` (``runners.tracking_auth``). A server answering 401 is an error
+naming those variables.
 
 ``trustbench run`` and ``trustbench sweep`` reach the store the same way (``connect``): an explicit
 ``tracking.uri`` or ``$MLFLOW_TRACKING_URI`` must answer (checked in seconds, not after MLflow's
@@ -40,7 +44,6 @@ seven more Python processes.
 
 from __future__ import annotations
 
-import base64
 import fcntl
 import json
 import os
@@ -49,15 +52,13 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.parse
-import urllib.request
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from runners import paths, tracking
+from runners import paths, tracking, tracking_auth
 from runners.config.validate import ConfigError
 from runners.redact import redact
 from runners.sqlite_store import BrokenStore
@@ -86,19 +87,9 @@ def url_for(host: str, port: int) -> str:
 
 
 def is_up(url: str, timeout_s: float = 2.0) -> bool:
-    """Whether an MLflow server answers ``/health`` at ``url`` (credentials in it sent as basic auth)."""
-    parts = urllib.parse.urlsplit(url)
-    host = parts.hostname or ""
-    netloc = (f"[{host}]" if ":" in host else host) + (f":{parts.port}" if parts.port else "")
-    request = urllib.request.Request(urllib.parse.urlunsplit(parts._replace(netloc=netloc)).rstrip("/") + "/health")
-    if parts.username is not None:
-        token = f"{urllib.parse.unquote(parts.username)}:{urllib.parse.unquote(parts.password or '')}"
-        request.add_header("Authorization", "Basic " + base64.b64encode(token.encode()).decode())
-    try:
-        with urllib.request.urlopen(request, timeout=timeout_s) as resp:
-            return resp.status == 200
-    except (OSError, ValueError):
-        return False
+    """Whether an MLflow server answers ``/health`` at ``url`` (basic auth: its ``user:password@``, else
+    ``MLFLOW_TRACKING_USERNAME`` / ``MLFLOW_TRACKING_PASSWORD``; MLflow leaves ``/health`` open)."""
+    return tracking_auth.status(url, "/health", timeout_s) == 200
 
 
 @dataclass
@@ -207,17 +198,22 @@ def _gone(pid: int, process: subprocess.Popen | None, timeout_s: float) -> bool:
     return False
 
 
-def ensure_server(host: str, port: int, *, start: bool = True, wait_s: float = 180.0) -> TrackingServer:
-    """The server at ``host:port``: the one answering there, else one started here (``start``).
+def ensure_server(
+    host: str, port: int, *, start: bool = True, trusted_network: bool = False, wait_s: float = 180.0
+) -> TrackingServer:
+    """The server at ``host:port``: the one answering there, else one started here (``start``), with
+    basic auth off loopback (``tracking_auth.server_env``; none on a ``trusted_network``).
 
     The caller holds it (a shared lock) until ``stop``. ``ConfigError`` (naming
     ``tracking.start_server``, ``tracking.host`` or ``tracking.port``) when none answers and none
-    may be started, or the one started here exits or never answers."""
+    may be started, or the one started here exits or never answers; naming
+    ``MLFLOW_TRACKING_USERNAME`` / ``MLFLOW_TRACKING_PASSWORD`` when credentials are missing or refused."""
     url = url_for(host, port)
     with _exclusive(port, "lock"):  # one check-and-start (or stop) at a time for this port
         hold = _hold(port)
         try:
             if is_up(url):
+                tracking_auth.check_access(url, "tracking.host")
                 return TrackingServer(url=url, started=False, port=port, hold=hold)
             if not start:
                 raise ConfigError(
@@ -225,7 +221,8 @@ def ensure_server(host: str, port: int, *, start: bool = True, wait_s: float = 1
                     f"no MLflow server answers at {url} and tracking.start_server=false: start one there, "
                     "or set tracking.start_server=true, or another tracking.host / tracking.port",
                 )
-            server = _start(url, host, port, wait_s)
+            env, auth = tracking_auth.server_env(host, url, trusted_network)  # refused before anything is created
+            server = _start(url, host, port, wait_s, env, auth)
         except BaseException:
             hold.close()
             raise
@@ -235,9 +232,10 @@ def ensure_server(host: str, port: int, *, start: bool = True, wait_s: float = 1
         return server
 
 
-def _start(url: str, host: str, port: int, wait_s: float) -> TrackingServer:
-    """Start ``mlflow server`` at ``host:port`` on this home's store and wait until it answers; a
-    server that someone outside these locks started there meanwhile (port in use) is used."""
+def _start(url: str, host: str, port: int, wait_s: float, env: dict[str, str], auth: bool) -> TrackingServer:
+    """Start ``mlflow server`` at ``host:port`` on this home's store (``env`` added to its
+    environment; MLflow's basic-auth app if ``auth``) and wait until it answers; a server that
+    someone outside these locks started there meanwhile (port in use) is used."""
     store = open_store(store_uri())  # schema first: the server and the jobs never race it
     artifacts = paths.artifact_root()
     artifacts.mkdir(parents=True, exist_ok=True)
@@ -245,11 +243,14 @@ def _start(url: str, host: str, port: int, wait_s: float) -> TrackingServer:
     # artifacts served over HTTP (mlflow-artifacts:/), so jobs and `trustbench report` on other
     # machines read and write them through the server (analysis reads run histories this way)
     cmd = [*server_command("server", store, host, port), "--artifacts-destination", artifacts.as_uri()]
+    if auth:
+        cmd += ["--app-name", "basic-auth"]
     with open(log, "ab") as out:
         start_at = out.tell()
         proc = subprocess.Popen(
-            cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env={**os.environ, **SERVER_ENV}
-        )
+            cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+            env={**os.environ, **SERVER_ENV, **env},
+        )  # fmt: skip
     server = TrackingServer(url=url, started=True, process=proc, log=log, port=port)
     deadline = time.monotonic() + wait_s
     while not is_up(url):
@@ -264,6 +265,14 @@ def _start(url: str, host: str, port: int, wait_s: float) -> TrackingServer:
                 f"could not start an MLflow server at {url}: it {why} ({error}; log {log})",
             )
         time.sleep(0.5)
+    if auth:
+        tracking_auth.protect_files()
+        try:  # the user database keeps the password of its first start
+            tracking_auth.check_access(url, "tracking.host")
+        except ConfigError as err:
+            end_group(proc)
+            db = paths.trustbench_home() / tracking_auth.DB_FILE
+            raise ConfigError(err.key, f"{err.reason} ({db} keeps the password its user was created with)") from None
     return server
 
 
@@ -312,12 +321,15 @@ def connect(t: Mapping[str, Any]) -> tuple[str, TrackingServer | None]:
     elif os.environ.get("MLFLOW_TRACKING_URI"):
         uri, source = os.environ["MLFLOW_TRACKING_URI"], "MLFLOW_TRACKING_URI"
     elif t.get("kind") == "server":
-        server = ensure_server(str(t["host"]), int(t["port"]), start=bool(t["start_server"]))
+        trusted = bool(t.get("trusted_network", False))
+        server = ensure_server(str(t["host"]), int(t["port"]), start=bool(t["start_server"]), trusted_network=trusted)
         return server.url, server
     else:
         return paths.default_tracking_uri(), None
-    if uri.startswith(("http://", "https://")) and not is_up(uri):
-        raise ConfigError(source, f"no MLflow server answers at {redact(uri)}")
+    if uri.startswith(("http://", "https://")):
+        if not is_up(uri):
+            raise ConfigError(source, f"no MLflow server answers at {redact(uri)}")
+        tracking_auth.check_access(uri, source)
     return uri, None
 
 
