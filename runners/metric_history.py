@@ -163,7 +163,9 @@ def read_history(client, run_id: str) -> MetricHistory | None:
         with tempfile.TemporaryDirectory(prefix="trustbench-history-") as tmp:
             table = pq.read_table(client.download_artifacts(run_id, HISTORY_ARTIFACT, tmp))
     except Exception as err:  # noqa: BLE001 - then the history is read from the store
-        _log.warning("run %s: previous metric history artifact not read (%s: %s)", run_id, type(err).__name__, err)
+        from runners.tracking import describe_error  # (tracking imports this module)
+
+        _log.warning("run %s: previous metric history artifact not read (%s)", run_id, describe_error(err))
         return None
     if (table.schema.metadata or {}).get(b"trustbench.run_id") != run_id.encode():
         return None

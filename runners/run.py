@@ -12,11 +12,15 @@ reproducibility artefacts (resolved config and command line, credentials masked 
 - success: MLflow status FINISHED and ``status.json`` ``{"status": "FINISHED"}``;
 - an exception: MLflow status FAILED with the reason as tag ``trustbench.failure``, a
   ``status.json`` with the reason and traceback, and ``RunFailed`` raised (non-zero exit);
+- resident memory above ``launcher.memory_limit_gb`` (``runners.memory_guard``): a failure, its
+  reason naming the limit and the memory measured;
 - a stop signal (Slurm preemption or time limit): checkpoint, MLflow status KILLED, status
   ``PREEMPTED``, and ``Preempted`` raised (naming the signal) so the launcher can requeue the job.
 
 Recording an end tries every part (MLflow, the marker) even when one fails (a full disk, an
-unwritable run directory) and says in the raised message what could not be recorded.
+unwritable run directory) and says in the raised message what could not be recorded; a full disk
+is named there once, with what to free (``runners.disk_full``), and log records that cannot be
+written to it are dropped rather than printed with their tracebacks.
 
 Signals: SIGUSR1 / SIGUSR2 (Slurm's ``--signal`` before the time limit or preemption; USR2 is
 submitit's) and SIGTERM (Slurm's preemption, ``scancel``, the time limit itself) ask the trainer to
@@ -44,7 +48,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from runners import metric_names, paths, tracking, tracking_server
+from runners import disk_full, memory_guard, metric_names, paths, tracking, tracking_server
 from runners.backends import BACKENDS, check_placement
 from runners.backends.base import StopRequested
 from runners.cell_lock import hold_cell
@@ -171,15 +175,23 @@ class _Cell:
     label: str
     name: str
     run_dir: Path
+    store: str = ""  # the tracking URI (a full disk: which file system)
+
+    def full_disk(self, message: str) -> str:
+        """'' or the note naming the full file system and what to free (``runners.disk_full``)."""
+        home = paths.trustbench_home()
+        return disk_full.note(message, self.store, self.run_dir, home, home=home)
 
 
 def run(cfg: DictConfig, choices: Mapping[str, str] | None = None) -> dict[str, Any]:
     """Train the cell ``cfg`` (validated first); returns status, run ids and final metrics."""
     validate(cfg)
     check_seed(cfg)
+    memory_guard.check_config(cfg)
+    disk_full.quiet_log_errors()
     check_placement(cfg)  # before any MLflow run exists: a cell this machine cannot run is a config error
     key, label = run_key(cfg), method_label(cfg, choices)
-    cell = _Cell(key, label, run_name(cfg, label), paths.run_dir(key))
+    cell = _Cell(key, label, run_name(cfg, label), paths.run_dir(key), tracking_uri(cfg))
     backend_cls = BACKENDS.get(cfg.backend.name)
     with ExitStack() as stack:
         try:
@@ -229,11 +241,14 @@ def _store_failure(cell: _Cell, doing: str) -> Iterator[None]:
         reason = f"could not {doing}: {tracking.describe_error(err)}"
         marker = read_status(cell.run_dir) or {}
         if marker.get("status") == "FINISHED":
-            raise RunFailed(f"run {cell.name!r} (key {cell.key}, FINISHED before): {reason}") from None
+            raise RunFailed(
+                f"run {cell.name!r} (key {cell.key}, FINISHED before): {reason}{cell.full_disk(reason)}"
+            ) from None
         kept = {k: v for k, v in marker.items() if k in ("attempts", "run_id")}
         notes = _try(lambda: write_status(cell.run_dir, "FAILED", **kept, name=cell.name, reason=reason))
         notes = f"; {cell.run_dir / STATUS_FILE} could not be written ({notes})" if notes else ""
-        raise RunFailed(f"run {cell.name!r} (key {cell.key}) failed: {reason}{notes}") from None
+        text = f"{reason}{notes}"
+        raise RunFailed(f"run {cell.name!r} (key {cell.key}) failed: {text}{cell.full_disk(text)}") from None
 
 
 def _build_backend(backend_cls, cfg: DictConfig, cell: _Cell) -> tuple[Any, BaseException | None]:
@@ -262,7 +277,8 @@ def _train(cfg: DictConfig, cell: _Cell, backend, early: BaseException | None, t
         if early is not None:
             raise early
         backend.tracker = tracker
-        with _StopFlag(backend):
+        on_hard_stop = lambda reason: write_status(cell.run_dir, "FAILED", **record, reason=reason)  # noqa: E731
+        with _StopFlag(backend), memory_guard.guard_for(cfg, on_hard_stop):
             metrics = backend.train()
     except BaseException as err:  # noqa: BLE001 - record every way a run can end
         _end_abnormally(err, tracker, cell, record)
@@ -271,10 +287,11 @@ def _train(cfg: DictConfig, cell: _Cell, backend, early: BaseException | None, t
     except Exception as err:  # noqa: BLE001 - e.g. a full disk at the last flush
         reason = f"trained to the end, but its MLflow run could not be finished: {tracking.describe_error(err)}"
         notes = _record(tracker, cell, "FAILED", reason, {**record, "status": "FAILED", "reason": reason})
-        raise RunFailed(f"run {cell.name!r} (key {cell.key}) failed: {reason}{notes}") from err
+        text = f"{reason}{notes}"
+        raise RunFailed(f"run {cell.name!r} (key {cell.key}) failed: {text}{cell.full_disk(text)}") from err
     notes = _record(tracker, cell, None, None, {**record, "status": "FINISHED"})
     if notes:
-        raise RunFailed(f"run {cell.name!r} (key {cell.key}) finished in MLflow{notes}")
+        raise RunFailed(f"run {cell.name!r} (key {cell.key}) finished in MLflow{notes}{cell.full_disk(notes)}")
     return {"status": "FINISHED", "run_key": cell.key, "run_id": tracker.run_id, "name": cell.name, "metrics": metrics}
 
 
@@ -303,7 +320,8 @@ def _end_abnormally(err: BaseException, tracker, cell: _Cell, record: dict[str, 
         if notes:
             print(f"[trustbench] {cell.name}: interrupted{notes}", file=sys.stderr)
         raise err
-    raise RunFailed(f"run {cell.name!r} (key {cell.key}) failed: {reason}{notes}") from err
+    text = f"{reason}{notes}"
+    raise RunFailed(f"run {cell.name!r} (key {cell.key}) failed: {text}{cell.full_disk(text)}") from err
 
 
 def _record(tracker, cell: _Cell, mlflow_status: str | None, reason: str | None, marker: dict[str, Any]) -> str:

@@ -300,3 +300,18 @@ def test_ui_runs_one_server_process_and_no_job_runner(tmp_path):
     assert len(below) <= 2, commands
     assert not [c for c in commands if "huey" in c or "job" in c], commands
     assert below and not alive, [" ".join(p.cmdline()) for p in alive]  # the UI server ended with the command
+
+
+@pytest.mark.parametrize("case", ["random_bytes", "latin_1"])
+def test_run_with_a_sweep_file_that_is_not_text_names_the_file(home, capsys, case):
+    """``trustbench run +sweeps=<file>`` whose file is random bytes or Latin-1 (Hydra raises a bare
+    UnicodeDecodeError): exit 2, one line naming the file, the byte and its offset; nothing created."""
+    content, words = SWEEP_FILES[case]
+    name, path = _sweep_file(content)
+    try:
+        code, _, err = _main(capsys, "run", f"+sweeps={name}", *FAST)
+    finally:
+        path.unlink()
+    assert code == 2, err
+    one_message(err, "configuration error", "config key 'sweeps'", str(path), *words)
+    assert not home.exists() or not list(home.rglob("*.db"))

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from runners import paths
+from runners import memory_guard, paths
 from runners.sweep.planning import Cell, SweepPlan
 
 STOP_GRACE_S = 180.0  # a training step plus a checkpoint, on a slow machine
@@ -112,12 +112,17 @@ def run_parallel(
         flush=True,
     )
     pending, running, done = deque(jobs), [], 0
+    share = {memory_guard.SHARE_ENV: str(memory_guard.share_bytes(parallel))}  # each cell's default memory limit
     previous = _stop_on_signals()
     try:
         while pending or running:
             while pending and len(running) < parallel:
                 job = pending.popleft()
-                _start(job, {**spec, "index": job.index, "overrides": [*p.base_overrides, *job.cell.overrides, *extra]})
+                _start(
+                    job,
+                    {**spec, "index": job.index, "overrides": [*p.base_overrides, *job.cell.overrides, *extra]},
+                    share,
+                )
                 running.append(job)
             for job in [j for j in running if j.proc.poll() is not None]:
                 running.remove(job)
@@ -160,8 +165,8 @@ def _stop_on_signals() -> dict:
     return previous
 
 
-def _start(job: LocalJob, spec: dict[str, Any]) -> None:
-    env = dict(os.environ)
+def _start(job: LocalJob, spec: dict[str, Any], extra_env: dict[str, str]) -> None:
+    env = {**os.environ, **extra_env}
     root = str(Path(__file__).resolve().parents[2])  # the code this process runs, whatever the install
     env["PYTHONPATH"] = os.pathsep.join([root, *filter(None, [env.get("PYTHONPATH")])])
     with open(job.log, "ab") as log:

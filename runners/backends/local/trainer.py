@@ -145,6 +145,7 @@ class LocalTrainer:
             if self.cfg.debug.fail_at_step is not None and step >= self.cfg.debug.fail_at_step:
                 raise RuntimeError(f"debug.fail_at_step={self.cfg.debug.fail_at_step} reached (test hook)")
             metrics = self.step(step)
+            self._leak = [*getattr(self, "_leak", []), b"\1" * (self.cfg.debug.grow_memory_mb << 20)]  # debug hook
             below = self.cfg.debug.delay_steps_below
             if self.cfg.debug.step_delay_s and (below is None or step < below):
                 pause(self.cfg.debug.step_delay_s, lambda: self.stop_requested)
