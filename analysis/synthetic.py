@@ -313,10 +313,11 @@ def log_synthetic_experiment(tracking_uri: str, spec: SyntheticSpec) -> dict[tup
     client = MlflowClient(tracking_uri)
     exp = client.get_experiment_by_name(spec.experiment)
     if exp is None:
+        from runners.mlflow_ui import experiment_tags
         from runners.paths import artifact_root
 
         exp_id = client.create_experiment(
-            spec.experiment, artifact_location=(artifact_root() / spec.experiment).as_uri()
+            spec.experiment, artifact_location=(artifact_root() / spec.experiment).as_uri(), tags=experiment_tags()
         )
     else:
         exp_id = exp.experiment_id

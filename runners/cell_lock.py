@@ -7,7 +7,7 @@ opens anything. The lock is ``flock(2)``: the kernel releases it when its holder
 exits (kill -9 included), so a crashed run never blocks its cell; the file itself stays (removing a
 lock file races with the next locker) and holds the holder's host and pid for the message.
 
-    with hold_cell(run_dir, "GRPO | embedded | embedded | s0"):
+    with hold_cell(run_dir, "GRPO · s0"):
         ...   # train
 """
 

@@ -4,8 +4,8 @@ Design:
 - The tracking URI defaults to a sqlite file under the trustbench home (``runners.paths``).
   ``ensure_store`` creates a missing sqlite store whole, once, however many processes start at once
   (``runners.sqlite_store``: MLflow's own schema migration is not safe to race).
-- One experiment per sweep (its name), one run per cell, named readably
-  (``grpo+troll | embedded | arith | s0``) and tagged with ``trustbench.run_key``, a hash of the
+- One experiment per sweep (its name), one run per cell, named method and seed first
+  (``GRPO + TROLL · s0``, ``runners.config.run_name``) and tagged with ``trustbench.run_key``, a hash of the
   resolved config. Re-running the same cell finds its run by that key: a FINISHED run is skipped, any
   other is resumed into the same run id (``RunTracker.open``).
 - Metrics go through a buffer flushed in the background every few seconds, and waited for at
@@ -50,7 +50,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from runners import metric_names, paths
+from runners import metric_names, mlflow_ui, paths
 from runners.backends.base import check_finite
 from runners.metric_history import (  # noqa: F401  (HISTORY_ARTIFACT, TAG_HISTORY, MetricHistory: re-exported)
     HISTORY_ARTIFACT,
@@ -109,19 +109,21 @@ def ensure_store(uri: str | None = None) -> str:
     return uri
 
 
-def get_or_create_experiment(uri: str, name: str) -> str:
-    """Experiment id of ``name``, creating it (artifacts under the trustbench home) if missing."""
+def get_or_create_experiment(uri: str, name: str, group_by: str | None = metric_names.TAG_METHOD) -> str:
+    """Experiment id of ``name``, creating it (artifacts under the trustbench home) if missing; it
+    carries the tags that open it on its runs in the MLflow UI, grouped by ``group_by`` (``runners.mlflow_ui``)."""
     client = _client(uri)
     exp = client.get_experiment_by_name(name)
     if exp is not None:
         if exp.lifecycle_stage == "deleted":
             client.restore_experiment(exp.experiment_id)
+        mlflow_ui.tag_experiment(client, exp, group_by)  # an experiment from before the tags gets them now
         return exp.experiment_id
     location = None
     if uri.startswith("sqlite:") or uri.startswith("file:") or "://" not in uri:
         location = (paths.artifact_root() / name).as_uri()
     try:
-        return client.create_experiment(name, artifact_location=location)
+        return client.create_experiment(name, artifact_location=location, tags=mlflow_ui.experiment_tags(group_by))
     except Exception:  # created concurrently by another job
         exp = client.get_experiment_by_name(name)
         if exp is None:
@@ -338,7 +340,7 @@ class RunTracker:
             return self._artifact.write(_client(self.uri))
         except Exception as err:  # noqa: BLE001 - the artifact is an optimisation, never a reason to fail
             self._artifact.dirty = True  # written next time
-            _log.warning("run %s: metric history artifact not written (%s: %s)", self.run_id, type(err).__name__, err)
+            _log.warning("run %s: metric history artifact not written (%s)", self.run_id, describe_error(err))
             return False
 
     # -- artifacts and tags ----------------------------------------------------------------------

@@ -63,11 +63,11 @@ def finished_home(tmp_path_factory) -> Path:
     client = MlflowClient(f"sqlite:///{db}")
     exp = client.create_experiment(EXPERIMENT, artifact_location=(home / "artifacts" / EXPERIMENT).as_uri())
     key = _cell_key()
-    run = client.create_run(exp, tags={metric_names.TAG_RUN_KEY: key}, run_name="GRPO | embedded | embedded | s0")
+    run = client.create_run(exp, tags={metric_names.TAG_RUN_KEY: key}, run_name="GRPO · s0")
     for step in range(50):
         client.log_metric(run.info.run_id, "train/reward", 0.01 * step, step=step)
     client.set_terminated(run.info.run_id, "FINISHED")
-    write_status(home / "runs" / key, "FINISHED", run_id=run.info.run_id, name="GRPO | embedded | embedded | s0")
+    write_status(home / "runs" / key, "FINISHED", run_id=run.info.run_id, name="GRPO · s0")
     return home
 
 

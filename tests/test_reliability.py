@@ -98,7 +98,7 @@ def test_the_same_cell_started_twice_is_refused_while_it_runs(tmp_path):
         second = trustbench(["run", *slow], home)
         assert second.returncode == 1
         message = one_message(second.stderr, "already running", f"process {first.pid}", "run.lock")
-        assert "GRPO | embedded | embedded | s0" in message
+        assert "GRPO · s0" in message
         out, err = first.communicate(timeout=600)
     finally:
         first.kill()

@@ -93,8 +93,10 @@ def method_label(cfg: DictConfig, choices: Mapping[str, str] | None = None) -> s
 
 
 def run_name(cfg: DictConfig, label: str) -> str:
-    """Readable MLflow run name: ``GRPO + TROLL | embedded | embedded | s0``."""
-    return f"{label} | {cfg.model.name} | {cfg.dataset.name} | s{cfg.seed}"
+    """Readable MLflow run name, method and seed first: ``GRPO + TROLL · s0``. The MLflow runs table
+    cuts names to its narrow first column; the model and dataset are the run's ``model`` and
+    ``dataset`` tags (columns of its runs view, ``runners.mlflow_ui``) and params."""
+    return f"{label} · s{cfg.seed}"
 
 
 _INITIALIZED = False

@@ -1,5 +1,5 @@
 """End to end on a real MLflow store: ``trustbench report`` (the argparse subcommand) loads the runs,
-writes the report, logs it as artifacts of a dedicated "report" run that later loads leave out;
+writes the report, logs it as artifacts of its run in the "trustbench reports" experiment, out of the runs loaded;
 and none of it imports torch (checked in a fresh interpreter)."""
 
 from __future__ import annotations
@@ -38,13 +38,17 @@ def test_report_command_writes_and_logs_the_report(store, tb_home, tmp_path, cap
     assert "reproduces TROLL (arXiv 2510.03817) Table 1" in html and "Failed to build" not in html
 
     client = MlflowClient(store.uri)
-    exp = client.get_experiment_by_name("troll_table1")
-    (report_run,) = client.search_runs([exp.experiment_id], filter_string="tags.`trustbench.report` = '1'")
+    reports = client.get_experiment_by_name("trustbench reports")
+    tagged = "tags.`trustbench.report` = 'troll_table1'"
+    (report_run,) = client.search_runs([reports.experiment_id], filter_string=tagged)
+    assert report_run.info.run_name == "troll_table1"
     artifacts = {a.path for a in client.list_artifacts(report_run.info.run_id, "report")}
     assert "report/report.html" in artifacts and "report/tables" in artifacts
     # building again reuses the same report run, and analysis never sees it
     assert args.func(args) == 0
-    assert len(client.search_runs([exp.experiment_id], filter_string="tags.`trustbench.report` = '1'")) == 1
+    assert [r.info.run_id for r in client.search_runs([reports.experiment_id], filter_string=tagged)] == [
+        report_run.info.run_id
+    ]
     data = load_experiment("troll_table1", store.uri, cache_dir=None)
     assert report_run.info.run_id not in set(data.runs["run_id"])
     assert len(data.runs) == len(store.truth["troll_table1"])

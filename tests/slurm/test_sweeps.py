@@ -99,7 +99,7 @@ def test_failing_cell_is_reported_failed_by_name(slurm_sweeps):
     assert code == 1, out[-4000:]
     assert "MLflow server at http://127.0.0.1:" in out and "(started here)" in out
     line = next(ln for ln in out.splitlines() if ln.startswith("!! "))
-    assert "FAILED" in line and "GRPO | tiny_qwen2 | embedded | s0" in line and "debug.fail_at_step=0 reached" in line
+    assert "FAILED" in line and "GRPO · s0" in line and "debug.fail_at_step=0 reached" in line
     assert "1 of 1 cells did not finish" in out
     assert [status for _, status, _ in _mlflow_runs(slurm_sweeps["fails"])] == ["FAILED"]
     url = out.split("MLflow server at ", 1)[1].split()[0]

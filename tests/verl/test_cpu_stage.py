@@ -202,7 +202,7 @@ def test_report_builds_from_the_stage(cpu_stage, tmp_path):
         html = (out / "report.html").read_text()
         for cell in cpu_stage.runs.values():
             if str(cell.cfg.experiment) == experiment:
-                assert cell.result["name"].split(" | ")[0] in html, (experiment, cell.name)
+                assert cell.result["name"].split(" · ")[0] in html, (experiment, cell.name)
 
 
 @uses_cells(README_CELL)
@@ -221,3 +221,32 @@ def test_the_readme_command_trains_troll_on_verl(cpu_stage):
     assert t.eval_every and t.n == 8  # the default sizes, not the stage's COMMON
     accuracy = [k for k in run.data.metrics if k.startswith("val-core/")]
     assert accuracy and [s for s, _ in cpu_stage.history(run.info.run_id, accuracy[0])] == [0, 2], accuracy
+
+
+# README's command on the terminal: trustbench's own lines only -- the log's path, verl starting, the
+# evaluation before training, one line per step (2), the end: 6 lines, against about 2,200 lines (1,000
+# of them Ray workers' warnings) when verl's output was echoed. The bound leaves room for the few
+# warnings a library may print in trustbench's own process, not for any of verl's.
+README_TERMINAL_LINES = 20
+
+
+@uses_cells(README_CELL)
+def test_the_readme_commands_terminal_is_short_and_the_log_holds_verls_output(cpu_stage):
+    """README's command (its own process and Ray, ``progress`` on by default) prints at most
+    ``README_TERMINAL_LINES`` lines: the first names the run's verl log, then one line per step (1/2,
+    2/2, each with its score); no line of verl's or of a Ray worker's. The log holds them: verl's
+    per-step console line (``step:1 - ...``), the driver's ``ray init kwargs`` and Ray workers' lines
+    forwarded to the driver (``(Name pid=N) ...``, the prefix without colour codes)."""
+    cell = cpu_stage.verl(README_CELL)
+    lines = cell.output.splitlines()
+    log = cell.run_dir / "verl" / "verl.1.log"
+    assert len(lines) <= README_TERMINAL_LINES, cell.output[-4000:]
+    assert lines[0].startswith("[trustbench] ") and lines[0].endswith(f": verl's output goes to {log}"), lines[0]
+    for step in (1, 2):
+        assert len([line for line in lines if re.search(rf": step {step}/2 score=\d\.\d\d\b", line)]) == 1, lines
+    assert not [line for line in lines if re.search(r"pid=\d+|step:\d+ - |WARNING", line)], lines
+    logged = log.read_text(errors="replace").splitlines()
+    for step in (1, 2):
+        assert any(line.startswith(f"step:{step} - ") for line in logged), step
+    assert any(line.startswith("ray init kwargs:") for line in logged)
+    assert any(re.match(r"\((\w+ )?pid=\d+\) ", line) for line in logged)
