@@ -65,8 +65,12 @@ def run_report(args: argparse.Namespace) -> int:
     from reports.chromium import ChromiumMissingError
 
     refresh = False if args.offline else ("full" if args.full_refresh else True)
-    broken = None if args.offline else _broken_store(args.tracking_uri, args.backend_uri)
-    if broken is not None:  # a damaged sqlite store: one line naming it and the way out, nothing written
+    # a scheme MLflow cannot open, a server where nothing answers, or a damaged sqlite store (named, with the
+    # way out): one line, nothing written
+    broken = _unusable_store(args.tracking_uri, args.offline) or (
+        None if args.offline else _broken_store(args.tracking_uri, args.backend_uri)
+    )
+    if broken is not None:
         print(f"trustbench: {broken}", file=sys.stderr)
         return 2
     try:
@@ -110,6 +114,32 @@ def run_report(args: argparse.Namespace) -> int:
     return 1 if result.failures else 0
 
 
+def _unusable_store(tracking_uri: str | None, offline: bool) -> str | None:
+    """Why the tracking URI (``--tracking-uri`` or ``$MLFLOW_TRACKING_URI``) cannot be read, or None: a
+    scheme MLflow does not open (``runners.paths.tracking_uri_problem``), or an http(s) server where
+    nothing answers (checked at once, instead of MLflow's minutes of retries; not with ``--offline``)."""
+    import urllib.error
+    import urllib.request
+
+    from runners.paths import default_tracking_uri, tracking_uri_problem
+    from runners.redact import redact
+
+    uri = tracking_uri or default_tracking_uri()
+    source = "--tracking-uri" if tracking_uri else "environment variable MLFLOW_TRACKING_URI"
+    problem = tracking_uri_problem(uri)
+    if problem:
+        return f"{problem} ({source}: {redact(uri)})"
+    if offline or not uri.startswith(("http://", "https://")):
+        return None
+    try:  # MLflow leaves /health open; any HTTP answer means a server is there
+        urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=5).close()
+    except urllib.error.HTTPError:
+        pass
+    except (OSError, ValueError):
+        return f"no MLflow server answers at {redact(uri)} (set by {source})"
+    return None
+
+
 def _broken_store(tracking_uri: str | None, backend_uri: str | None) -> str | None:
     """Why the sqlite store a report reads (``--tracking-uri`` or the default, ``--backend-uri`` or
     ``$TRUSTBENCH_MLFLOW_BACKEND_URI``) cannot be read (damaged, half-built), or None
@@ -147,6 +177,26 @@ def add_bounds_parser(subparsers) -> argparse.ArgumentParser:
     return p
 
 
+PLOT_FORMATS = (".svg", ".png", ".pdf")  # --out: by extension
+
+
+def _bounds_args_problem(args: argparse.Namespace) -> str | None:
+    """What is wrong with ``trustbench bounds``'s flags (one of them named), or None."""
+    from pathlib import Path
+
+    if args.T < 1:
+        return f"--T must be >= 1, got {args.T}"
+    if args.t_max is not None and args.t_max < 2:
+        return f"--t-max must be >= 2 (the plot starts at T = 2), got {args.t_max}"
+    if args.out:
+        out = Path(args.out).expanduser()
+        if out.suffix.lower() not in PLOT_FORMATS:
+            return f"--out {args.out}: the plot is written as {', '.join(PLOT_FORMATS)} by extension"
+        if not out.parent.is_dir():
+            return f"--out {args.out}: directory {out.parent} does not exist"
+    return None
+
+
 def format_bounds(T: int, delta: float, d_seq: float | None, cap: bool = True) -> str:
     from runners.algorithms.bounds import error_bounds
 
@@ -167,8 +217,9 @@ def format_bounds(T: int, delta: float, d_seq: float | None, cap: bool = True) -
 
 
 def run_bounds(args: argparse.Namespace) -> int:
-    if args.T < 1:
-        print(f"trustbench: --T must be >= 1, got {args.T}", file=sys.stderr)
+    problem = _bounds_args_problem(args)
+    if problem:  # before anything is computed or written
+        print(f"trustbench: {problem}", file=sys.stderr)
         return 2
     try:
         print(format_bounds(args.T, args.delta, args.d_seq, cap=not args.no_cap))

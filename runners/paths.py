@@ -41,6 +41,35 @@ def sqlite_path(uri: str) -> Path | None:
     return Path(uri[len("sqlite:///") :]) if uri.startswith("sqlite:///") else None
 
 
+# tracking-store schemes MLflow opens: a sqlite file, a tracking server, or another SQL database
+TRACKING_SCHEMES = ("sqlite", "http", "https", "postgresql", "mysql", "mssql", "databricks")
+
+
+def tracking_uri_problem(uri: str) -> str | None:
+    """Why ``uri`` cannot be a tracking store (one rule for ``tracking.uri``, ``$MLFLOW_TRACKING_URI`` and
+    ``--tracking-uri``), or None: MLflow opens a path or ``file:`` URI (its file store, in maintenance
+    mode) only with ``MLFLOW_ALLOW_FILE_STORE=true``, other schemes are unknown to it, and a sqlite URI
+    names its file after three slashes."""
+    if uri == "databricks":  # Databricks' default profile
+        return None
+    scheme, sep, rest = uri.partition(":")
+    base = scheme.split("+")[0].lower() if sep else ""
+    if base in ("", "file") or len(scheme) == 1:  # a path (or a Windows drive letter) or file:
+        if os.environ.get("MLFLOW_ALLOW_FILE_STORE", "").lower() in ("true", "1"):
+            return None
+        return (
+            "a path or file: URI is MLflow's file store, which MLflow refuses without MLFLOW_ALLOW_FILE_STORE=true: "
+            "use sqlite:///PATH or http://HOST:PORT"
+        )
+    if base not in TRACKING_SCHEMES:
+        return f"unsupported scheme {scheme!r}: use sqlite:///PATH, http(s)://HOST:PORT or a SQL database URI"
+    if base == "sqlite" and not rest.startswith("///"):
+        return "a sqlite URI is sqlite:/// followed by the file's path"
+    if base in ("http", "https") and not rest.removeprefix("//").split("/")[0].rpartition("@")[2]:
+        return "no host after http(s)://"
+    return None
+
+
 def artifact_root() -> Path:
     return trustbench_home() / "artifacts"
 

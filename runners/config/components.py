@@ -277,7 +277,7 @@ class BonusControl(NamedComponent):
 @dataclass
 class LossAggConfig(NamedComponent):
     # constant divisor of seq-mean-token-sum-norm (None: rollout.max_response_length)
-    norm_len: Optional[int] = None
+    norm_len: Optional[int] = checked(None, Check(lambda v: v is None or v >= 1, "must be >= 1 (or null)"))
 
 
 # -- cross-field rules -------------------------------------------------------------------------

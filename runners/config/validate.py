@@ -2,9 +2,8 @@
 
 Hydra already rejects unknown presets and mistyped keys of the option files; this module re-checks
 each component node against its dataclass (catching ``+key=value`` additions), checks ranges and
-cross-field rules, and raises ``ConfigError`` naming the offending key, e.g.::
-
-    config key 'objective.eps': must be > 0 (got -0.1)
+cross-field rules (more in ``runners.config.validate_more``), and raises ``ConfigError`` naming the
+offending key, e.g. ``config key 'objective.eps': must be > 0 (got -0.1)``.
 """
 
 from __future__ import annotations
@@ -396,4 +395,6 @@ def validate(cfg: DictConfig) -> None:
     _check_model(checker, cfg)
     _check_dataset(checker, cfg)
     _check_infrastructure(checker, cfg)
-    _check_step_memory(cfg)
+    from runners.config.validate_more import check_more  # it imports this module
+
+    check_more(cfg)  # and then _check_step_memory

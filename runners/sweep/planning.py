@@ -28,6 +28,7 @@ from runners.config import (
 )
 from runners.config.grid import Composer, expand_grid, master_hydra
 from runners.config.validate import check_seed
+from runners.config.validate_more import check_sweep_file
 from runners.redact import redact
 
 JOB_FILE = "job.json"  # in a cell's run directory: the Slurm job that runs it
@@ -94,18 +95,6 @@ def _resource_key(res: dict[str, Any]) -> tuple:
 
 def available_sweeps() -> list[str]:
     return sorted(p.stem for p in SWEEPS_DIR.glob("*.yaml"))
-
-
-def _check_text(path: Path) -> None:
-    """A sweep file Hydra can read: UTF-8 text (not random bytes, not another encoding)."""
-    data = path.read_bytes()
-    try:
-        data.decode("utf-8")
-    except UnicodeDecodeError as err:
-        where = f"byte 0x{data[err.start]:02x} at offset {err.start}"
-        raise ConfigError("sweep", f"sweep file {path} is not UTF-8 text ({where}); save it as UTF-8 YAML") from None
-    if b"\0" in data:
-        raise ConfigError("sweep", f"sweep file {path} is not text (a NUL byte at offset {data.index(0)})")
 
 
 # -- MLflow: which cells are done ------------------------------------------------------------------------
@@ -216,8 +205,10 @@ def plan(
     a note when there is no ``sbatch``)."""
     if name not in available_sweeps():
         raise ConfigError("sweep", f"unknown sweep {name!r}; available: {', '.join(available_sweeps())}")
-    _check_text(SWEEPS_DIR / f"{name}.yaml")
+    check_sweep_file(SWEEPS_DIR / f"{name}.yaml")
     p = _compose_cells(name, list(overrides))
+    if not p.cells:  # an axis such as range(3,3), on the command line or in the file
+        raise ConfigError("hydra.sweeper.params", f"the grid of sweep {name!r} has no cells: an axis has no values")
     existing = _existing_runs(p.tracking_uri, p.experiment, p.tracking_source) if check_mlflow else {}
     current = RunRecord("", tracking.package_version(), tracking.git_revision())
     p.code = current.code
