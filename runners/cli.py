@@ -8,7 +8,7 @@
         --no-wait                                 return once the jobs are queued (submitit launchers)
     trustbench report EXPERIMENT                  tables and figures of an experiment as HTML and PDF
     trustbench bounds --T 4096 --delta 1e-4       TRM error bounds (arXiv 2512.23075) printed and plotted
-    trustbench ui                                 MLflow UI on 127.0.0.1
+    trustbench ui [EXPERIMENT]                    MLflow UI on 127.0.0.1, the link to the experiment's runs
     trustbench list [GROUP]                       config groups and their options, and the sweeps
 
 Every argument of run goes to Hydra, overrides and Hydra's own flags in any order
@@ -119,6 +119,10 @@ def cmd_run(args: argparse.Namespace) -> int:
                 check_placement(cfg)  # the cell runs here: can this machine run it?
         except _compose_errors() as err:
             return _config_error(err)
+        except UnicodeDecodeError:  # a config file that is not text: Hydra's error names no file
+            from runners.config.text_files import unreadable
+
+            return _config_error(unreadable(overrides))
         if not flags:  # the store, before Hydra or the cell's directory exist (tracking=server: the home's file)
             from runners.run import tracking_uri
 
@@ -182,23 +186,39 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def cmd_ui(args: argparse.Namespace) -> int:
-    from runners import paths, tracking
+    from runners import mlflow_ui, paths, tracking
     from runners.redact import redact
     from runners.tracking_server import SERVER_ENV, is_up, server_command
 
     uri = args.tracking_uri or paths.default_tracking_uri()
+    source = "--tracking-uri" if args.tracking_uri else "environment variable MLFLOW_TRACKING_URI"
+    if not 0 < args.port < 65536:  # before anything is created or started
+        print(f"trustbench: --port must be a TCP port in 1-65535 (got {args.port})", file=sys.stderr)
+        return CONFIG_ERROR
+    problem = paths.tracking_uri_problem(uri)
+    if problem:
+        print(f"trustbench: {problem} ({source}: {redact(uri)})", file=sys.stderr)
+        return CONFIG_ERROR
     if uri.startswith(("http://", "https://")) and not is_up(uri):  # not after MLflow's minutes of retries
-        source = "--tracking-uri" if args.tracking_uri else "environment variable MLFLOW_TRACKING_URI"
         print(f"trustbench: no MLflow server answers at {redact(uri)} (set by {source})", file=sys.stderr)
         return CONFIG_ERROR
     broken = _broken_store(uri)  # damaged or half-built: one line, not MLflow's traceback
     if broken is not None:
         return broken
-    uri = tracking.ensure_store(uri)
+    exp, db = None, paths.sqlite_path(uri)
+    if not (args.experiment and db is not None and not db.exists()):  # no store, no experiment: none created
+        uri = tracking.ensure_store(uri)
+        exp = mlflow_ui.ui_experiment(tracking._client(uri), args.experiment)  # the page to link (runners.mlflow_ui)
+    if args.experiment and exp is None:
+        print(f"trustbench: no MLflow experiment named {args.experiment!r} in {redact(uri)}", file=sys.stderr)
+        return CONFIG_ERROR
     cmd = server_command("ui", uri, args.host, args.port)  # one worker, no job runner (as tracking=server)
     if uri.startswith("sqlite:"):
         cmd += ["--default-artifact-root", paths.artifact_root().as_uri()]
-    print(f"MLflow UI for {redact(uri)} at http://{args.host}:{args.port} (Ctrl-C to stop)")
+    base = f"http://{args.host}:{args.port}"
+    print(f"MLflow UI for {redact(uri)} at {base} (Ctrl-C to stop)", flush=True)
+    if exp is not None:
+        print(f"runs of {exp.name}, by method: {mlflow_ui.runs_page_url(base, exp.experiment_id)}", flush=True)
     return _serve(cmd, env={**os.environ, **SERVER_ENV})
 
 
@@ -241,7 +261,7 @@ def cmd_list(args: argparse.Namespace) -> int:
     for group in wanted:
         folder = CONF_DIR / group
         if not folder.is_dir():
-            print(f"unknown group {group!r}; groups: {', '.join(groups)}", file=sys.stderr)
+            print(f"trustbench: unknown group {group!r}; groups: {', '.join(groups)}", file=sys.stderr)
             return CONFIG_ERROR
         print(f"{group}:")
         for f in sorted(folder.glob("*.yaml")):
@@ -304,8 +324,9 @@ def build_parser() -> argparse.ArgumentParser:
         "ui",
         help="start the MLflow UI on 127.0.0.1",
         description="Serve the MLflow UI of this home's store (or --tracking-uri) until Ctrl-C.",
-        epilog="example: trustbench ui --port 5001",
+        epilog="examples: trustbench ui; trustbench ui demo --port 5001",
     )
+    p.add_argument("experiment", nargs="?", help="print the link to its runs (default: the latest run's experiment)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=5000)
     p.add_argument("--tracking-uri", default=None, help="default: $MLFLOW_TRACKING_URI or .trustbench/mlflow.db")

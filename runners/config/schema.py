@@ -181,6 +181,9 @@ class TrackingConfig:
     port: int = 5000
     # start the server if nothing answers at host:port (kind=server)
     start_server: bool = True
+    # start a server on a host other than loopback without authentication when
+    # MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD are not set (a private network only)
+    trusted_network: bool = False
     # seconds between asynchronous metric flushes
     flush_every_s: float = 5.0
 
@@ -201,6 +204,10 @@ class LauncherConfig:
     cpus_per_gpu: int = 8
     cpus_per_task: Optional[int] = None
     mem_gb: Optional[int] = None
+    # limit on the resident memory of a run's processes, in GiB: passing it ends the run FAILED (resumable)
+    # before the machine runs out of memory; null = 90% of what the cell may use (available memory, cgroup
+    # or Slurm limit, its share in a parallel local sweep); 0 = no limit (runners/memory_guard.py)
+    memory_limit_gb: Optional[float] = None
     constraint: Optional[str] = None
     array_parallelism: int = 64
     # shell lines run before the job (module load, conda activate, ...)
@@ -224,6 +231,10 @@ class DebugConfig:
     step_delay_s: float = 0.0
     # only steps below this index sleep (None = every step): a slow start, then full speed
     delay_steps_below: Optional[int] = None
+    # verl: its output and Ray's on the terminal too (always in the run's verl/verl.<attempt>.log)
+    verbose: bool = False
+    # allocate and keep this many MiB more after every step, as if memory leaked (tests of launcher.memory_limit_gb)
+    grow_memory_mb: int = 0
 
 
 @dataclass
