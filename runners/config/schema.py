@@ -85,6 +85,9 @@ class ModelConfig:
     params_b: float = 0.0
     # format prompts with the tokenizer's chat template
     chat_template: bool = False
+    # longest prompt + response the model takes (its config's max_position_embeddings, from its model
+    # card); a local model.path's config.json wins; null = unknown, not checked (tiny and embedded: 2048)
+    context_length: Optional[int] = None
     # extra keyword arguments of the model builder (e.g. the embedded recipe)
     options: dict = field(default_factory=dict)
 

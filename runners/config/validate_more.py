@@ -9,7 +9,10 @@ cell runs (a FAILED run, or a traceback):
 - ``trainer.length_buckets``: integer token counts;
 - ``dataset.train_split`` / ``dataset.eval_split``: splits the preset has (``runners.data.datasets``), and
   a generated dataset's options (``dataset.options``: the generator's own checks);
-- the embedded model's recipe (``model.options`` of ``model.kind=embedded``): each field's type and range.
+- the embedded model's recipe (``model.options`` of ``model.kind=embedded``): each field's type and range;
+- ``rollout.max_prompt_length + rollout.max_response_length`` within the model's context length
+  (``context_length``: a local ``model.path``'s ``config.json``, else ``model.context_length``, else the
+  tiny architectures' positions).
 
 The sweep file itself (text, a ``@package _global_`` mapping, axes with values) is checked by
 ``check_sweep_file`` before Hydra reads it.
@@ -17,6 +20,7 @@ The sweep file itself (text, a ``@package _global_`` mapping, axes with values) 
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from pathlib import Path
@@ -75,7 +79,48 @@ def check_more(cfg: DictConfig) -> None:
     _check_generated_data(cfg)
     if cfg.model.kind == "embedded" and cfg.model.options:
         _check_recipe(cfg.model.options)
+    _check_context(c, cfg)
     _check_step_memory(cfg)
+
+
+def context_length(model: DictConfig) -> tuple[int | None, str]:
+    """(the longest prompt + response ``model`` takes, where that number comes from); (None, "") unknown."""
+    from runners.models.loader import TINY_CONTEXT
+
+    if model.get("path"):
+        config = Path(os.path.expanduser(str(model.path))) / "config.json"
+        try:
+            n = json.loads(config.read_text()).get("max_position_embeddings") if config.is_file() else None
+        except (OSError, ValueError, AttributeError):
+            n = None
+        if _is_int(n) and n > 0:
+            return n, f"max_position_embeddings in {config}"
+    if model.get("context_length") is not None:
+        return int(model.context_length), f"model.context_length of the preset {model.name!r}"
+    if model.kind in ("tiny", "embedded"):
+        overrides = dict(model.get("options") or {})
+        n = overrides.get("max_position_embeddings", TINY_CONTEXT)
+        return (n, f"the {model.kind} model's max_position_embeddings") if _is_int(n) else (None, "")
+    return None, ""
+
+
+def _check_context(c: _Checker, cfg: DictConfig) -> None:
+    """A prompt and response longer than the model's positions: no error from the model, only garbage."""
+    c.require(
+        "model.context_length", lambda v: v is None or (_is_int(v) and v >= 1), "must be a whole number >= 1 or null"
+    )
+    limit, source = context_length(cfg.model)
+    r = cfg.rollout
+    if limit is None or not (_is_int(r.max_prompt_length) and _is_int(r.max_response_length)):
+        return
+    total = r.max_prompt_length + r.max_response_length
+    if total > limit:
+        # the key to change: the prompt's when it alone leaves no room for a response
+        raise ConfigError(
+            "rollout.max_prompt_length" if r.max_prompt_length >= limit else "rollout.max_response_length",
+            f"rollout.max_prompt_length + rollout.max_response_length = {r.max_prompt_length} + "
+            f"{r.max_response_length} = {total} tokens, beyond the {limit} of model {cfg.model.name!r} ({source})",
+        )
 
 
 def _check_tracking(c: _Checker, cfg: DictConfig) -> None:

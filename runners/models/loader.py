@@ -48,6 +48,9 @@ MODEL_KINDS.register("hub", "runners.models.loader:load_hub_model", needs=("path
 MODEL_KINDS.register("tiny", "runners.models.loader:load_tiny_model", needs=("arch",), provides=("hf_export",))
 # architectures of the tiny random models (runners.models.tiny)
 TINY_ARCHS = ("qwen2", "qwen3", "llama")
+# positions of the tiny random models and the embedded model (runners.models.tiny.TINY_DEFAULTS); the
+# config's context check reads it here, without torch
+TINY_CONTEXT = 2048
 
 DTYPES = ("float32", "bfloat16", "float16", "auto")
 

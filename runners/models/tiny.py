@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from runners.models.loader import TINY_ARCHS
+from runners.models.loader import TINY_ARCHS, TINY_CONTEXT
 
 # defaults shared by every architecture; ``config_overrides`` replace any of them
 TINY_DEFAULTS: dict[str, Any] = {
@@ -26,7 +26,7 @@ TINY_DEFAULTS: dict[str, Any] = {
     "num_attention_heads": 4,
     "num_key_value_heads": 2,
     "head_dim": 16,
-    "max_position_embeddings": 2048,
+    "max_position_embeddings": TINY_CONTEXT,
     "tie_word_embeddings": True,
     "rms_norm_eps": 1e-6,
 }
