@@ -14,7 +14,8 @@ without a word.
 
 The limit, in GiB: ``launcher.memory_limit_gb``; null (the default) = ``MARGIN`` of the memory the cell
 may use, the least of: the memory available when it starts (plus what the process already holds), the
-cgroup's memory limit (a container, a Slurm job's cgroup), the Slurm allocation, and, in a local sweep
+cgroup's memory limit (a container, a Slurm job's cgroup: where Slurm enforces ``--mem`` it does so
+there; a request Slurm does not enforce is not a limit this guard adds), and, in a local sweep
 running N cells at once (``launcher.parallel``), the share the sweep gave it (1/N of its own figure,
 ``SHARE_ENV``); 0 = no limit. An address-space limit (``RLIMIT_AS``) is not used: CUDA reserves large
 virtual ranges it never touches.
@@ -144,28 +145,13 @@ def cgroup_limit() -> int | None:
     return None
 
 
-def slurm_memory() -> int | None:
-    """The memory of this Slurm job on this node (``--mem`` or ``--mem-per-cpu``), or None."""
-    env = os.environ
-    if not env.get("SLURM_JOB_ID"):
-        return None
-    try:
-        if env.get("SLURM_MEM_PER_NODE"):
-            return int(env["SLURM_MEM_PER_NODE"]) * 2**20
-        if env.get("SLURM_MEM_PER_CPU") and env.get("SLURM_CPUS_ON_NODE"):
-            return int(env["SLURM_MEM_PER_CPU"]) * int(env["SLURM_CPUS_ON_NODE"]) * 2**20
-    except ValueError:
-        return None
-    return None
-
-
 def cell_memory(*, share: bool = True) -> tuple[int, str]:
     """(bytes, what they are): the memory this cell may use (module docstring)."""
     available = _meminfo("MemAvailable") or os.sysconf("SC_PHYS_PAGES") * _PAGE
     found = [(available + _rss(os.getpid()), "the memory available at start")]
-    for size, what in ((cgroup_limit(), "the cgroup's memory limit"), (slurm_memory(), "the Slurm allocation")):
-        if size:
-            found.append((size, what))
+    limit = cgroup_limit()
+    if limit:
+        found.append((limit, "the cgroup's memory limit"))
     if share and (os.environ.get(SHARE_ENV) or "").isdigit():
         found.append((int(os.environ[SHARE_ENV]), "this cell's share of the sweep's memory"))
     return min(found)

@@ -99,7 +99,8 @@ def test_a_thread_that_does_not_stop_is_ended_with_its_failure_recorded(tmp_path
 
 def test_the_default_limit_is_a_share_of_what_the_cell_may_use(monkeypatch):
     """null: 90% of the least of the available memory (/proc/meminfo, read here independently), the
-    cgroup and Slurm limits, and the share a parallel sweep gives (SHARE_ENV); 0: no limit."""
+    cgroup's limit, and the share a parallel sweep gives (SHARE_ENV); 0: no limit. A Slurm request that
+    Slurm does not enforce (no cgroup limit) is not a limit: the test cluster's 1 GB requests run as before."""
     monkeypatch.delenv(memory_guard.SHARE_ENV, raising=False)
     before = psutil.virtual_memory().available
     limit, how = memory_guard.resolve_limit(None)

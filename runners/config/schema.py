@@ -208,8 +208,9 @@ class LauncherConfig:
     cpus_per_task: Optional[int] = None
     mem_gb: Optional[int] = None
     # limit on the resident memory of a run's processes, in GiB: passing it ends the run FAILED (resumable)
-    # before the machine runs out of memory; null = 90% of what the cell may use (available memory, cgroup
-    # or Slurm limit, its share in a parallel local sweep); 0 = no limit (runners/memory_guard.py)
+    # before the machine runs out of memory; null = 90% of what the cell may use (available memory, the
+    # cgroup's limit: a container, an enforcing Slurm job; its share of a parallel local sweep); 0 = no limit
+    # (runners/memory_guard.py)
     memory_limit_gb: Optional[float] = None
     constraint: Optional[str] = None
     array_parallelism: int = 64

@@ -163,6 +163,6 @@ def test_unsatisfiable_request_fails_before_submission(slurm_cluster, tmp_path, 
         timeout=120,
     )  # fmt: skip
     assert out.returncode == 2, out.stdout + out.stderr
-    assert f"configuration error: config key '{key}'" in out.stderr and "GRPO | tiny_qwen2" in out.stderr
+    assert f"configuration error: config key '{key}'" in out.stderr and "GRPO · s0" in out.stderr
     assert "queued" not in out.stdout
     assert slurm_cluster.run("squeue", "-h", "--name=tb-slurm-refused").stdout.strip() == ""
