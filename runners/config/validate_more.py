@@ -160,7 +160,7 @@ def _check_generated_data(cfg: DictConfig) -> None:
 
     d = cfg.dataset
     options = OmegaConf.to_container(d.options, resolve=True) if d.options else {}
-    for name, path in ((d.name, d.path), (d.eval_name or d.name, d.eval_path)):
+    for split, name, path in (("train", d.name, d.path), ("test", d.eval_name or d.name, d.eval_path)):
         preset = PRESETS[name]
         if preset.hub_id is not None or path:
             continue
@@ -174,6 +174,29 @@ def _check_generated_data(cfg: DictConfig) -> None:
             words = str(err).split()
             knob = words[1] if len(words) > 1 and words[1] in merged else None
             raise ConfigError("dataset.options" + (f".{knob}" if knob else ""), str(err)) from None
+        _check_generated_size(d, split, merged)
+
+
+def _check_generated_size(d: DictConfig, split: str, opts: dict) -> None:
+    """As many problems as the split holds at most (``runners.data.embedded.split_capacity``): asking for
+    more would draw for ever before failing (``dataset.train_limit=1000000000`` did)."""
+    from runners.data.embedded import split_capacity
+
+    limit_key = "train_limit" if split == "train" else "eval_limit"
+    limit = d.get(limit_key)
+    key, n = (
+        (f"dataset.{limit_key}", limit)
+        if limit is not None
+        else (f"dataset.options.{split}_size", opts.get(f"{split}_size"))
+    )
+    if not _is_int(n):
+        return
+    capacity = split_capacity(split, int(opts["digits"]), str(opts["ops"]), float(opts["test_fraction"]),
+                              float(opts["long_fraction"]), int(opts["long_digits"]))  # fmt: skip
+    if n > capacity:
+        raise ConfigError(key, f"{n:,} problems asked; the generated {split} split holds {capacity:,} with "
+                               f"digits={opts['digits']}, ops={opts['ops']!r}: raise dataset.options.digits or "
+                               "ask for fewer")  # fmt: skip
 
 
 def _check_recipe(options) -> None:

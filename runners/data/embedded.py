@@ -148,6 +148,24 @@ def _sample_problem(
     return a, op, b
 
 
+def problem_space(digits: int, ops: str, long_fraction: float = 0.0, long_digits: int = 0) -> int:
+    """How many distinct problems ``(a, op, b)`` the generator can draw, both splits together (an upper
+    bound with the long mix): operands take 10**digits values (10**long_digits with it), ``-`` puts the
+    larger operand first, ``*`` multiplies by 2..9."""
+    a = 10 ** (long_digits if long_fraction > 0 else digits)
+    sizes = {"+": a * a, "-": a * (a + 1) // 2, "*": a * 8}
+    return sum(sizes[op] for op in set(ops) if op in sizes)
+
+
+def split_capacity(split: str, digits: int, ops: str, test_fraction: float, long_fraction: float = 0.0,
+                   long_digits: int = 0) -> int:  # fmt: skip
+    """The most problems ``generate_embedded`` is asked for in ``split``: the split's share of
+    ``problem_space`` (the split of a problem is a hash, so the share is that of the space on average; near it
+    the generator may still run out of draws and say so)."""
+    share = test_fraction if _SPLIT_ALIASES.get(split, split) == "test" else 1.0 - test_fraction
+    return int(problem_space(digits, ops, long_fraction, long_digits) * share)
+
+
 def make_example(a: int, op: str, b: int, *, split: str = "train", index: int = 0) -> Example:
     """The :class:`Example` of one problem (answer checked against :func:`compute_answer`)."""
     lines, result = solution_lines(a, op, b)
@@ -197,6 +215,12 @@ def generate_embedded(
     if long_fraction > 0 and (not isinstance(long_digits, int) or long_digits <= digits):
         raise ValueError(
             f"embedded long_digits must be an integer > digits={digits} with long_fraction > 0, got {long_digits!r}"
+        )
+    capacity = split_capacity(split, digits, ops, test_fraction, long_fraction, long_digits)
+    if n > capacity:
+        raise ValueError(
+            f"embedded n={n} is more than the {split} split's {capacity:,} problems it draws from (digits={digits}, "
+            f"ops={ops!r}); raise digits or ask for fewer"
         )
     key = f"trustbench-embedded:{seed}:{split}:{digits}:{''.join(sorted(set(ops)))}"
     rng = random.Random(key + (f":long:{long_fraction}:{long_digits}" if long_fraction > 0 else ""))
