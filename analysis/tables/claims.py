@@ -45,10 +45,11 @@ def claims_table(
     options: Mapping[str, Mapping] | None = None,
     show_unchecked: bool = True,
 ) -> Table:
-    """Rows (claim, check); ``show_unchecked=False`` drops claims no run of the sweep can check."""
+    """Rows (claim, check); ``show_unchecked=False`` drops the claims of methods the sweep did not run (a
+    claim whose method ran but whose baseline or metric is missing stays, saying what is missing)."""
     outcomes = check_claims(data, list(claims), options)
     if not show_unchecked:
-        outcomes = [o for o in outcomes if o.verdict != NOT_CHECKED]
+        outcomes = [o for o in outcomes if o.verdict != NOT_CHECKED or any(c.runs != MISSING for c in o.checks)]
     if not outcomes:
         raise SkipItem("no run of this sweep is covered by a paper claim")
     rows, cells, classes, notes, means = [], [], [], [], []

@@ -303,3 +303,14 @@ def test_claims_table_shows_verdicts_with_classes():
     only = claims_table(data, claims=("troll_kl_bound", "tppo_time"), show_unchecked=False)
     assert len(only.display) == 4
     assert "not evidence" in table.caption and "underpowered" in table.caption
+
+
+def test_a_claim_whose_method_ran_without_its_baseline_stays_and_says_what_is_missing():
+    """A single TROLL run (no Clip run of its recipe): the generic report keeps TROLL's claims, "not checked"
+    with the reason, and drops the claims of methods that did not run."""
+    _, data, _ = _data([_m("GRPO+TROLL", "grpo", "troll")])
+    table = claims_table(data, show_unchecked=False)
+    claims = {c.split(" (arXiv")[0] for c in table.display.index.get_level_values(0)}
+    assert claims == {"TROLL against Clip", "TROLL trust region"}
+    assert set(table.display["verdict"]) == {NOT_CHECKED}
+    assert any("no Clip run with the recipe of GRPO+TROLL" in n for n in table.notes)
