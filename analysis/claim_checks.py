@@ -352,35 +352,36 @@ def gtpo_conflict(data: ExperimentData, opts: Mapping) -> list[CheckResult]:
 
 
 # -- entropy-preserving RL -------------------------------------------------------------------------
-def repo_r_entropy(data: ExperimentData, opts: Mapping) -> list[CheckResult]:
-    part_entropy, part_success = "REPO-R keeps more entropy than GRPO", "REPO-R's final success rate above GRPO's"
+def _entropy_preserving(data: ExperimentData, opts: Mapping, method: str, label: str, base: str) -> list[CheckResult]:
+    """REPO-R against GRPO, ADAPO against DAPO: entropy at the end and final success, paired by seed, and
+    whether the method's controller sat at a cap (``pinned_check``)."""
+    part_entropy, part_success = (
+        f"{label} keeps more entropy than {base}",
+        f"{label}'s final success rate above {base}'s",
+    )
     arms = arm_table(data)
-    repos = _either(arms, entropy_control="repo_r", algorithm="repo_r")
-    if not repos:
-        return [not_checked(part_entropy, "no REPO-R run in this sweep")]
+    found = _either(arms, entropy_control=method, algorithm=method)
+    if not found:
+        return [not_checked(part_entropy if method == "repo_r" else part_success, f"no {label} run in this sweep")]
+    if base == "GRPO":
+        bases, what = _grpo_arms(arms), "GRPO (Clip, no mask)"
+    else:
+        bases, what = select_arms(arms, algorithm="dapo", entropy_control="none"), "DAPO"
     checks = []
-    for arm in repos:
-        grpo = counterpart(arms, arm, _grpo_arms(arms), ())
-        checks.append(entropy_kept(data, part_entropy, arm, grpo, "GRPO (Clip, no mask)"))
-        checks.append(final_success(data, opts, part_success, arm, grpo, "GRPO (Clip, no mask)"))
-        checks.append(pinned_check(data, arm, "repo_r"))
+    for arm in found:
+        other = counterpart(arms, arm, bases, ())
+        checks.append(entropy_kept(data, part_entropy, arm, other, what))
+        checks.append(final_success(data, opts, part_success, arm, other, what))
+        checks.append(pinned_check(data, arm, method))
     return checks
+
+
+def repo_r_entropy(data: ExperimentData, opts: Mapping) -> list[CheckResult]:
+    return _entropy_preserving(data, opts, "repo_r", "REPO-R", "GRPO")
 
 
 def adapo_success(data: ExperimentData, opts: Mapping) -> list[CheckResult]:
-    part_entropy, part_success = "ADAPO keeps more entropy than DAPO", "ADAPO's final success rate above DAPO's"
-    arms = arm_table(data)
-    adapos = _either(arms, entropy_control="adapo", algorithm="adapo")
-    if not adapos:
-        return [not_checked(part_success, "no ADAPO run in this sweep")]
-    dapos = select_arms(arms, algorithm="dapo", entropy_control="none")
-    checks = []
-    for arm in adapos:
-        dapo = counterpart(arms, arm, dapos, ())
-        checks.append(entropy_kept(data, part_entropy, arm, dapo, "DAPO"))
-        checks.append(final_success(data, opts, part_success, arm, dapo, "DAPO"))
-        checks.append(pinned_check(data, arm, "adapo"))
-    return checks
+    return _entropy_preserving(data, opts, "adapo", "ADAPO", "DAPO")
 
 
 # -- T-PPO -----------------------------------------------------------------------------------------

@@ -17,21 +17,12 @@ from collections.abc import Mapping
 
 import pandas as pd
 
+from analysis.claim_keys import ALL_CLAIMS
 from analysis.claims import NOT_CHECKED, check_claims
 from analysis.frames import ExperimentData
 from analysis.skip import SkipItem
 from analysis.tables.base import MISSING, Table
 
-# every registered claim (tests/analysis/test_analysis_claims.py checks this against the registry)
-ALL_CLAIMS = (
-    "troll_success",
-    "troll_kl_bound",
-    "trm_bound",
-    "gtpo_conflict",
-    "repo_r_entropy",
-    "adapo_success",
-    "tppo_time",
-)
 COLUMNS = ["runs", "per-seed statistic", "mean [95% CI]", "baseline [95% CI]", "rule", "verdict"]
 
 

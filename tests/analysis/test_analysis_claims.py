@@ -289,8 +289,7 @@ def test_tppo_cases_cover_every_verdict():
 
 
 def test_every_registered_claim_is_offered_to_the_reports():
-    assert set(ALL_CLAIMS) == set(REGISTRY_CLAIMS) == set(claim_keys())
-    assert tuple(ALL_CLAIMS) == tuple(REGISTRY_CLAIMS)
+    assert set(ALL_CLAIMS) == set(REGISTRY_CLAIMS) == set(claim_keys()) and len(ALL_CLAIMS) == len(claim_keys())
 
 
 def test_claims_table_shows_verdicts_with_classes():
