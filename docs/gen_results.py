@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import re
 import sys
 from datetime import UTC, datetime
@@ -26,6 +25,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from runners.perf.hardware import cpu_model  # noqa: E402
+
 PAGE = ROOT / "docs" / "results.md"
 FIGURES = ROOT / "docs" / "results"
 SHOWN = {
@@ -33,16 +34,6 @@ SHOWN = {
     "stability_heatmap": "Stability: share of seeds with an instability (E entropy, R reward, G gap, P pinned)",
     "regime_curves": "Held-out pass@1 against step, per regime (mean over seeds)",
 }
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
 
 
 def replace_part(text: str, name: str, body: str) -> str:
@@ -91,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     text = replace_part(text, "figures", "\n".join(shown))
     versions = "; ".join(f"{code} ({n} runs)" for code, n in data.code_versions())
     provenance = (
-        f"Runs: {len(data.runs)} of experiment `{args.experiment}`; code {versions}; machine: {_cpu_model()} ({os.cpu_count()} cores), "
+        f"Runs: {len(data.runs)} of experiment `{args.experiment}`; code {versions}; machine: {cpu_model()} ({os.cpu_count()} cores), "
         f"report built {datetime.now(UTC):%Y-%m-%d} by `python docs/gen_results.py`."
     )
     text = replace_part(text, "provenance", provenance)

@@ -12,6 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 # the embedded default, one step, no evaluation: a run takes seconds
 FAST = [
@@ -23,6 +25,17 @@ FAST = [
     "trainer.mini_batch_prompts=2",
     "progress=false",
 ]
+
+
+@pytest.fixture(name="home")
+def cli_home(tmp_path, monkeypatch):
+    """A fresh trustbench home for commands run in this process (``cli.main``): no tracking URI from the
+    environment, the working directory beside it. Test modules import it to use the ``home`` fixture."""
+    home = tmp_path / "home"
+    monkeypatch.setenv("TRUSTBENCH_HOME", str(home))
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.chdir(tmp_path)
+    return home
 
 
 def command_env(home: Path, **extra: str) -> dict[str, str]:

@@ -29,19 +29,10 @@ import pytest
 
 from runners import cli
 from runners.config import CONF_DIR, SWEEPS_DIR
-from tests.reliability import FAST, command_env, free_port, one_message, runs
+from tests.reliability import FAST, cli_home, command_env, free_port, one_message, runs  # noqa: F401 (cli_home: fixture "home")
 
 # reliability scenarios (README, "Reliability tests"): left out of make test-fast
 pytestmark = pytest.mark.e2e
-
-
-@pytest.fixture
-def home(tmp_path, monkeypatch):
-    home = tmp_path / "home"
-    monkeypatch.setenv("TRUSTBENCH_HOME", str(home))
-    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    monkeypatch.chdir(tmp_path)
-    return home
 
 
 def _main(capsys, *args: str) -> tuple[int, str, str]:

@@ -23,19 +23,10 @@ import pytest
 
 from runners import cli
 from runners.config import SWEEPS_DIR
-from tests.reliability import FAST, free_port
+from tests.reliability import FAST, cli_home, free_port  # noqa: F401 (cli_home: fixture "home")
 
 # reliability scenarios (README, "Reliability tests"): left out of make test-fast, as the first list
 pytestmark = pytest.mark.e2e
-
-
-@pytest.fixture
-def home(tmp_path, monkeypatch):
-    home = tmp_path / "home"
-    monkeypatch.setenv("TRUSTBENCH_HOME", str(home))
-    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    monkeypatch.chdir(tmp_path)
-    return home
 
 
 def _outcome(capsys, *args: str) -> tuple[int, str]:

@@ -26,18 +26,10 @@ from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
 
+from runners.perf.hardware import cpu_model
+
 ROOT = Path(__file__).resolve().parents[2]
 SECTIONS = ("demo", "suite", "verl", "scripts")
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
 
 
 def memory_gib() -> float | None:
