@@ -22,7 +22,9 @@ Cells: 2 iterations of 8 prompts x 4 responses of the embedded model, no evaluat
 TROLL, which is README's verl command exactly as a CPU-only user types it (``README_COMMAND``: the
 default 8 x 8 with evaluation, lr 1e-4): no Ray address, so it starts its own Ray, into the stage's
 home and MLflow store (experiment ``default``): one verl launch checks both the command and the TROLL
-cell. REPO-R (``REQUEUE_CELL``) is launched twice: stopped by SIGUSR1 as verl starts, then resumed.
+cell. REPO-R on PPO (``REQUEUE_CELL``) is launched twice: stopped by SIGUSR1 as verl starts, then resumed.
+Six launches in all: where two methods act on different parts of the update (a mask on the loss, an
+estimator on the advantages, a controller on the entropy coefficient) they share a cell.
 """
 
 from __future__ import annotations
@@ -67,14 +69,15 @@ README_CELL = "troll"
 CELLS: dict[str, tuple[str, ...]] = {
     "grpo": ("algorithm=grpo",),
     README_CELL: ("algorithm=grpo", "objective=troll"),
-    "trm_max": ("algorithm=grpo", "mask=trm_max"),
+    # exact-KL TRM-Max and EGAE share a launch: the mask acts on the loss, the estimator on the
+    # advantages (from verl's critic); the cross-backend test reads the advantages from verl's batch
+    "trm_max_egae": ("algorithm=ppo", "mask=trm_max", "estimator=egae"),
     "gtpo": ("algorithm=gtpo",),
-    "repo_r": ("algorithm=repo_r",),
-    "ppo": ("algorithm=ppo",),
-    "egae": ("algorithm=ppo", "estimator=egae"),
+    # REPO-R's controller on PPO (verl's own GAE and critic): the requeue resumes the critic too
+    "repo_r_gae": ("algorithm=repo_r", "estimator=gae"),
 }
 # the cell stopped by a signal after iteration 1 and resumed (test_repo_r_requeue): two launches
-REQUEUE_CELL = "repo_r"
+REQUEUE_CELL = "repo_r_gae"
 # cells launched at once (one Ray cluster each): one verl launch keeps about 1.2 of 2 cores busy
 # (start-up is mostly one process importing at a time), two keep both; each adds about 4.5 GiB at peak
 PARALLEL = max(1, int(os.environ.get("TRUSTBENCH_VERL_STAGE_PARALLEL", "2")))

@@ -1,6 +1,6 @@
 """Same cell, same numbers: verl's first update equals the built-in backend's loss path on verl's batch.
 
-For GRPO (verl's own vanilla loss and GRPO estimator), GRPO + TROLL and GRPO + exact-KL TRM-Max
+For GRPO (verl's own vanilla loss and GRPO estimator), GRPO + TROLL and PPO + exact-KL TRM-Max + EGAE
 (the trustbench plugin loss, with the sparse old distribution from verl's engine), the stage's verl
 run saved every actor micro-batch it trained on (``runners.backends.verl.batch_dump``). Iteration 1
 starts from the exported model directory, so the test loads that model and recomputes, on exactly
@@ -130,7 +130,7 @@ def builtin_recompute(cell) -> tuple[float, float, float, int]:
     return total, norm, sum(r["loss"] for r in step1), len(step1)
 
 
-@pytest.mark.parametrize("name", ["grpo", "troll", "trm_max"])
+@pytest.mark.parametrize("name", ["grpo", "troll", "trm_max_egae"])
 def test_verl_update_equals_builtin_loss_path(cpu_stage, name):
     """verl's step-1 ``actor/pg_loss`` and ``actor/grad_norm`` = the built-in path on verl's own batch."""
     cell = cpu_stage.verl(name)

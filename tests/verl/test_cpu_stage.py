@@ -1,4 +1,4 @@
-"""verl on CPU, end to end: seven methods, two real verl iterations each, into MLflow and a report.
+"""verl on CPU, end to end: eight methods in five cells, two real verl iterations each, into MLflow and a report.
 
 Each cell is trained by ``runners.run.run`` with ``backend=verl`` on this CUDA-less machine (verl's
 CPU mode: ``runners.backends.verl.cpu_mode``): the embedded model, 8 prompts x 4 responses, the
@@ -10,15 +10,16 @@ Hugging Face rollout, FSDP2 on CPU, the trustbench trainer. What is checked agai
 - GRPO runs verl's own estimator and loss (the command verl got says so), and the sampler's
   log-probs equal the training engine's at both steps (verl's ``training/rollout_probs_diff_max``),
   so the weights of step 1's update reached the rollout before step 2 (lr 1e-3 moves them far more);
-- TROLL and exact-KL TRM-Max: the first (only) mini-batch of an iteration is on-policy, so the
+- TROLL and exact-KL TRM-Max (on PPO with EGAE): the first (only) mini-batch of an iteration is on-policy, so the
   divergence between the sparse old distribution stored by the engine's old-log-prob pass and the
   update pass's logits is zero (``troll/kl_before``) or at most what the storage drops
   (``trm/max_kl`` <= -log(1 - tail_mass)) and TRM keeps every sequence: a misaligned top-K row
   would show at once;
 - GTPO: the plugin loss with the current entropy (``calculate_entropy``) and its metrics;
-- REPO-R, stopped after iteration 1 by a stop signal and resumed: see ``test_repo_r_requeue``;
-- PPO (verl's GAE) and EGAE (the trustbench estimator with verl's critic): the critic trains at
-  both steps, and EGAE's critic gets the policy's model, optimiser and value clip;
+- REPO-R on PPO (verl's GAE and critic), stopped after iteration 1 by a stop signal and resumed: see
+  ``test_repo_r_requeue``;
+- PPO's critic with verl's GAE (the REPO-R cell) and with EGAE (the trustbench estimator; the TRM-Max
+  cell): the critic trains at both steps and gets the policy's model, optimiser and value clip;
 - TROLL is README's command exactly (``README_COMMAND``, its own process and Ray): see
   ``test_the_readme_command_trains_troll_on_verl``;
 - every cell ran verl's TaskRunner in the driver process (CPU mode's ``driver_entry``);
@@ -100,12 +101,8 @@ def check_critic(stage, cell, run):
     assert metric_names.VALUES_MEAN in run.data.metrics
 
 
-def check_ppo(stage, cell, run):
-    assert "algorithm.adv_estimator=gae" in command(cell)
-    check_critic(stage, cell, run)
-
-
-def check_egae(stage, cell, run):
+def check_trm_max_egae(stage, cell, run):
+    check_trm_max(stage, cell, run)
     assert "algorithm.adv_estimator=trustbench_egae" in command(cell)
     check_critic(stage, cell, run)
 
@@ -113,10 +110,8 @@ def check_egae(stage, cell, run):
 CHECKS = {
     "grpo": check_grpo,
     "troll": check_troll,
-    "trm_max": check_trm_max,
+    "trm_max_egae": check_trm_max_egae,
     "gtpo": check_gtpo,
-    "ppo": check_ppo,
-    "egae": check_egae,
 }
 
 
@@ -140,12 +135,13 @@ def test_cell_trains_two_verl_iterations(cpu_stage, name):
 
 @uses_cells(REQUEUE_CELL)
 def test_repo_r_requeue(cpu_stage):
-    """REPO-R with a requeue: SIGUSR1 to ``trustbench run`` while verl starts -> verl checkpoints after
+    """REPO-R on PPO with a requeue: SIGUSR1 to ``trustbench run`` while verl starts -> verl checkpoints after
     iteration 1 (its own checkpointing, plus the controller state) and stops; the run is PREEMPTED and
     the command exits 1. The rerun resumes from that checkpoint, trains iteration 2 only, into the same
     MLflow run: every metric at steps 1 and 2 exactly once. The REPO-R controller was fed verl's
     entropy and kept across the requeue: replaying the controller on the logged ``actor/entropy``
-    gives the logged zeta and target, which a controller restarted at the rerun would not."""
+    gives the logged zeta and target, which a controller restarted at the rerun would not. The critic
+    (verl's GAE) trains at both steps, the second from the checkpoint."""
     from runners.algorithms import ENTROPY_CONTROLLERS
     from runners.backends.verl.checkpoints import VerlLayout
     from runners.backends.verl.metrics import MetricsFile
@@ -170,6 +166,8 @@ def test_repo_r_requeue(cpu_stage):
         families(cpu_stage.local_keys(REQUEUE_CELL)) - families(cpu_stage.client().get_run(run_id).data.metrics)
     )
     assert not missing, missing
+    assert "algorithm.adv_estimator=gae" in command(cell)
+    check_critic(cpu_stage, cell, cpu_stage.client().get_run(run_id))
 
     cfg = cell.cfg
     params = {k: v for k, v in dict(cfg.entropy_control).items() if k != "name"}
