@@ -2,8 +2,9 @@
 
 Design: each ``VerlBackend`` launch of ``verl.trainer.main_ppo`` would start and stop its own Ray
 (about 5 s each on 2 cores, more under load). The fixture starts ``clusters`` head nodes, one per
-verl launch that may run at once, each with its own ``--temp-dir`` and free ports (so it never meets
-another Ray on the machine), the logical GPU verl's resource pools ask for and the logical CPUs its
+verl launch that may run at once, each with its own ``--temp-dir`` and ports (a free block below the
+kernel's ephemeral range, ``port_block``; so it never meets another Ray on the machine), the logical
+GPU verl's resource pools ask for and the logical CPUs its
 helper actors need. One cluster runs one verl launch at a time: TransferQueue (verl 0.9.1's
 trainer data plane) keeps its controller as a named actor of a fixed namespace, one per cluster, so a
 second launch on the same cluster takes over the first's controller and kills it when it ends. A
@@ -36,7 +37,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.slurm.cluster import free_ports, processes_mentioning
+from tests.slurm.cluster import processes_mentioning
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 LOGICAL_CPUS = 8
@@ -45,16 +46,21 @@ LOGICAL_GPUS = 1
 AUTH_MODE = "disabled"
 
 
-# worker ports per cluster, taken between Ray's default worker ports (10002-19999, those of a Ray that
-# verl starts itself, as README's cell does) and the kernel's ephemeral range (where free_ports' ports are)
+# every port of a cluster is taken between Ray's default worker ports (10002-19999, those of a Ray that
+# verl starts itself, as README's cell does) and the kernel's ephemeral range: a port picked in the
+# ephemeral range (free when picked) can be handed to an outgoing connection before the server binds it
+# (a raylet that cannot bind its port dies, and every driver then fails with "No node info found").
+# A cluster's block: SERVER_PORTS for its head's servers, then WORKER_PORTS + 1 for its workers.
+SERVER_PORTS = 8
 WORKER_PORTS = 200
 WORKER_PORTS_FROM = 20000
-_WORKER_RANGES: list[int] = []  # starts of the ranges this process gave out
+_BLOCKS: list[int] = []  # starts of the blocks this process gave out
+BLOCK = SERVER_PORTS + WORKER_PORTS + 1
 
 
-def worker_port_range() -> int:
-    """The first of ``WORKER_PORTS + 1`` ports that are free now, above ``WORKER_PORTS_FROM`` and below the
-    ephemeral range, and apart from every range given to this process's other clusters (two clusters
+def port_block() -> int:
+    """The first of ``BLOCK`` consecutive ports that are free now, above ``WORKER_PORTS_FROM`` and below the
+    ephemeral range, and apart from every block given to this process's other clusters (two clusters
     never share a port)."""
     try:
         low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
@@ -62,11 +68,11 @@ def worker_port_range() -> int:
         low = 32768
     rng = random.Random()
     for _ in range(100):
-        start = rng.randrange(WORKER_PORTS_FROM, max(low - WORKER_PORTS - 1, WORKER_PORTS_FROM + 1))
-        if any(abs(start - other) <= WORKER_PORTS for other in _WORKER_RANGES):
+        start = rng.randrange(WORKER_PORTS_FROM, max(low - BLOCK, WORKER_PORTS_FROM + 1))
+        if any(abs(start - other) < BLOCK for other in _BLOCKS):
             continue
-        if all(_bindable(port) for port in range(start, start + WORKER_PORTS + 1)):
-            _WORKER_RANGES.append(start)
+        if all(_bindable(port) for port in range(start, start + BLOCK)):
+            _BLOCKS.append(start)
             return start
     raise RuntimeError("no free range of Ray worker ports below the ephemeral range")
 
@@ -90,11 +96,12 @@ class RayCluster:
 
 
 def start_cluster(env: dict[str, str] | None = None) -> RayCluster:
-    """``ray start --head`` on 127.0.0.1 with free ports and a private temp dir (short: Ray's sockets live there)."""
+    """``ray start --head`` on 127.0.0.1 with a free block of ports (``port_block``) and a private temp dir
+    (short: Ray's sockets live there)."""
     ray = shutil.which("ray", path=str(Path(sys.executable).parent)) or "ray"
     temp_dir = Path(tempfile.mkdtemp(prefix="tbray-", dir="/tmp"))
-    ports = free_ports(8)
-    workers = worker_port_range()
+    block = port_block()
+    ports, workers = list(range(block, block + SERVER_PORTS)), block + SERVER_PORTS
     env = dict(os.environ if env is None else env)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
     env["RAY_AUTH_MODE"] = AUTH_MODE
@@ -174,6 +181,25 @@ def stop_cluster(cluster: RayCluster, grace_s: float = 15.0) -> list[int]:
     return left
 
 
+def raylet_gone(cluster: RayCluster) -> str:
+    """'' while ``cluster``'s raylet process runs; else the last lines of its raylet and GCS logs."""
+    for pid in processes_mentioning(str(cluster.temp_dir)):
+        try:
+            if Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].endswith(b"/raylet"):
+                return ""
+        except OSError:
+            continue
+    logs = cluster.temp_dir / "session_latest" / "logs"
+    tails = []
+    for name in ("raylet.err", "raylet.out", "gcs_server.err"):
+        try:
+            lines = (logs / name).read_text(errors="replace").splitlines()[-5:]
+        except OSError:
+            lines = ["(no log)"]
+        tails.append(f"{name}: " + " | ".join(lines))
+    return "; ".join(tails)
+
+
 class RayClusters:
     """Running clusters, each leased to one launch at a time."""
 
@@ -185,8 +211,13 @@ class RayClusters:
 
     @contextmanager
     def lease(self) -> Iterator[dict[str, str]]:
-        """A free cluster for the block (waits for one): the environment variables that join it."""
+        """A free cluster for the block (waits for one): the environment variables that join it. A cluster
+        whose raylet is gone fails here, with the end of its logs, not in verl's ``ray.init``."""
         cluster = self.free.get()
+        problem = raylet_gone(cluster)
+        if problem:
+            self.free.put(cluster)
+            raise RuntimeError(f"the Ray cluster at {cluster.address} ({cluster.temp_dir}) lost its raylet: {problem}")
         try:
             yield {"RAY_ADDRESS": cluster.address, "RAY_AUTH_MODE": AUTH_MODE}
         finally:

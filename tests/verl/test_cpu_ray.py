@@ -1,4 +1,4 @@
-"""The stage's helpers that need no Ray: worker port ranges of parallel clusters, which cells the selected tests read."""
+"""The stage's helpers that need no Ray: the port blocks of parallel clusters, which cells the selected tests read."""
 
 from __future__ import annotations
 
@@ -9,15 +9,19 @@ from tests.verl import cpu_ray
 from tests.verl.cpu_stage import LAUNCH_ORDER, README_CELL, cells_of, uses_cells
 
 
-def test_worker_port_ranges_are_disjoint_free_and_outside_the_other_port_sources(monkeypatch):
-    monkeypatch.setattr(cpu_ray, "_WORKER_RANGES", [])
+def test_port_blocks_are_disjoint_free_and_below_the_ephemeral_range(monkeypatch):
+    """Each cluster's ports (its head's servers and its workers) are one block, apart from every other
+    cluster's, above Ray's default worker ports and below the kernel's ephemeral range, where a port
+    free when picked can go to an outgoing connection before the server binds it."""
+    monkeypatch.setattr(cpu_ray, "_BLOCKS", [])
     low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    starts = [cpu_ray.worker_port_range() for _ in range(4)]
-    spans = sorted((s, s + cpu_ray.WORKER_PORTS) for s in starts)
+    starts = [cpu_ray.port_block() for _ in range(4)]
+    spans = sorted((s, s + cpu_ray.BLOCK - 1) for s in starts)
     for (_, end), (start, _) in zip(spans, spans[1:]):
         assert end < start  # no port shared by two clusters
     for start, end in spans:
-        assert cpu_ray.WORKER_PORTS_FROM <= start and end < low  # clear of Ray's defaults and of free_ports
+        assert cpu_ray.WORKER_PORTS_FROM <= start and end < low  # clear of Ray's defaults and of the kernel's
+    assert cpu_ray.BLOCK == cpu_ray.SERVER_PORTS + cpu_ray.WORKER_PORTS + 1
 
 
 def test_cells_of_reads_the_name_parameter_the_declaration_or_takes_every_cell():
@@ -38,3 +42,14 @@ def test_cells_of_reads_the_name_parameter_the_declaration_or_takes_every_cell()
     ]
     assert cells_of(items) == ["gtpo", README_CELL]
     assert sorted(cells_of([SimpleNamespace(fixturenames=("cpu_stage",), function=undeclared)])) == sorted(LAUNCH_ORDER)
+
+
+def test_a_cluster_without_its_raylet_is_named_with_its_logs(tmp_path):
+    """``raylet_gone``: no process of the cluster's temp dir is a raylet -> the end of its raylet log."""
+    logs = tmp_path / "session_latest" / "logs"
+    logs.mkdir(parents=True)
+    (logs / "raylet.out").write_text("starting\nFailed to bind node manager port 20001: Address already in use\n")
+    cluster = cpu_ray.RayCluster(address="127.0.0.1:1", temp_dir=tmp_path, started_s=0.0)
+    problem = cpu_ray.raylet_gone(cluster)
+    assert "raylet.out: starting | Failed to bind node manager port 20001" in problem
+    assert "raylet.err: (no log)" in problem
