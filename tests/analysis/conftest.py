@@ -82,7 +82,11 @@ def store(tb_home):
 @pytest.fixture(scope="session")
 def mlflow_server(store, tmp_path_factory):
     """URL of an ``mlflow server`` (one worker) on ``store.uri`` that proxies artifacts: experiments
-    created through it get ``mlflow-artifacts:`` locations, so artifacts travel over HTTP."""
+    created through it get ``mlflow-artifacts:`` locations, so artifacts travel over HTTP. Started as
+    trustbench starts its servers (``SERVER_ENV``: no job runner, whose seven processes held 1.5 GiB
+    for the rest of the test worker's session)."""
+    from runners.tracking_server import SERVER_ENV
+
     artifacts = tmp_path_factory.mktemp("server_artifacts")
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -90,7 +94,7 @@ def mlflow_server(store, tmp_path_factory):
     proc = subprocess.Popen(
         [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
          "--backend-store-uri", store.uri, "--artifacts-destination", str(artifacts), "--workers", "1"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, **SERVER_ENV},
     )  # fmt: skip
     url = f"http://127.0.0.1:{port}"
     try:

@@ -83,7 +83,9 @@ def populate(
 
 def start_server(uri: str, workdir: Path) -> tuple[subprocess.Popen, str]:
     """A server on the store; on the port it had before in ``workdir`` (the experiment's artifact
-    location names it), else on a free one."""
+    location names it), else on a free one; without MLflow's job runner, as trustbench starts its servers."""
+    from runners.tracking_server import SERVER_ENV
+
     port_file = workdir / "port"
     if port_file.exists():
         port = int(port_file.read_text())
@@ -105,7 +107,9 @@ def start_server(uri: str, workdir: Path) -> tuple[subprocess.Popen, str]:
         uri,
     ]
     cmd += ["--artifacts-destination", str(workdir / "artifacts")]
-    server = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server = subprocess.Popen(
+        cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, **SERVER_ENV}
+    )
     url = f"http://127.0.0.1:{port}"
     deadline = time.time() + 300
     while True:
