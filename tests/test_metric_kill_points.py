@@ -89,6 +89,7 @@ def test_whole_step_chunks_never_split_a_step_that_fits():
 
 
 @pytest.mark.slow
+@pytest.mark.e2e
 def test_kills_during_sends_leave_whole_steps_and_a_resume_fills_each_step_once(tmp_path):
     db = tmp_path / "mlflow.db"
     uri = f"sqlite:///{db}"

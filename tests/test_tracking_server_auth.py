@@ -88,6 +88,7 @@ def test_loopback_is_127_slash_8_ipv6_one_and_localhost(host, loopback):
 
 
 @pytest.mark.slow
+@pytest.mark.e2e
 @needs_ip
 def test_no_credentials_off_loopback_is_exit_2_one_line_nothing_created(tmp_path):
     """`trustbench run tracking=server tracking.host=<this machine's address>` without the

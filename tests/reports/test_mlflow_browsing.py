@@ -140,6 +140,7 @@ def _page(url: str, expected: int) -> str:
 
 
 @pytest.mark.slow
+@pytest.mark.e2e
 def test_runs_page_shows_runs_by_method_with_method_and_seed_and_no_report(store):
     _chromium_or_skip()
     home, uri, report_ids = store
