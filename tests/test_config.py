@@ -78,16 +78,6 @@ def test_component_options_bind_to_their_functions(group):
         inspect.signature(fn).bind(*positional.get(group, []), **kwargs)
 
 
-def test_sweep_cells_compose_and_validate():
-    from runners.sweep import available_sweeps, plan
-
-    assert "demo" in available_sweeps()
-    for name in available_sweeps():
-        p = plan(name, check_mlflow=False)
-        assert p.cells, name
-        assert len({c.key for c in p.cells}) == len(p.cells), f"{name}: two cells share a run key"
-
-
 def test_run_key_ignores_launcher_and_tracking_but_not_training():
     base, _ = compose([])
     same, _ = compose(["tracking=server", "progress=false", "launcher.time_min=5"])

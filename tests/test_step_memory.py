@@ -1,4 +1,6 @@
-"""Sizes no machine can hold are refused before anything starts; every shipped sweep still passes.
+"""Sizes no machine can hold are refused before anything starts; every shipped sweep still passes (each
+sweep's cells are estimated under 1 GiB in ``tests/test_sweep_plan.py``'s per-sweep test, which plans them
+anyway).
 
 The estimate is a lower bound of one step's memory (``runners.config.validate.step_memory``): the
 reference values below are worked out by hand from the embedded model's shape (hidden 64, 4 layers,
@@ -14,7 +16,6 @@ import os
 
 import pytest
 
-from runners import sweep
 from runners.config import ConfigError, compose
 from runners.config.validate import TOTAL_STEPS_MAX, step_memory, validate
 
@@ -89,17 +90,3 @@ def test_total_steps_has_a_stated_upper_bound():
     with pytest.raises(ConfigError, match="116 days") as err:
         validate(_cfg(f"trainer.total_steps={TOTAL_STEPS_MAX + 1}"))
     assert err.value.key == "trainer.total_steps"
-
-
-# stability_map_cpu: 500 cells, ~13 s to plan
-SWEEPS = [pytest.param(n, marks=pytest.mark.slow) if n == "stability_map_cpu" else n for n in sweep.available_sweeps()]
-
-
-@pytest.mark.parametrize("name", SWEEPS)
-def test_every_shipped_sweep_passes_with_room_to_spare(name):
-    """Every cell of every sweep file is accepted, and its estimate is under 1 GiB (so it fits any
-    machine that runs the test suite, and any Slurm node: ``launcher.mem_gb`` is at least 8 by default)."""
-    plan = sweep.plan(name, check_mlflow=False, check_cluster=False)
-    assert plan.cells
-    worst = max(step_memory(cell.config)[0] for cell in plan.cells)
-    assert worst < GIB, (name, worst)

@@ -20,6 +20,7 @@ from omegaconf import OmegaConf
 
 from runners import launch, paths, sweep
 from runners.config import ConfigError, compose, grid, method_label, run_key, validate
+from runners.config.validate import step_memory
 from runners.resources import Cluster, Node, Partition, _gpus, _minutes, cell_resources
 
 # axes of every kind the planner treats differently: group choices, scalar values, a list value,
@@ -45,13 +46,23 @@ def _assert_same(p: sweep.SweepPlan, cells) -> None:
         assert method_label(cfg, choices) == cell.label, cell.overrides
 
 
+def test_the_demo_sweep_is_among_the_sweeps():
+    assert "demo" in sweep.available_sweeps()
+
+
 @pytest.mark.parametrize("name", sweep.available_sweeps())
 def test_fast_plan_equals_full_composition_on_real_sweeps(name):
-    """Every combination of group choices of every sweep file, and every seed: the planner's config, run key
-    and label are what Hydra's full composition of that cell gives. Large grids (the stability maps' 300-500
-    cells) check every cell of the first seed and the first cell of every other seed: seeds are a scalar axis,
-    composed the same way for every combination."""
+    """Every sweep file: its cells are distinct run keys, and for every combination of group choices and
+    every seed the planner's config, run key and label are what Hydra's full composition of that cell
+    gives. Large grids (the stability maps' 300-500 cells) check every cell of the first seed and the first
+    cell of every other seed: seeds are a scalar axis, composed the same way for every combination. Every
+    cell's step-memory estimate is under 1 GiB, so it fits any machine that runs the test suite and any
+    Slurm node (``launcher.mem_gb`` is at least 8 by default)."""
     p = sweep.plan(name, check_mlflow=False)
+    assert p.cells, name
+    assert len({c.key for c in p.cells}) == len(p.cells), f"{name}: two cells share a run key"
+    worst = max(step_memory(cell.config)[0] for cell in p.cells)
+    assert worst < 2**30, (name, worst)
     first_seed = [c for c in p.cells if c.config["seed"] == p.cells[0].config["seed"]]
     cells = p.cells if len(p.cells) <= 60 else first_seed + list({c.config["seed"]: c for c in p.cells}.values())
     _assert_same(p, cells)
@@ -183,7 +194,9 @@ def test_plan_names_cells_finished_with_other_code_and_reruns_them_on_request(do
     lines = sweep.format_plan(p).splitlines()
     assert "skip-finished" in lines[4] and lines[4].endswith("| finished with other code: 0.0.9 @ 0123456789ab")
     assert "other code" not in lines[1]
-    assert any(f"1 finished cell(s) ran other code than this checkout ({p.code}): kept; --rerun-stale" in ln for ln in lines)
+    assert any(
+        f"1 finished cell(s) ran other code than this checkout ({p.code}): kept; --rerun-stale" in ln for ln in lines
+    )
     p = sweep.plan(*DEMO4, rerun_stale=True)
     assert [c.action for c in p.cells] == ["skip-finished", "skip-failed", "run", "run"]
     assert [c.fresh for c in p.cells] == [False, False, False, True]
