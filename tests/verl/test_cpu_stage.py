@@ -141,7 +141,7 @@ def test_repo_r_requeue(cpu_stage):
     MLflow run: every metric at steps 1 and 2 exactly once. The REPO-R controller was fed verl's
     entropy and kept across the requeue: replaying the controller on the logged ``actor/entropy``
     gives the logged zeta and target, which a controller restarted at the rerun would not. The critic
-    (verl's GAE) trains at both steps, the second from the checkpoint."""
+    (verl's GAE) logs its loss at both steps, the second in the resumed attempt."""
     from runners.algorithms import ENTROPY_CONTROLLERS
     from runners.backends.verl.checkpoints import VerlLayout
     from runners.backends.verl.metrics import MetricsFile
