@@ -22,6 +22,7 @@ A check on one method's own numbers is run on its baseline too (``CheckResult.ba
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
 
 import numpy as np
@@ -352,36 +353,43 @@ def gtpo_conflict(data: ExperimentData, opts: Mapping) -> list[CheckResult]:
 
 
 # -- entropy-preserving RL -------------------------------------------------------------------------
-def _entropy_preserving(data: ExperimentData, opts: Mapping, method: str, label: str, base: str) -> list[CheckResult]:
-    """REPO-R against GRPO, ADAPO against DAPO: entropy at the end and final success, paired by seed, and
-    whether the method's controller sat at a cap (``pinned_check``)."""
-    part_entropy, part_success = (
-        f"{label} keeps more entropy than {base}",
-        f"{label}'s final success rate above {base}'s",
-    )
+def _entropy_preserving(
+    data: ExperimentData,
+    opts: Mapping,
+    method: str,
+    label: str,
+    base: str,
+    what: str,
+    base_arms: Callable[[pd.DataFrame], list[str]],
+    headline: str,
+) -> list[CheckResult]:
+    """``label`` (``method``'s runs) against ``base`` (``base_arms(arms)``, described as ``what``): entropy at the
+    end and final success, paired by seed, and whether the method's controller sat at a cap (``pinned_check``);
+    with no run of the method, the paper's headline part (``headline``: "entropy" or "success") is not checked."""
+    parts = {
+        "entropy": f"{label} keeps more entropy than {base}",
+        "success": f"{label}'s final success rate above {base}'s",
+    }
     arms = arm_table(data)
     found = _either(arms, entropy_control=method, algorithm=method)
     if not found:
-        return [not_checked(part_entropy if method == "repo_r" else part_success, f"no {label} run in this sweep")]
-    if base == "GRPO":
-        bases, what = _grpo_arms(arms), "GRPO (Clip, no mask)"
-    else:
-        bases, what = select_arms(arms, algorithm="dapo", entropy_control="none"), "DAPO"
+        return [not_checked(parts[headline], f"no {label} run in this sweep")]
     checks = []
     for arm in found:
-        other = counterpart(arms, arm, bases, ())
-        checks.append(entropy_kept(data, part_entropy, arm, other, what))
-        checks.append(final_success(data, opts, part_success, arm, other, what))
+        other = counterpart(arms, arm, base_arms(arms), ())
+        checks.append(entropy_kept(data, parts["entropy"], arm, other, what))
+        checks.append(final_success(data, opts, parts["success"], arm, other, what))
         checks.append(pinned_check(data, arm, method))
     return checks
 
 
 def repo_r_entropy(data: ExperimentData, opts: Mapping) -> list[CheckResult]:
-    return _entropy_preserving(data, opts, "repo_r", "REPO-R", "GRPO")
+    return _entropy_preserving(data, opts, "repo_r", "REPO-R", "GRPO", "GRPO (Clip, no mask)", _grpo_arms, "entropy")
 
 
 def adapo_success(data: ExperimentData, opts: Mapping) -> list[CheckResult]:
-    return _entropy_preserving(data, opts, "adapo", "ADAPO", "DAPO")
+    dapo = functools.partial(select_arms, algorithm="dapo", entropy_control="none")
+    return _entropy_preserving(data, opts, "adapo", "ADAPO", "DAPO", "DAPO", dapo, "success")
 
 
 # -- T-PPO -----------------------------------------------------------------------------------------
