@@ -77,6 +77,12 @@ def port_block() -> int:
     raise RuntimeError("no free range of Ray worker ports below the ephemeral range")
 
 
+def block_ports(start: int) -> tuple[list[int], tuple[int, int]]:
+    """The head's ``SERVER_PORTS`` server ports and the (first, last) worker port of the block at ``start``."""
+    workers = start + SERVER_PORTS
+    return list(range(start, workers)), (workers, workers + WORKER_PORTS)
+
+
 def _bindable(port: int) -> bool:
     with socket.socket() as sock:
         try:
@@ -100,8 +106,7 @@ def start_cluster(env: dict[str, str] | None = None) -> RayCluster:
     (short: Ray's sockets live there)."""
     ray = shutil.which("ray", path=str(Path(sys.executable).parent)) or "ray"
     temp_dir = Path(tempfile.mkdtemp(prefix="tbray-", dir="/tmp"))
-    block = port_block()
-    ports, workers = list(range(block, block + SERVER_PORTS)), block + SERVER_PORTS
+    ports, (min_worker, max_worker) = block_ports(port_block())
     env = dict(os.environ if env is None else env)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
     env["RAY_AUTH_MODE"] = AUTH_MODE
@@ -120,8 +125,8 @@ def start_cluster(env: dict[str, str] | None = None) -> RayCluster:
             f"--dashboard-agent-grpc-port={ports[5]}",
             f"--runtime-env-agent-port={ports[6]}",
             f"--metrics-export-port={ports[7]}",
-            f"--min-worker-port={workers}",
-            f"--max-worker-port={workers + WORKER_PORTS}",
+            f"--min-worker-port={min_worker}",
+            f"--max-worker-port={max_worker}",
             f"--num-cpus={LOGICAL_CPUS}",
             f"--num-gpus={LOGICAL_GPUS}",
             "--object-store-memory=268435456",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shutil
+import subprocess
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -15,13 +17,14 @@ def test_port_blocks_are_disjoint_free_and_below_the_ephemeral_range(monkeypatch
     free when picked can go to an outgoing connection before the server binds it."""
     monkeypatch.setattr(cpu_ray, "_BLOCKS", [])
     low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    starts = [cpu_ray.port_block() for _ in range(4)]
-    spans = sorted((s, s + cpu_ray.BLOCK - 1) for s in starts)
-    for (_, end), (start, _) in zip(spans, spans[1:]):
-        assert end < start  # no port shared by two clusters
-    for start, end in spans:
-        assert cpu_ray.WORKER_PORTS_FROM <= start and end < low  # clear of Ray's defaults and of the kernel's
-    assert cpu_ray.BLOCK == cpu_ray.SERVER_PORTS + cpu_ray.WORKER_PORTS + 1
+    clusters = []
+    for start in (cpu_ray.port_block() for _ in range(4)):
+        servers, (first, last) = cpu_ray.block_ports(start)
+        clusters.append([*servers, *range(first, last + 1)])  # every port ray start is given
+    used = [port for ports in clusters for port in ports]
+    assert len(used) == len(set(used))  # no port shared by two clusters, or by a server and a worker
+    assert all(cpu_ray.WORKER_PORTS_FROM <= port < low for port in used)  # clear of Ray's defaults and the kernel's
+    assert all(len(ports) == cpu_ray.SERVER_PORTS + cpu_ray.WORKER_PORTS + 1 for ports in clusters)
 
 
 def test_cells_of_reads_the_name_parameter_the_declaration_or_takes_every_cell():
@@ -53,3 +56,17 @@ def test_a_cluster_without_its_raylet_is_named_with_its_logs(tmp_path):
     problem = cpu_ray.raylet_gone(cluster)
     assert "raylet.out: starting | Failed to bind node manager port 20001" in problem
     assert "raylet.err: (no log)" in problem
+
+
+def test_a_cluster_whose_raylet_runs_is_not_named(tmp_path):
+    """A process whose program is ``<temp dir>/raylet`` (``sleep`` under that name) counts as the raylet."""
+    raylet = tmp_path / "raylet"
+    raylet.symlink_to(shutil.which("sleep"))
+    proc = subprocess.Popen([str(raylet), "30"])
+    try:
+        cluster = cpu_ray.RayCluster(address="127.0.0.1:1", temp_dir=tmp_path, started_s=0.0)
+        assert cpu_ray.raylet_gone(cluster) == ""
+    finally:
+        proc.kill()
+        proc.wait()
+    assert cpu_ray.raylet_gone(cluster).startswith("raylet.err: (no log)")
