@@ -183,13 +183,16 @@ def _troll_eps(data: ExperimentData, runs: pd.Series, default: float) -> tuple[f
 
 def troll_kl_bound(data: ExperimentData, opts: Mapping) -> list[CheckResult]:
     """TROLL bounds the KL of every token (eq. 3), so the statistic is per token: the share of response
-    tokens whose KL(pi_new || pi_old) after the update exceeds eps (``actor/post_update_kl_frac_above_<eps>``,
-    mean over steps), TROLL's minus Clip's (same eps, same recipe), paired by seed, claimed < 0. The paper
-    guarantees the *projected* policy inside the region; the network after the optimiser step is what both
-    methods leave, so no absolute tolerance is claimed. Both shares are shown beside it, not counted.
+    tokens whose KL after the update from the centre of TROLL's region exceeds eps, mean over steps,
+    TROLL's minus Clip's (same eps, same recipe), paired by seed, claimed < 0. The paper guarantees the
+    *projected* policy inside the region; the network after the optimiser step is what both methods leave,
+    so no absolute tolerance is claimed. Both shares are shown beside it, not counted.
 
-    pi_old of the statistic is the policy before the update; TROLL's region is centred on the sampling
-    policy. They are the same on-policy; with stale rollouts (``rollout.staleness`` > 0) the note says so."""
+    The centre is the policy the tokens were sampled from (section 3.1). On-policy that is pi_old of the
+    old-log-prob pass (``actor/post_update_kl_frac_above_<eps>``); with a separate sampling copy (stale
+    rollouts, a lower-precision sampler) it is that copy (``actor/post_update_kl_sampler_frac_above_<eps>``,
+    logged by every method there). Runs from before the sampler statistic existed fall back to pi_old's,
+    and the note says so."""
     part = "TROLL leaves fewer tokens beyond eps than Clip"
     arms, pairs = _troll_pairs(data)
     if not pairs:
@@ -199,18 +202,18 @@ def troll_kl_bound(data: ExperimentData, opts: Mapping) -> list[CheckResult]:
     for arm, clip in pairs:
         runs = labels.loc[labels["arm"] == arm, "run_id"].astype(str)
         eps, eps_note = _troll_eps(data, runs, float(opts["eps_default"]))
-        metric = metric_names.post_update_kl_frac_above(eps)
         if clip is None:
             checks.append(not_checked(part, f"no Clip run with the recipe of {arm}", arm))
             continue
+        metric, centre, centre_note = _kl_centre(names, eps, _off_policy(data, runs))
         if metric not in names:
             logged = ", ".join(f"{e:g}" for e in metric_names.POST_UPDATE_KL_THRESHOLDS)
             why = f"no run logs {metric} (thresholds logged: {logged}; runs from before the metric existed lack it)"
             checks.append(not_checked(part, why, f"{arm} − {clip}"))
             continue
         share = per_seed(data, metric, "mean", labels=labels)
-        stat = f"share of tokens with KL(π_new ‖ π_old) > eps = {eps:g} after the update ({metric}), mean over steps"
-        note = "; ".join(filter(None, [eps_note, _stale_note(data, runs)]))
+        stat = f"share of tokens with KL(π_new ‖ {centre}) > eps = {eps:g} after the update ({metric}), mean over steps"
+        note = "; ".join(filter(None, [eps_note, centre_note]))
         diff = _paired(share.get(arm, {}), share.get(clip, {}))
         checks.append(
             CheckResult(part, f"{arm} − {clip}", stat + ", paired by seed", diff, Rule("less", 0.0), note=note)
@@ -222,15 +225,36 @@ def troll_kl_bound(data: ExperimentData, opts: Mapping) -> list[CheckResult]:
     return checks
 
 
-def _stale_note(data: ExperimentData, runs: pd.Series) -> str:
-    stale = {r: v for r, v in run_params(data, "rollout.staleness").items() if r in set(runs)}
-    k = max((int(float(v)) for v in stale.values()), default=0)
-    if k <= 0:
-        return ""
-    return (
-        f"rollouts {k} iteration(s) stale: TROLL's region is centred on the sampling policy, the statistic's "
-        "pi_old is the policy before the update"
+def _off_policy(data: ExperimentData, runs: pd.Series) -> str:
+    """How the runs' sampling policy differs from pi_old ("" on-policy): stale rollouts, a lower-precision
+    sampler. Only the built-in trainer centres TROLL on its sampling copy; verl's TROLL keeps the top-K of its
+    old-log-prob pass (``runners.backends.verl.sparse_old``), so pi_old is the centre there."""
+    labels = data.labels()
+    verl = set(labels.loc[labels[metric_names.TAG_BACKEND] == "verl", "run_id"].astype(str))
+    ids = set(runs) - verl
+    stale = [int(float(v)) for r, v in run_params(data, "rollout.staleness").items() if r in ids]
+    dtypes = {str(v) for r, v in run_params(data, "rollout.dtype").items() if r in ids} - {"auto", "None", "nan"}
+    k = max(stale, default=0)
+    parts = [
+        f"rollouts {k} iteration(s) stale" if k > 0 else "",
+        f"a {'/'.join(sorted(dtypes))} sampler" if dtypes else "",
+    ]
+    return " and ".join(filter(None, parts))
+
+
+def _kl_centre(names: set[str], eps: float, off_policy: str) -> tuple[str, str, str]:
+    """(the share metric, the centre's symbol, a note) for runs sampled on-policy or ``off_policy``."""
+    own = metric_names.post_update_kl_frac_above(eps)
+    if not off_policy:
+        return own, "π_old", ""
+    sampler = metric_names.post_update_kl_frac_above(eps, sampler=True)
+    if sampler in names:
+        return sampler, "π_sampler", f"{off_policy}: measured from the sampling policy, the centre of TROLL's region"
+    note = (
+        f"{off_policy}: TROLL's region is centred on the sampling policy, the statistic's pi_old is the policy "
+        f"before the update (these runs do not log {sampler})"
     )
+    return own, "π_old", note
 
 
 # -- TRM -------------------------------------------------------------------------------------------

@@ -49,6 +49,9 @@ class SyntheticMethod:
     # across-seed spread of that share (log-normal sd)
     kl_over_eps: float | None = None
     kl_over_eps_seed_sd: float = 0.15
+    # the same share measured from the sampling policy (``..._sampler_frac_above_<e>``, logged by stale or
+    # lower-precision runs), with the same seed and step noise; None: not logged
+    kl_over_eps_sampler: float | None = None
     conflict_delta: float | None = None
     eps_high_drift: float = 0.03
     # "timing" family: CPU seconds per uncontended wall second, wall-time inflation by other load, machine load
@@ -280,12 +283,16 @@ def _claim_metrics(out: dict, spec: SyntheticSpec, method: SyntheticMethod, step
 def _kl_shares(out: dict, method: SyntheticMethod, steps: np.ndarray, rng, eps: float, troll: bool) -> None:
     """``actor/post_update_kl_frac_above_<e>``: the share above ``eps`` (``kl_over_eps`` times a per-seed
     log-normal factor and 10% step noise), and share(e) = share(eps) ** (e / eps) at the other thresholds
-    (an exponential tail: larger thresholds, smaller shares)."""
+    (an exponential tail: larger thresholds, smaller shares); from the sampling policy too where
+    ``kl_over_eps_sampler`` is set."""
     share = method.kl_over_eps if method.kl_over_eps is not None else (0.002 if troll else 0.04)
-    share *= float(np.exp(rng.normal(0.0, method.kl_over_eps_seed_sd)))
-    at_eps = np.clip(share * np.exp(rng.normal(0.0, 0.1, size=steps.shape)), 1e-9, 1.0)
-    for e in metric_names.POST_UPDATE_KL_THRESHOLDS:
-        out[metric_names.post_update_kl_frac_above(e)] = (steps, at_eps ** (e / eps))
+    seed_factor = float(np.exp(rng.normal(0.0, method.kl_over_eps_seed_sd)))
+    step_noise = np.exp(rng.normal(0.0, 0.1, size=steps.shape))
+    centres = {False: share} if method.kl_over_eps_sampler is None else {False: share, True: method.kl_over_eps_sampler}
+    for sampler, level in centres.items():
+        at_eps = np.clip(level * seed_factor * step_noise, 1e-9, 1.0)
+        for e in metric_names.POST_UPDATE_KL_THRESHOLDS:
+            out[metric_names.post_update_kl_frac_above(e, sampler=sampler)] = (steps, at_eps ** (e / eps))
 
 
 def run_params(spec: SyntheticSpec, method: SyntheticMethod, seed: int) -> dict[str, object]:

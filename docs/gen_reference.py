@@ -396,6 +396,13 @@ def metric_rows() -> list[tuple[str, str, str]]:
                 f"post_update_kl_frac_above({eps:g})",
             )
         )
+        rows.append(
+            (
+                m.post_update_kl_frac_above(eps, sampler=True),
+                notes.get("POST_UPDATE_KL_SAMPLER", ""),
+                f"post_update_kl_frac_above({eps:g}, sampler=True)",
+            )
+        )
     for wall in m.TIMING_PHASES + (m.TIMING_STEP,):
         if m.timing_cpu(wall) not in {r[0] for r in rows}:
             rows.append((m.timing_cpu(wall), notes["timing_cpu"], f"timing_cpu({wall!r})"))

@@ -47,9 +47,19 @@ POST_UPDATE_KL_THRESHOLDS = (0.01, 0.02, 0.05, 0.1, 0.2)
 POST_UPDATE_KL_FRAC_PREFIX = "actor/post_update_kl_frac_above_"
 
 
-def post_update_kl_frac_above(eps: float) -> str:
-    """``actor/post_update_kl_frac_above_0.05``: the share of tokens with post-update KL above ``eps``."""
-    return f"{POST_UPDATE_KL_FRAC_PREFIX}{eps:g}"
+# token KL(pi_new || pi_sampler) after the actor update (mean / max, and the share above each eps): the
+# post_update_kl statistics measured from the sampling policy (its top-K plus a rest bin), logged where it is a
+# separate copy of the model (stale rollouts, a lower-precision sampler); that copy is what TROLL's region is
+# centred on in the built-in trainer. On-policy the sampler is pi_old and these are not logged.
+POST_UPDATE_KL_SAMPLER = "actor/post_update_kl_sampler"
+POST_UPDATE_KL_SAMPLER_MAX = "actor/post_update_kl_sampler_max"
+POST_UPDATE_KL_SAMPLER_FRAC_PREFIX = "actor/post_update_kl_sampler_frac_above_"
+
+
+def post_update_kl_frac_above(eps: float, *, sampler: bool = False) -> str:
+    """``actor/post_update_kl_frac_above_0.05``: the share of tokens with post-update KL above ``eps``;
+    ``sampler=True``: ``actor/post_update_kl_sampler_frac_above_0.05``, the KL from the sampling policy."""
+    return f"{POST_UPDATE_KL_SAMPLER_FRAC_PREFIX if sampler else POST_UPDATE_KL_FRAC_PREFIX}{eps:g}"
 
 
 # -- timing and throughput -------------------------------------------------------------------

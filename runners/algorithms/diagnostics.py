@@ -34,13 +34,13 @@ def coarse_reverse_kl(new_logits: Tensor, index: Tensor, old_topk_logp: Tensor) 
     return (on_kept + rest).clamp(min=0.0)
 
 
-def kl_exceedance(kl: Tensor) -> dict[str, float]:
+def kl_exceedance(kl: Tensor, *, sampler: bool = False) -> dict[str, float]:
     """{``actor/post_update_kl_frac_above_<eps>``: share of the tokens ``kl`` [n] (n > 0) above eps} for each
-    eps of ``metric_names.POST_UPDATE_KL_THRESHOLDS``."""
+    eps of ``metric_names.POST_UPDATE_KL_THRESHOLDS`` (``sampler``: the ``..._sampler_frac_above_`` names)."""
     from runners import metric_names
 
     return {
-        metric_names.post_update_kl_frac_above(eps): float((kl > eps).double().mean())
+        metric_names.post_update_kl_frac_above(eps, sampler=sampler): float((kl > eps).double().mean())
         for eps in metric_names.POST_UPDATE_KL_THRESHOLDS
     }
 

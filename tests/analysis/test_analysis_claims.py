@@ -179,6 +179,32 @@ def test_troll_trust_region_uses_the_runs_eps_and_says_when_rollouts_are_stale()
     _, data, _ = _data([_m("GRPO", "grpo", params=stale), _m("GRPO+TROLL", "grpo", "troll", params=stale)])
     diff = _outcome(data, "troll_kl_bound").checks[0]
     assert "1 iteration(s) stale" in diff.note and "sampling policy" in diff.note
+    assert "do not log actor/post_update_kl_sampler_frac_above_0.05" in diff.note
+
+
+def test_stale_runs_are_measured_from_the_sampling_policy_troll_projects_onto():
+    """With a sampling copy, TROLL's region is centred on it: the check reads the share from the sampler
+    (here TROLL below Clip) and not the share from pi_old (here the other way round)."""
+    for params in ({"rollout.staleness": 2}, {"rollout.dtype": "bfloat16"}):
+        methods = [
+            _m("GRPO", "grpo", params=params, kl_over_eps=0.01, kl_over_eps_sampler=0.08),
+            _m("GRPO+TROLL", "grpo", "troll", params=params, kl_over_eps=0.05, kl_over_eps_sampler=0.02),
+        ]
+        spec, data, truth = _data(methods)
+        outcome = _outcome(data, "troll_kl_bound")
+        diff = _check(outcome, "TROLL leaves fewer tokens beyond eps than Clip")
+        sampler = metric_names.post_update_kl_frac_above(0.05, sampler=True)
+        paired = [truth[("GRPO+TROLL", s)]["curves"][sampler][1].mean() - truth[("GRPO", s)]["curves"][sampler][1].mean()
+                  for s in spec.seeds]  # fmt: skip
+        assert (diff.ci.lo, diff.ci.mean, diff.ci.hi) == pytest.approx(_ci(paired), rel=1e-9)
+        assert outcome.verdict == SUPPORTED and sampler in diff.statistic and "π_sampler" in diff.statistic
+        assert "measured from the sampling policy" in diff.note
+        assert ("stale" in diff.note) == ("rollout.staleness" in params)
+    # on-policy runs that happen to log both are read from pi_old: one policy, one centre
+    methods = [_m("GRPO", "grpo", kl_over_eps=0.01, kl_over_eps_sampler=0.08),
+               _m("GRPO+TROLL", "grpo", "troll", kl_over_eps=0.05, kl_over_eps_sampler=0.02)]  # fmt: skip
+    _, data, _ = _data(methods)
+    assert _outcome(data, "troll_kl_bound").verdict == CONTRADICTED
 
 
 def test_claims_without_their_runs_are_not_checked_and_say_why():

@@ -6,7 +6,8 @@ tiny random Qwen2 (V = 40,000, above the threshold) for TROLL with diagnostics (
 sampler's top-K stores): every entry must agree with the dense pass (log-probs and entropies within
 1e-5 of it and of the float64 log_softmax of h W^T / T; the same kept tokens, up to near-ties at the
 top-K boundary, with log-probs within 1e-5), with a stale float32 sampling copy (chunked too) and a
-bfloat16 one (its store stays that of its own rounded logits). The
+bfloat16 one (its store stays that of its own rounded logits); for Clip, the sampler's store kept for the
+post-update KL from the sampler. The
 trainer's choice of pass is checked on both sides of the threshold.
 """
 
@@ -100,6 +101,16 @@ def test_the_chunked_old_pass_equals_the_dense_one():
         stale.get_output_embeddings().weight.mul_(15.0)
     dense, chunked = _passes(model, stale, data, method, sampler_dense=False)
     _same_store(dense["old_topk_index"], dense["old_topk_logp"], chunked["old_topk_index"], chunked["old_topk_logp"])
+    # Clip needs no store, but with diagnostics the sampler's is kept for the post-update KL from the sampler
+    clip = Method.from_params(objective="clip", objective_params={})
+    dense, chunked = _passes(model, stale, data, clip, sampler_dense=False)
+    assert dense.keys() == chunked.keys() and "old_topk_index" not in chunked
+    _same_store(
+        dense["sampler_topk_index"],
+        dense["sampler_topk_logp"],
+        chunked["sampler_topk_index"],
+        chunked["sampler_topk_logp"],
+    )
 
 
 @pytest.mark.parametrize(("vocab", "chunked"), [(MIN_VOCAB - 1, False), (MIN_VOCAB, True)])

@@ -88,8 +88,11 @@ def test_regimes_show_the_mismatch_and_trm_acts_on_it(tmp_path, monkeypatch):
     stale, stale_h = _run([*trm, "rollout.staleness=2"], tmp_path, monkeypatch, "stale")
     low, low_h = _run([*trm, "rollout.dtype=bfloat16"], tmp_path, monkeypatch, "bf16")
     assert on["rollout_corr/k3_kl"] < 1e-4 and set(on_h["trm/accept_rate"]) == {1.0}
+    assert "actor/post_update_kl_sampler" not in on  # on-policy: one centre
     for regime, history in ((stale, stale_h), (low, low_h)):
         assert regime["rollout_corr/k3_kl"] > 100 * max(on["rollout_corr/k3_kl"], 1e-9)
+        # the KL from the sampling copy, beside the one from pi_old (tests/backends/test_post_update_sampler_kl.py)
+        assert regime["actor/post_update_kl_sampler"] != regime["actor/post_update_kl"]
         assert regime["rollout_corr/log_ppl_abs_diff"] > on["rollout_corr/log_ppl_abs_diff"]
         assert min(history["trm/accept_rate"]) < 1.0
     assert stale["rollout_corr/chi2_token"] > 0

@@ -91,13 +91,23 @@ def _head_entries(
     out = {"logp": round_logprobs(own.logp.float(), precision), "entropy": own.entropy.float()}
     if diagnostics:
         out["pi_old_topk_index"], out["pi_old_topk_logp"] = own.topk_index.long(), own.topk_logp
-    if needs_sparse:
+    if needs_sparse or (diagnostics and rollout is not None):
         if rollout is None or isinstance(rollout, Head):
-            sampler = own if rollout is None else run(rollout, True)
-            out["old_topk_index"], out["old_topk_logp"] = sampler.topk_index.long(), sampler.topk_logp
+            store = own if rollout is None else run(rollout, True)
+            sampler = store.topk_index.long(), store.topk_logp
         else:  # a lower-precision sampling copy: its store from its own (rounded) logits
-            out["old_topk_index"], out["old_topk_logp"] = _sparse(rollout, responses, method.sparse)
+            sampler = _sparse(rollout, responses, method.sparse)
+        _sampler_entries(out, sampler, needs_sparse=needs_sparse, separate=rollout is not None and diagnostics)
     return out
+
+
+def _sampler_entries(out: dict, sampler: tuple[Tensor, Tensor], *, needs_sparse: bool, separate: bool) -> None:
+    """The sampling policy's top-K: ``old_topk_*`` for the method's loss; ``sampler_topk_*`` for the
+    post-update KL from the sampler when it is a separate copy (``separate``, diagnostics on)."""
+    if needs_sparse:
+        out["old_topk_index"], out["old_topk_logp"] = sampler
+    if separate:
+        out["sampler_topk_index"], out["sampler_topk_logp"] = sampler
 
 
 def old_entries(
@@ -114,8 +124,10 @@ def old_entries(
 
     ``logp`` (given: already computed from these logits) and ``entropy`` [rows,T]; ``pi_old_topk_index/logp``
     (``diagnostics``) and, when the method needs them, ``old_topk_index/logp``: the sampling policy's
-    top-K, from ``rollout_logits`` when it is a separate copy, else from ``logits``. Given ``Head``s
-    instead of logits, the same entries come from ``chunked_head`` (within 1e-5 of the dense ones).
+    top-K, from ``rollout_logits`` when it is a separate copy, else from ``logits``. With ``diagnostics``
+    and a separate sampling copy, also ``sampler_topk_index/logp`` (the same store, for every method: the
+    post-update KL from the sampler). Given ``Head``s instead of logits, the same entries come from
+    ``chunked_head`` (within 1e-5 of the dense ones).
     """
     if isinstance(logits, Head):
         return _head_entries(
@@ -129,9 +141,9 @@ def old_entries(
     own = _sparse(logits, responses, method.sparse) if (needs_sparse or diagnostics) else None
     if diagnostics:
         out["pi_old_topk_index"], out["pi_old_topk_logp"] = own
-    if needs_sparse:
+    if needs_sparse or (diagnostics and rollout_logits is not None):
         sampler = own if rollout_logits is None else _sparse(rollout_logits, responses, method.sparse)
-        out["old_topk_index"], out["old_topk_logp"] = sampler
+        _sampler_entries(out, sampler, needs_sparse=needs_sparse, separate=rollout_logits is not None and diagnostics)
     return out
 
 
@@ -150,7 +162,8 @@ def old_pass(
     ``old_topk_index/logp`` (when the method needs them) are the sampling policy's: from
     ``rollout_forward`` when the rollout policy is a separate copy (stale or lower precision), else
     from the same forward as log pi_old. ``diagnostics`` also stores pi_old's own top-K
-    (``pi_old_topk_*``) for the post-update KL.
+    (``pi_old_topk_*``) for the post-update KL, and with a separate sampling copy its top-K
+    (``sampler_topk_*``, one more forward of that copy for methods that do not need it anyway).
     """
     out: dict[str, list] = defaultdict(list)
     batch = data["input_ids"].shape[0]
@@ -158,7 +171,7 @@ def old_pass(
     with torch.no_grad():
         for s in range(0, batch, chunk):
             rows = slice(s, s + chunk)
-            sampler = rollout_forward is not None and method.requires("sparse_old")
+            sampler = rollout_forward is not None and (method.requires("sparse_old") or diagnostics)
             entries = old_entries(
                 forward(data, rows),
                 data["responses"][rows],

@@ -7,6 +7,9 @@ One no-grad forward of the updated model over the batch gives, against pi_old (t
   eq. 4), on pi_old's top-K plus one rest bin: exact when the kept tokens cover the vocabulary, a lower
   bound otherwise (coarse-graining never increases a KL). Every method logs it, so TROLL's region can be
   compared with what clipping does; ``actor/post_update_kl_frac_above_<eps>``: the share of tokens above eps;
+- ``actor/post_update_kl_sampler(_max)`` and ``actor/post_update_kl_sampler_frac_above_<eps>``: the same
+  against the sampling policy, where it is a separate copy (stale rollouts, a lower-precision sampler): the
+  distribution TROLL's projection is centred on (the old pass's ``sampler_topk_*``);
 - ``gtpo/conflict_prob_delta``: the mean change of log pi of the sampled tokens on conflict spans
   (GTPO, arXiv 2508.03772, section 5.1: the same token at the same forward or backward position of a
   positive and a negative response of a group), for every method with prompt groups, so GTPO's
@@ -24,27 +27,35 @@ from runners import metric_names as names
 from runners.algorithms.diagnostics import coarse_reverse_kl, conflict_tokens, kl_exceedance
 from runners.algorithms.numerics import token_logprobs
 
+_KL_NAMES = {
+    "pi_old": (names.POST_UPDATE_KL, names.POST_UPDATE_KL_MAX),
+    "sampler": (names.POST_UPDATE_KL_SAMPLER, names.POST_UPDATE_KL_SAMPLER_MAX),
+}
+
 
 def post_update_metrics(forward, data: dict, old: dict, advantages: Tensor, *, chunk: int, precision: str) -> dict:
     """The module's metrics from one no-grad forward of the updated model (``forward(data, rows)``)."""
     mask = data["mask"]
-    kls, logps = [], []
+    stores = [s for s in ("pi_old", "sampler") if f"{s}_topk_index" in old]
+    kls: dict[str, list[Tensor]] = {s: [] for s in stores}
+    logps = []
     with torch.no_grad():
         for s in range(0, mask.shape[0], chunk):
             rows = slice(s, s + chunk)
             logits = forward(data, rows)
             logps.append(token_logprobs(logits, data["responses"][rows], precision=precision))
-            if "pi_old_topk_index" in old:
-                flat = logits.reshape(-1, logits.shape[-1])
-                index = old["pi_old_topk_index"][rows].reshape(flat.shape[0], -1)
-                kls.append(coarse_reverse_kl(flat, index, old["pi_old_topk_logp"][rows].reshape(index.shape)))
+            flat = logits.reshape(-1, logits.shape[-1])
+            for store in stores:
+                index = old[f"{store}_topk_index"][rows].reshape(flat.shape[0], -1)
+                kls[store].append(coarse_reverse_kl(flat, index, old[f"{store}_topk_logp"][rows].reshape(index.shape)))
     real = mask.reshape(-1) > 0
     out: dict[str, float] = {}
-    if kls and bool(real.any()):
-        kl = torch.cat(kls)[real]
-        out[names.POST_UPDATE_KL] = float(kl.mean())
-        out[names.POST_UPDATE_KL_MAX] = float(kl.max())
-        out.update(kl_exceedance(kl))
+    for store, (mean_name, max_name) in _KL_NAMES.items():
+        if kls.get(store) and bool(real.any()):
+            kl = torch.cat(kls[store])[real]
+            out[mean_name] = float(kl.mean())
+            out[max_name] = float(kl.max())
+            out.update(kl_exceedance(kl, sampler=store == "sampler"))
     if data["group_index"] is not None and data["group_index"].unique().numel() < mask.shape[0]:
         conflicts = conflict_tokens(data, advantages, mask)
         if bool(conflicts.any()):
