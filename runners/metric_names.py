@@ -189,6 +189,17 @@ def val_response_length(data: str) -> str:
     return f"val-aux/{data}/response_length/mean"
 
 
+# per-prompt results of one evaluation, a JSON artifact of the run (the built-in trainer writes it at every
+# evaluation, ``analysis.eval_error`` reads it): {"step", "n", "sources": {<data>: {"keys": [...], "scores":
+# [[n scores of the prompt], ...]}}}, a prompt's key being its dataset index (its position when it has none)
+PER_PROMPT_ARTIFACT_PREFIX = "eval/per_prompt/"
+
+
+def per_prompt_artifact(step: int) -> str:
+    """``eval/per_prompt/step_000020.json``: the artifact of the per-prompt results of the evaluation at ``step``."""
+    return f"{PER_PROMPT_ARTIFACT_PREFIX}step_{step:0>6}.json"
+
+
 # -- run tags ----------------------------------------------------------------------------------
 # MLflow run statuses of a run that ended (FINISHED is also the status that makes a rerun skip the cell)
 TERMINAL_STATUSES = ("FINISHED", "FAILED", "KILLED")

@@ -196,7 +196,7 @@ DOMAINS = {
     "post_update_kl_frac_above": metric_names.POST_UPDATE_KL_THRESHOLDS,
     "timing_cpu": metric_names.TIMING_PHASES,
 }
-NOT_NAMES = {"code_version_label"}  # formats code versions, not a metric name
+NOT_NAMES = {"code_version_label", "per_prompt_artifact"}  # a code-version label and an artifact path
 
 
 def schema_metric_names() -> list[str]:

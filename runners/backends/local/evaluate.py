@@ -8,10 +8,19 @@ Every evaluation prompt gets ``n`` samples at the evaluation temperature. Per da
 - ``val-core/<data>/acc/maj_at_<k>/mean``: the reward of the most frequent extracted final answer
   among the first k samples (ties: the earliest), for the same k;
 - ``val-aux/<data>/response_length/mean`` and ``val-aux/<data>/entropy/mean``.
+
+The per-prompt scores of the last ``evaluate`` call are kept (``Evaluator.per_prompt``: per data source, each
+prompt's key and its ``n`` scores, in the evaluator's order) and logged by ``Evaluator.log_per_prompt`` as the
+run's JSON artifact ``metric_names.per_prompt_artifact(step)``: the evaluation's sampling error over prompts
+(``analysis.eval_error``) is computed from it. A prompt's key is its dataset index (``Example.meta["index"]``),
+else its position in the evaluator's list (also where indices repeat within a data source). Keeping and logging
+them draws nothing: the evaluation's numbers are the same with or without.
 """
 
 from __future__ import annotations
 
+import json
+import logging
 from collections import Counter, defaultdict
 from collections.abc import Callable, Sequence
 from math import comb
@@ -31,6 +40,7 @@ ANSWER_EXTRACTORS: dict[str, Callable[[str], str | None]] = {
     "math_answer_line": extract_answer_line,
     "gsm8k": lambda text: extract_gsm8k_answer(text) or extract_last_boxed(text),
 }
+_log = logging.getLogger(__name__)
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -58,6 +68,31 @@ def majority_score(answers: Sequence[str | None], scores: Sequence[float]) -> fl
         if answer and counted[answer] == best:
             return float(score)
     return 0.0  # pragma: no cover
+
+
+def per_prompt_scores(examples: Sequence[Any], scores: dict[int, list[float]]) -> dict[str, dict[str, list]]:
+    """{data source: {"keys": [...], "scores": [[...], ...]}} in the order of ``examples``; ``scores`` maps
+    ``id(example)`` to the example's sample scores. Keys: dataset indices where they are unique within the
+    source, else positions in ``examples``."""
+    out: dict[str, dict[str, list]] = {}
+    seen: set[int] = set()
+    for position, example in enumerate(examples):
+        if id(example) not in scores or id(example) in seen:
+            continue
+        seen.add(id(example))
+        meta = getattr(example, "meta", None)
+        index = meta.get("index") if isinstance(meta, dict) else None
+        key = index if isinstance(index, (int, str)) and not isinstance(index, bool) else None
+        entry = out.setdefault(example.data_source, {"keys": [], "positions": [], "scores": []})
+        entry["keys"].append(key)
+        entry["positions"].append(position)
+        entry["scores"].append(list(scores[id(example)]))
+    for entry in out.values():
+        positions = entry.pop("positions")
+        keys = entry["keys"]
+        if None in keys or len(set(keys)) < len(keys):
+            entry["keys"] = positions
+    return out
 
 
 class Evaluator:
@@ -89,6 +124,8 @@ class Evaluator:
         self.pad = pad_token_id
         self.eos = eos_token_id
         self.batch_size = batch_size
+        # {data source: {"keys": [...], "scores": [[n scores], ...]}} of the last evaluate() (module docstring)
+        self.per_prompt: dict[str, dict[str, list]] | None = None
 
     def _batches(self, examples: Sequence[Any], n: int, device: torch.device):
         """Each example ``n`` times, in left-padded batches of ``batch_size`` prompts."""
@@ -134,7 +171,22 @@ class Evaluator:
                 per_example[id(example)].append((score, answer, int(lengths[i])))
                 sources[id(example)] = example.data_source
                 entropies[example.data_source].append(mean_entropy[i])
+        self.per_prompt = per_prompt_scores(self.examples, {k: [s for s, _, _ in v] for k, v in per_example.items()})
         return self._summarise(per_example, sources, entropies)
+
+    def log_per_prompt(self, tracker, step: int, metrics: dict[str, float]) -> dict[str, float]:
+        """Log the last evaluation's per-prompt scores as the artifact ``metric_names.per_prompt_artifact(step)``
+        through ``tracker.log_text``; returns ``metrics`` unchanged. Never fails the run: a tracker without
+        ``log_text`` logs nothing, a failed write is a warning."""
+        log_text = getattr(tracker, "log_text", None)
+        if log_text is None or self.per_prompt is None:
+            return metrics
+        text = json.dumps({"step": int(step), "n": self.n, "sources": self.per_prompt})
+        try:
+            log_text(text, metric_names.per_prompt_artifact(int(step)))
+        except Exception as err:  # noqa: BLE001 - an analysis artifact, never a reason to fail the run
+            _log.warning("per-prompt evaluation results of step %d not logged (%s: %s)", step, type(err).__name__, err)
+        return metrics
 
     def _summarise(self, per_example, sources, entropies) -> dict[str, float]:
         by_source: dict[str, list[list[tuple[float, str | None, int]]]] = defaultdict(list)

@@ -138,7 +138,7 @@ class LocalTrainer:
         if start == 0 and self.method.requires("h_ini"):
             self.h_ini = self._initial_entropy(self.method.h_ini_prompts)
         if start == 0 and t.eval_every:
-            self.tracker.log_metrics(self._evaluate(), step=0)
+            self.tracker.log_metrics(self._evaluate(0), step=0)
         final: dict[str, float] = {}
         bar = progress(range(start, t.total_steps), enabled=self.cfg.progress, desc=self.label or "train")
         for step in bar:
@@ -151,7 +151,7 @@ class LocalTrainer:
                 pause(self.cfg.debug.step_delay_s, lambda: self.stop_requested)
             done = step + 1
             if t.eval_every and (done % t.eval_every == 0 or done == t.total_steps):
-                metrics.update(self._evaluate())
+                metrics.update(self._evaluate(done))
             check_finite(metrics, done)
             self.tracker.log_metrics(metrics, step=done)
             final = metrics
@@ -322,12 +322,12 @@ class LocalTrainer:
         )
 
     # -- evaluation and checkpoints ---------------------------------------------------------------
-    def _evaluate(self) -> dict[str, float]:
+    def _evaluate(self, step: int) -> dict[str, float]:
         start = time.perf_counter()
         self.model.eval()
         metrics = self.evaluator.evaluate(self.model, generator=make_generator(self.device, self.cfg.seed + 7))
         metrics[names.TIMING_TESTING] = time.perf_counter() - start
-        return metrics
+        return self.evaluator.log_per_prompt(self.tracker, step, metrics)  # its per-prompt scores: an artifact
 
     def _initial_entropy(self, prompts: int) -> float:
         """H_ini of GTPO: mean token entropy of the initial model on the first training prompts."""
