@@ -32,7 +32,8 @@ server on 127.0.0.1 proxying artifacts): naive loop 67-111 s, get-history-bulk 1
 1.5-1.7 s (41-64x the naive loop; ~30 ms a download, 4 at a time); the warm parquet cache 0.23 s.
 
 Every reader takes ``FetchRequest``s (run, metric keys with their latest step, first step wanted)
-and returns a frame with ``analysis.frames.METRIC_COLUMNS``.
+and returns a frame with ``analysis.frames.METRIC_COLUMNS``; ``pick_source`` chooses one for a tracking
+URI (the store's files on this machine found by ``analysis.store_files``).
 """
 
 from __future__ import annotations
@@ -44,12 +45,13 @@ import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from urllib.parse import unquote, urlparse
+from urllib.parse import urlparse
 
 import pandas as pd
 from tqdm.auto import tqdm
 
 from analysis.frames import METRIC_COLUMNS, empty_metrics, normalize_metrics
+from analysis.store_files import file_store_root, has_metrics_table, sqlite_path
 
 BULK_ENDPOINT = "/ajax-api/2.0/mlflow/metrics/get-history-bulk"
 BULK_INTERVAL_ENDPOINT = "/ajax-api/2.0/mlflow/metrics/get-history-bulk-interval"
@@ -339,26 +341,6 @@ class ArtifactSource:
         return _frame(pd.concat(frames, ignore_index=True)) if frames else empty_metrics()
 
 
-def sqlite_path(tracking_uri: str) -> Path | None:
-    """The database file of a ``sqlite:///path`` URI (relative or ``sqlite:////abs``), else None."""
-    if not tracking_uri.startswith("sqlite:///"):
-        return None
-    path = tracking_uri[len("sqlite:///") :].split("?", 1)[0]
-    if path in ("", ":memory:"):
-        return None
-    return Path(unquote(path)).resolve()
-
-
-def file_store_root(tracking_uri: str) -> Path | None:
-    """The root directory of a ``file:`` (or plain path) tracking URI, else None."""
-    parsed = urlparse(tracking_uri)
-    if parsed.scheme == "file":
-        return Path(unquote(parsed.path))
-    if parsed.scheme == "" and tracking_uri:
-        return Path(tracking_uri).resolve()
-    return None
-
-
 def pick_source(client, tracking_uri: str, bulk: bool = True, backend_uri: str | None = None, artifacts: bool = True):
     """The fastest reader for ``tracking_uri`` (``bulk=False``: the per-metric client loop).
 
@@ -371,13 +353,13 @@ def pick_source(client, tracking_uri: str, bulk: bool = True, backend_uri: str |
         return ClientSource(client)
     if backend_uri:
         db = sqlite_path(backend_uri)
-        if db is None or not db.exists() or not _has_metrics_table(db):
+        if db is None or not db.exists() or not has_metrics_table(db):
             raise ValueError(
                 f"backend_uri {backend_uri!r} is not a readable MLflow sqlite store (sqlite:///path/to/mlflow.db)"
             )
         return SqliteSource(db)
     db = sqlite_path(tracking_uri)
-    if db is not None and db.exists() and _has_metrics_table(db):
+    if db is not None and db.exists() and has_metrics_table(db):
         return SqliteSource(db)
     workers = int(os.environ.get("TRUSTBENCH_LOAD_WORKERS", 4))
     reader = None
@@ -391,18 +373,6 @@ def pick_source(client, tracking_uri: str, bulk: bool = True, backend_uri: str |
             return FileStoreSource(root)
         reader = ClientSource(client)
     return ArtifactSource(reader, tracking_uri, workers=workers) if artifacts else reader
-
-
-def _has_metrics_table(db: Path) -> bool:
-    try:
-        con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
-        try:
-            cols = {row[1] for row in con.execute("PRAGMA table_info(metrics)")}
-        finally:
-            con.close()
-    except sqlite3.Error:
-        return False
-    return {"run_uuid", "key", "value", "timestamp", "step", "is_nan"} <= cols
 
 
 def _quiet(progress: bool | None, n: int) -> bool | None:

@@ -41,7 +41,6 @@ from reportlab.pdfbase.ttfonts import TTFont
 from reportlab.platypus import (
     BaseDocTemplate,
     CondPageBreak,
-    Flowable,
     Frame,
     Image,
     KeepTogether,
@@ -53,6 +52,8 @@ from reportlab.platypus import (
     Table,
     TableStyle,
 )
+
+from reports.pdf_flowables import Captioned
 
 MARGIN = 14 * mm
 BODY_PT = 9.0
@@ -262,36 +263,7 @@ def _table_story(label: str, table, size: float, widths: list[float], frame_h: f
     # a long table starts where its heading, header and a few rows fit, and continues on the next pages
     start = heading.wrap(sum(widths), frame_h)[1] + sum(flow._rowHeights[: len(header) + 4]) + 20
     heading.style = ParagraphStyle("heading-long", heading.style, keepWithNext=False)
-    return [CondPageBreak(start), heading, _Captioned(flow, under)]
-
-
-class _Captioned(Flowable):
-    """A long table with its caption and notes: where it splits over pages, the rows that end it come
-    along with the caption rather than leave it alone at the top of a page."""
-
-    def __init__(self, table: Table, under: list) -> None:
-        super().__init__()
-        self.table, self.under = table, under
-
-    def _parts(self, aW: float, aH: float) -> list[tuple[Flowable, float, float]]:
-        """(flowable, space above, height) of the table and of each paragraph under it."""
-        out = [(self.table, 0.0, self.table.wrap(aW, aH)[1])]
-        return out + [(f, f.getSpaceBefore(), f.wrap(aW, aH)[1]) for f in self.under]
-
-    def wrap(self, aW: float, aH: float) -> tuple[float, float]:
-        self.width, self.height = aW, sum(space + h for _, space, h in self._parts(aW, aH))
-        return self.width, self.height
-
-    def draw(self) -> None:
-        y = self.height
-        for f, space, h in self._parts(self.width, self.height):
-            y -= space + h
-            f.drawOn(self.canv, 0, y)
-
-    def split(self, aW: float, aH: float) -> list:
-        below = sum(space + h for _, space, h in self._parts(aW, aH)[1:])
-        parts = self.table.split(aW, aH - below)
-        return [parts[0], _Captioned(parts[1], self.under)] if len(parts) == 2 else []
+    return [CondPageBreak(start), heading, Captioned(flow, under)]
 
 
 # -- figures --------------------------------------------------------------------------------------

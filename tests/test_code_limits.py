@@ -3,8 +3,10 @@
 - ``ruff check`` with the project's configuration (pyproject.toml) passes on runners, analysis, reports and
   tests; that configuration selects C901 with ``max-complexity = 12``, so no function is over cyclomatic
   complexity 12;
-- no file under runners/ is over 400 lines, and the built-in trainer (runners/backends/local/trainer.py)
-  is at most 350 lines (batching, critic, T-PPO windows and checkpoint state live in their own modules).
+- no file under runners/, analysis/ or reports/ is over 400 lines (a long module is split along a seam:
+  the papers' claims one module per paper, the synthetic curves apart from the store writer), and the
+  built-in trainer (runners/backends/local/trainer.py) is at most 350 lines (batching, critic, T-PPO
+  windows and checkpoint state live in their own modules).
 
 Both checks are also run on a small tree with a deliberately bad file (an over-complex function, an
 over-long file), which they must report.
@@ -22,6 +24,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "pyproject.toml"
 LINTED = ("runners", "analysis", "reports", "tests")
+CAPPED = ("runners", "analysis", "reports")
 MAX_LINES = 400
 FILE_LIMITS = {"runners/backends/local/trainer.py": 350}
 MAX_COMPLEXITY = 12
@@ -54,9 +57,9 @@ def ruff_violations(root: Path, paths) -> list[str]:
 
 
 def long_files(root: Path) -> list[str]:
-    """Files of runners/ over their line limit, as ``path: N lines (limit L)``."""
+    """Files of runners/, analysis/ and reports/ over their line limit, as ``path: N lines (limit L)``."""
     found = []
-    for path in sorted((root / "runners").rglob("*.py")):
+    for path in sorted(p for top in CAPPED for p in (root / top).rglob("*.py")):
         rel = path.relative_to(root).as_posix()
         limit = FILE_LIMITS.get(rel, MAX_LINES)
         n = len(path.read_text().splitlines())
@@ -98,7 +101,12 @@ def test_an_over_complex_function_is_reported(tmp_path):
 
 @pytest.mark.parametrize(
     ("where", "limit"),
-    [("runners/sweep/bad.py", MAX_LINES), ("runners/backends/local/trainer.py", 350)],
+    [
+        ("runners/sweep/bad.py", MAX_LINES),
+        ("runners/backends/local/trainer.py", 350),
+        ("analysis/tables/bad.py", MAX_LINES),
+        ("reports/bad.py", MAX_LINES),
+    ],
 )
 def test_an_over_long_file_is_reported(tmp_path, where, limit):
     """The line check fails on a file one line over its limit (and names it), and passes at the limit."""
