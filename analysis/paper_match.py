@@ -1,8 +1,8 @@
 """Which rows of the papers' tables describe the same setting as an arm of a sweep.
 
-A sweep without a dedicated report (a user's own sweep of Qwen3-8B with GRPO and TROLL on DAPO-Math, the
-stability map) can still contain arms that ran exactly a setting a paper reports. ``paper_matches(data)``
-finds them, so the report prints the paper's number beside ours there, and nowhere else.
+A sweep without a dedicated report (a user's own sweep of Qwen3-8B with GRPO and TROLL on DAPO-Math) can
+still contain arms that ran exactly a setting a paper reports. ``paper_matches(data)`` finds them, so the
+generic report prints the paper's number beside ours there, and nowhere else.
 
 An arm (``analysis.arms.run_labels``) matches a row of a paper table when every key of that table agrees:
 

@@ -14,8 +14,11 @@ their curves are in ``analysis.synthetic_curves``; this module logs them, or bui
 from __future__ import annotations
 
 import argparse
+import json
+import zlib
 from dataclasses import replace
 
+import numpy as np
 import pandas as pd
 
 from analysis.frames import ExperimentData, normalize_metrics
@@ -46,8 +49,45 @@ def run_params(spec: SyntheticSpec, method: SyntheticMethod, seed: int) -> dict[
         "algorithm.mask": method.tags.get(metric_names.TAG_MASK, "none"),
         "objective.eps": objective_eps(method),
         "optim.lr": 1e-6,
+        **{f"algorithm.components.{group}": name for group, name in preset_components(method).items()},
         **method.params,
     }
+
+
+def preset_components(method: SyntheticMethod) -> dict[str, str]:
+    """The components a run's algorithm preset declares (real runs log ``algorithm.components.<group>``): the
+    method's own estimator and entropy control, no mask, and its objective with TROLL's swapped back to the
+    preset's (``troll_seq`` is GSPO's sequence clip)."""
+    objective = method.tags.get(metric_names.TAG_OBJECTIVE, "clip")
+    if objective.startswith("troll"):
+        objective = "gspo" if objective == "troll_seq" else "clip"
+    return {
+        "estimator": method.tags.get(metric_names.TAG_ESTIMATOR, "grpo"),
+        "objective": objective,
+        "mask": "none",
+        "entropy_control": method.tags.get(metric_names.TAG_ENTROPY_CONTROL, "none"),
+    }
+
+
+# per-prompt results of the synthetic evaluations (``metric_names.per_prompt_artifact``): PROMPTS prompts whose
+# difficulty is shared by every method and seed of a sweep, one sample each, averaging exactly to the logged value
+PROMPTS = 32
+
+
+def per_prompt_payloads(spec: SyntheticSpec, curves: dict) -> dict[int, dict]:
+    """{eval step: the artifact payload of that evaluation} for one run's ``curves``: prompt j of evaluation set
+    ``d`` scores ``v + a c_j`` (c: the sweep's centred prompt difficulties, a within [0, 1]), mean exactly ``v``."""
+    rng = np.random.default_rng(zlib.crc32(spec.experiment.encode()))
+    c = rng.normal(size=PROMPTS)
+    c = (c - c.mean()) / np.abs(c - c.mean()).max()
+    payloads: dict[int, dict] = {}
+    for data in spec.eval_sets:
+        steps, values = curves.get(metric_names.val_acc_mean(data, 1), ((), ()))
+        for step, v in zip(steps, values):
+            scores = float(v) + 0.8 * min(float(v), 1.0 - float(v)) * c
+            sources = payloads.setdefault(int(step), {"step": int(step), "n": 1, "sources": {}})["sources"]
+            sources[data] = {"keys": list(range(PROMPTS)), "scores": [[float(x)] for x in scores]}
+    return payloads
 
 
 def log_synthetic_experiment(tracking_uri: str, spec: SyntheticSpec) -> dict[tuple[str, int], dict]:
@@ -91,6 +131,8 @@ def log_synthetic_experiment(tracking_uri: str, spec: SyntheticSpec) -> dict[tup
             ]
             for i in range(0, len(points), 1000):
                 client.log_batch(run_id, metrics=points[i : i + 1000])
+            for step, payload in per_prompt_payloads(spec, curves).items():
+                client.log_text(run_id, json.dumps(payload), metric_names.per_prompt_artifact(step))
             client.set_terminated(run_id)
             truth[(method.key, seed)] = {"run_id": run_id, "curves": curves}
     return truth
@@ -99,8 +141,9 @@ def log_synthetic_experiment(tracking_uri: str, spec: SyntheticSpec) -> dict[tup
 def synthetic_data(spec: SyntheticSpec) -> tuple[ExperimentData, dict[tuple[str, int], dict]]:
     """The frames ``load_experiment`` would return for ``spec`` once logged, built in memory
     (for tests of tables and reports that do not exercise MLflow); run ids are "<key>-s<seed>" (the method's
-    label, with " | <regime>" when it has a regime tag)."""
-    runs, points, truth = [], [], {}
+    label, with " | <regime>" when it has a regime tag). The runs' per-prompt evaluation results, which a store
+    holds as artifacts, are in ``load_info["per_prompt"]`` ({(run_id, step): payload}, ``analysis.eval_error``)."""
+    runs, points, truth, per_prompt = [], [], {}, {}
     for i, method in enumerate(spec.methods):
         for seed in spec.seeds:
             run_id = f"{method.key}-s{seed}"
@@ -134,8 +177,9 @@ def synthetic_data(spec: SyntheticSpec) -> tuple[ExperimentData, dict[tuple[str,
                     )
                 )
             truth[(method.key, seed)] = {"run_id": run_id, "curves": curves}
+            per_prompt.update(((run_id, step), p) for step, p in per_prompt_payloads(spec, curves).items())
     metrics = normalize_metrics(pd.concat(points, ignore_index=True))
-    return ExperimentData(runs=pd.DataFrame(runs), metrics=metrics), truth
+    return ExperimentData(runs=pd.DataFrame(runs), metrics=metrics, load_info={"per_prompt": per_prompt}), truth
 
 
 def _m(label: str, algorithm: str, objective: str = "clip", estimator: str | None = None, **kw) -> SyntheticMethod:

@@ -90,6 +90,8 @@ TIMING_TABLE = _t("timing:timing_table")
 SCALING = _t("scaling:scaling_table")
 AGGREGATES = _t("aggregates:aggregate_table")  # IQM, mean, P(improvement) (arXiv 2108.13264)
 LEARNING = _t("learning:learning_table")  # area under the evaluation curve, steps and CPU seconds to a target
+EVAL_ERROR = _t("eval_error:eval_error_table")  # eval sampling error: prompts resampled, paired against the baseline
+PAPER_NUMBERS = _t("paper_match:paper_numbers_table")  # the papers' numbers where an arm ran a paper table's setting
 
 
 def _compare(tags: dict[str, str] | None = None, match: tuple[str, ...] = ()) -> Item:
@@ -114,6 +116,8 @@ register_report(
             SETUP,
             OVERVIEW,
             _compare(),
+            PAPER_NUMBERS,
+            EVAL_ERROR,
             AGGREGATES,
             LEARNING,
             _claims(*ALL_CLAIMS, show_unchecked=False),
@@ -137,6 +141,7 @@ register_report(
             SETUP,
             OVERVIEW,
             _compare(),
+            EVAL_ERROR,
             AGGREGATES,
             LEARNING,
             # every paper's headline claims; T-PPO's row says which sweep runs it

@@ -121,11 +121,14 @@ def eval_error_table(
     reader: Reader | None = None,
 ) -> Table:
     """Rows (evaluation set, method); columns ``COLUMNS`` (module docstring). ``reader(run_id, step)`` gives a
-    run's per-prompt artifact (default: from the store ``data.load_info["tracking_uri"]``)."""
+    run's per-prompt artifact (default: ``data.load_info["per_prompt"]`` for runs built in memory, else from the
+    store ``data.load_info["tracking_uri"]``)."""
     evals = list(eval_metrics(data.metric_names()).items())[:max_evals]
     if not evals:
         raise SkipItem("no run logs an evaluation (val-core/<data>/acc/mean_at_<n>)")
-    uri = data.load_info.get("tracking_uri")
+    held, uri = data.load_info.get("per_prompt"), data.load_info.get("tracking_uri")
+    if reader is None and held is not None:  # built in memory (analysis.synthetic): the results come with the runs
+        reader = lambda run_id, step: held.get((run_id, step))  # noqa: E731
     if reader is None and not uri:
         raise SkipItem(f"{NOT_LOGGED}; these runs were not loaded from a tracking store")
     reader = reader or mlflow_reader(uri)

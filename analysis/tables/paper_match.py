@@ -1,6 +1,6 @@
 """The papers' published numbers beside ours wherever an arm of a sweep ran a paper table's setting.
 
-For a sweep without a dedicated paper report (the generic report, the stability map): every arm whose model,
+For a sweep without a dedicated paper report (the generic report): every arm whose model,
 method, objective, evaluation set (and training data where the paper names it) match a row of a paper table
 (``analysis.paper_match``, which documents the keys of each table) gets a row per matched paper cell.
 

@@ -168,6 +168,7 @@ def _sweep(seed_sd: float = 0.3, prompts: int = 64):
     spec = SyntheticSpec("eval_error", methods, seeds=(0, 1, 2), steps=FINAL, eval_every=10,
                          eval_sets=(SOURCE,), families=frozenset({"core"}))  # fmt: skip
     data, truth = synthetic_data(spec)
+    data.load_info.pop("per_prompt")  # the results drawn here stand in for the synthetic ones
     rng = np.random.default_rng(3)
     theta = rng.normal(0.0, SD, prompts)
     payloads, means = {}, {}
@@ -273,6 +274,21 @@ def test_table_is_skipped_without_artifacts_or_store():
         eval_error_table(data, reader=lambda run_id, step: None)
     with pytest.raises(SkipItem, match="not loaded from a tracking store"):
         eval_error_table(data)
+
+
+def test_runs_built_in_memory_carry_their_per_prompt_results():
+    """analysis.synthetic holds the results a store would hold as artifacts in load_info["per_prompt"]: the
+    table reads them, and each run's averages to its logged final value (else the run would be left out)."""
+    spec = SyntheticSpec("eval_error_mem", [_m("GRPO", "grpo"), _m("GRPO+TROLL", "grpo", "troll")], seeds=(0, 1),
+                         steps=FINAL, eval_every=10, eval_sets=(SOURCE,), families=frozenset({"core"}))  # fmt: skip
+    data, truth = synthetic_data(spec)
+    for info in truth.values():
+        steps, values = info["curves"][METRIC]
+        payload = data.load_info["per_prompt"][(info["run_id"], int(steps[-1]))]
+        scores = np.array(payload["sources"][SOURCE]["scores"])
+        assert scores.mean() == pytest.approx(values[-1], abs=1e-12) and np.all((scores >= 0) & (scores <= 1))
+    table = eval_error_table(data)
+    assert not table.notes and len(table.values) == 2
 
 
 def test_table_reads_the_artifacts_from_an_mlflow_store(tb_home, tmp_path):
