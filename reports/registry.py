@@ -83,6 +83,7 @@ OVERVIEW = _t("generic:overview_table")
 CONFIG_DIFF = _t("generic:config_diff_table")
 SUCCESS = _f("curves:success_figure")
 ENTROPY = _f("curves:entropy_figure")
+CONTROLLERS = _f("controllers:controller_figure")  # ADAPO's eps_high, REPO-R's zeta and their caps
 LENGTH = _f("curves:response_length_figure")
 CLIP = _f("curves:clip_projection_figure")
 TIMING = _f("timing:timing_figure")
@@ -124,6 +125,7 @@ register_report(
             _t("generic:eval_start_end_table"),
             _t("generic:final_metrics_table"),
             _f("curves:all_metrics_figure"),
+            CONTROLLERS,
             SCALING,
             TIMING_TABLE,
             CONFIG_DIFF,
@@ -153,10 +155,11 @@ register_report(
             ),
             SUCCESS,
             ENTROPY,
+            CONTROLLERS,
             LENGTH,
             CLIP,
             _f("trm:acceptance_figure"),
-            SCALING,
+            # no reward-vs-compute fit: its 5 evaluations are fewer than the fit needs (analysis.scaling.MIN_POINTS)
             TIMING,
             TIMING_TABLE,
             CONFIG_DIFF,
@@ -307,6 +310,7 @@ register_report(
             _claims(*ALL_CLAIMS, show_unchecked=False),
             _f("stability:regime_curves_figure"),
             ENTROPY,
+            CONTROLLERS,
             CONFIG_DIFF,
         ),
     )

@@ -93,6 +93,10 @@ def scaling_table(data: ExperimentData, reward: str | None = None, compute: str 
     fits = fit_runs(data, reward, compute)
     if not len(fits):
         raise SkipItem(f"no run logs {reward}")
+    if not fits["ok"].any():  # an all-empty table says nothing: one line with why
+        reasons = fits["reason"].value_counts()
+        why = "; ".join(f"{n} run(s): {reason}" for reason, n in reasons.items())
+        raise SkipItem(f"no run's {reward} against {COMPUTE_AXES[compute][1]} could be fitted ({why})")
     cols = ["runs fitted", "A (asymptote) [95% CI]", "B (efficiency) [95% CI]", "C_mid (median)", "R0 (mean)"]
     order = [a for a in arm_table(data).index if a in set(fits["arm"])]
     index = pd.Index(order, name="Method")

@@ -61,3 +61,40 @@ def test_a_figure_reproduces_a_papers_figure_only_when_the_sweep_ran_its_method(
     assert reproduces_if_run(_labels([("T-PPO", "tppo", "clip")]), "tppo", ref) == (ref, "")
     reproduces, note = reproduces_if_run(_labels([("GRPO", "grpo", "clip")]), "tppo", ref)
     assert reproduces == "" and ref in note and "no T-PPO run" in note
+
+
+def test_controller_figure_draws_each_run_with_its_caps_and_counts_the_pinned_runs():
+    """REPO-R's zeta grows into its max cap on every seed, ADAPO's eps_high drifts inside its caps: the figure
+    has one line per run equal to the logged |value|, dashed lines at the configured caps, and a caption
+    counting the runs whose last quarter sits at a cap (counted here from the curves)."""
+    import numpy as np
+
+    from analysis.figures.controllers import controller_figure
+    from analysis.synthetic import ADAPO_CAPS, REPO_R_CAPS, SyntheticSpec, _m, synthetic_data
+    from runners import metric_names
+
+    methods = [
+        _m("REPO-R", "repo_r", entropy_control="repo_r", zeta_growth=10.0, params=dict(REPO_R_CAPS)),
+        _m("ADAPO", "adapo", entropy_control="adapo", params=dict(ADAPO_CAPS)),
+    ]
+    spec = SyntheticSpec("controllers", methods, seeds=(0, 1, 2), steps=40, eval_every=10)
+    data, truth = synthetic_data(spec)
+    fig = controller_figure(data)
+    axes = {ax.get_title().split(" ")[0]: ax for ax in fig.mpl.axes}
+    zeta_ax, eps_ax = axes[metric_names.ENTROPY_ZETA], axes[metric_names.ENTROPY_EPS_HIGH]
+    for ax, label, metric, caps in (
+        (zeta_ax, "REPO-R", metric_names.ENTROPY_ZETA, REPO_R_CAPS),
+        (eps_ax, "ADAPO", metric_names.ENTROPY_EPS_HIGH, ADAPO_CAPS),
+    ):
+        solid = [line for line in ax.get_lines() if line.get_linestyle() == "-"]
+        dashed = sorted(line.get_ydata()[0] for line in ax.get_lines() if line.get_linestyle() == "--")
+        curves = [truth[(label, s)]["curves"][metric] for s in spec.seeds]
+        assert len(solid) == 3
+        for line, (steps, values) in zip(solid, curves):
+            assert np.array_equal(line.get_xdata(), steps) and np.allclose(line.get_ydata(), np.abs(values))
+        assert dashed == sorted(abs(v) for v in caps.values())
+        pinned = sum(
+            bool(np.all(np.isclose(v[-(len(v) // 4) :], max(caps.values()), rtol=1e-6))) for _, v in curves
+        )  # every value of the last quarter at the max cap
+        assert f"{metric}: {pinned} of 3 runs pinned" in fig.caption
+    assert "entropy/zeta: 3 of 3 runs pinned" in fig.caption and "entropy/eps_high: 0 of 3" in fig.caption

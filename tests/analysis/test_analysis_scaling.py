@@ -6,7 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from analysis.frames import ExperimentData
 from analysis.scaling import fit_sigmoid, sigmoid_reward
+from analysis.skip import SkipItem
 from analysis.synthetic import profile, synthetic_data
 from analysis.tables.scaling import scaling_table
 from runners import metric_names
@@ -72,8 +74,21 @@ def test_scaling_table_fits_each_run_on_its_cumulative_wall_time():
         assert table.values.loc[method.label, "runs fitted"] == 3
 
 
-def test_scaling_table_says_why_a_run_was_not_fitted():
+def test_scaling_table_says_why_no_run_was_fitted_instead_of_an_empty_table():
     data, _ = synthetic_data(profile("tppo_table1", steps=30, seeds=(0,)))  # evaluations at 0, 10, 20, 30
+    with pytest.raises(SkipItem, match=r"could be fitted \(\d+ run\(s\): 3 points of positive compute \(< 6\)\)"):
+        scaling_table(data)
+
+
+def test_scaling_table_names_the_runs_it_could_not_fit():
+    """One run cut to its first evaluations: the others are fitted, its row says 0 of 1 and a note says why."""
+    data, _ = synthetic_data(profile("tppo_table1", steps=120, seeds=(0,)))
+    labels = data.labels()
+    cut = str(labels["run_id"].iloc[0])
+    keep = (data.metrics["run_id"] != cut) | (data.metrics["step"] <= 30)
+    data = ExperimentData(runs=data.runs, metrics=data.metrics[keep].reset_index(drop=True), load_info=data.load_info)
     table = scaling_table(data)
-    assert (table.display["runs fitted"] == "0 / 1").all()
-    assert any("3 points of positive compute (< 6)" in n for n in table.notes)
+    method = str(labels[metric_names.TAG_METHOD].iloc[0])
+    assert table.display.loc[method, "runs fitted"] == "0 / 1"
+    assert (table.display.drop(index=method)["runs fitted"] == "1 / 1").all()
+    assert any(n.startswith(f"{method}: not fitted") and "points of positive compute" in n for n in table.notes)

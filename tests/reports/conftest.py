@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import pytest
 
-from analysis.synthetic import SyntheticSpec, _m, synthetic_data
+from analysis.synthetic import REPO_R_CAPS, SyntheticSpec, _m, synthetic_data
 
-ALL_FAMILIES = frozenset({"core", "timing", "perf", "roofline", "trm"})
+ALL_FAMILIES = frozenset({"core", "timing", "perf", "roofline", "trm", "claims"})
 
 
 def kitchen_sink_spec(experiment: str = "kitchen_sink") -> SyntheticSpec:
-    """Clip, TROLL, chunked TROLL, T-PPO and a TRM mask; every metric family; AIME + MATH + in-domain evals."""
+    """Clip, TROLL, chunked TROLL, T-PPO, a TRM mask and REPO-R; every metric family; AIME + MATH + in-domain evals."""
     return SyntheticSpec(
         experiment,
         [
@@ -21,9 +21,10 @@ def kitchen_sink_spec(experiment: str = "kitchen_sink") -> SyntheticSpec:
             _m("PPO", "ppo"),
             _m("T-PPO", "tppo"),
             _m("TRM-Max", "grpo", "token_is", mask="trm_max", violation_p=1e-4),
+            _m("REPO-R", "repo_r", entropy_control="repo_r", zeta_growth=10.0, params=dict(REPO_R_CAPS)),
         ],
         seeds=(0, 1),
-        steps=16,
+        steps=24,  # 6 evaluations at positive compute: the reward-vs-compute fit needs 6
         eval_every=4,
         eval_sets=("dapo_math", "aime24", "aime25", "math500"),
         model="qwen3_8b",
