@@ -215,18 +215,11 @@ def write_outputs(out_dir: Path, items: list[BuiltItem], html: str) -> Path:
 PDF_RENDERERS = ("auto", "chromium", "reportlab")
 
 
-def chromium_hint(experiment: str) -> str:
-    return (
-        "for the browser-rendered PDF install Chromium (Debian/Ubuntu: apt-get install chromium) or set "
-        f"TRUSTBENCH_CHROMIUM to a Chrome/Chromium binary, then rerun: trustbench report {experiment} --pdf-renderer chromium"
-    )
-
-
 def write_pdf(
     html_path: Path, pdf_path: Path, renderer: str, experiment: str, spec: ReportSpec, items: list[BuiltItem], meta
 ) -> tuple[Path, str, str]:
     """(path, renderer used, note). ``auto``: Chromium when it is found and works, else reportlab."""
-    from reports.chromium import ChromiumMissingError, html_to_pdf
+    from reports.chromium import ChromiumMissingError, chromium_hint, html_to_pdf
     from reports.pdf import render_pdf
 
     if renderer not in PDF_RENDERERS:

@@ -37,6 +37,14 @@ class ChromiumMissingError(RuntimeError):
     """No Chromium/Chrome binary found."""
 
 
+def chromium_hint(experiment: str) -> str:
+    """How to get the browser-rendered PDF of ``experiment`` (shown when the reportlab fallback was used)."""
+    return (
+        "for the browser-rendered PDF install Chromium (Debian/Ubuntu: apt-get install chromium) or set "
+        f"TRUSTBENCH_CHROMIUM to a Chrome/Chromium binary, then rerun: trustbench report {experiment} --pdf-renderer chromium"
+    )
+
+
 def find_chromium() -> str:
     explicit = os.environ.get("TRUSTBENCH_CHROMIUM")
     if explicit:

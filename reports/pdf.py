@@ -53,6 +53,7 @@ from reportlab.platypus import (
     TableStyle,
 )
 
+from reports.chromium import chromium_hint
 from reports.pdf_flowables import Captioned
 
 MARGIN = 14 * mm
@@ -302,8 +303,6 @@ def _footer(experiment: str):
 
 def render_pdf(path: str | Path, title: str, description: str, meta: list[tuple[str, str]], items: list) -> Path:
     """Write ``items`` (``reports.build.BuiltItem``) to ``path`` as a multi-page PDF; returns the path."""
-    from reports.build import chromium_hint
-
     _register_fonts()
     st = _styles()
     path = Path(path)

@@ -35,6 +35,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from runners.store_errors import describe_error
+
 # metric logged every step; its history tells which steps are already in MLflow
 STEP_METRIC = "training/global_step"
 # the run's whole metric history, written by RunTracker at checkpoints and at the end
@@ -163,8 +165,6 @@ def read_history(client, run_id: str) -> MetricHistory | None:
         with tempfile.TemporaryDirectory(prefix="trustbench-history-") as tmp:
             table = pq.read_table(client.download_artifacts(run_id, HISTORY_ARTIFACT, tmp))
     except Exception as err:  # noqa: BLE001 - then the history is read from the store
-        from runners.tracking import describe_error  # (tracking imports this module)
-
         _log.warning("run %s: previous metric history artifact not read (%s)", run_id, describe_error(err))
         return None
     if (table.schema.metadata or {}).get(b"trustbench.run_id") != run_id.encode():

@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from runners.config import ConfigError
+from runners.config.errors import ConfigError
 from runners.config.regime import ON_POLICY, regime_label
 
 GPUS_PER_NODE_MAX = 8

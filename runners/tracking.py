@@ -39,7 +39,6 @@ import importlib.metadata
 import json
 import logging
 import os
-import re
 import socket
 import subprocess
 import threading
@@ -62,20 +61,10 @@ from runners.metric_history import (  # noqa: F401  (HISTORY_ARTIFACT, TAG_HISTO
 )
 from runners.redact import redact
 from runners.sqlite_store import ensure_sqlite_store
+from runners.store_errors import describe_error
 
 _MAX_PARAM_LEN = 6000
 _log = logging.getLogger(__name__)
-_STORE_ERROR = re.compile(r"\(((?:sqlite3|psycopg2|pymysql)\.\w+)\) ([^\n\\\[]+)")
-
-
-def describe_error(err: BaseException) -> str:
-    """``Type: message``, an error of MLflow's SQL store cut to what went wrong (not the statement,
-    its parameters and MLflow's wrapping: thousands of characters); credentials of URIs masked."""
-    text = str(err)
-    found = _STORE_ERROR.search(text) if "[SQL:" in text else None
-    if found:
-        return redact(f"{type(err).__name__}: the MLflow store failed ({found[1]}: {found[2].strip()})")
-    return redact(f"{type(err).__name__}: {text}")
 
 
 class _StoreErrorFilter(logging.Filter):

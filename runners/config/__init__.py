@@ -16,8 +16,9 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from runners.config.errors import ConfigError
 from runners.config.schema import TrustbenchConfig, register_configs
-from runners.config.validate import ConfigError, validate
+from runners.config.validate import validate
 from runners.paths import repo_root
 
 CONF_DIR: Path = repo_root() / "conf"

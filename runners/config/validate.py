@@ -9,10 +9,8 @@ offending key, e.g. ``config key 'objective.eps': must be > 0 (got -0.1)``.
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 import re
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +18,9 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from runners.config.components import field_checks
+from runners.config.errors import Checker, ConfigError
 from runners.config.schema import LAUNCHERS, ROLLOUT_MODES, RolloutConfig, TrainerConfig
+from runners.config.validate_more import check_more
 
 DTYPES = ("float32", "bfloat16", "float16")
 DEVICES = ("auto", "cpu", "cuda")
@@ -31,52 +31,6 @@ EXPERIMENT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 TOTAL_STEPS_MAX = 10_000_000
 STEPS_WHY = "116 days at a step a second: a typo"
 STEP_TOKEN_BYTES = 8 + 4 + 1  # a step holds per response token, any model: id (int64), log-prob (fp32), mask
-
-
-class ConfigError(ValueError):
-    """A configuration value that cannot run; ``key`` is the dotted config key (or the name of an
-    environment variable, in capitals), ``reason`` the why."""
-
-    def __init__(self, key: str, message: str) -> None:
-        self.key, self.reason = key, message
-        where = f"environment variable {key}" if key.isupper() else f"config key '{key}'"
-        super().__init__(f"{where}: {message}")
-
-
-class _Checker:
-    def __init__(self, cfg: DictConfig) -> None:
-        self.cfg = cfg
-
-    def get(self, key: str) -> Any:
-        return OmegaConf.select(self.cfg, key, throw_on_missing=True)
-
-    def require(self, key: str, ok: Callable[[Any], bool], what: str) -> None:
-        value = self.get(key)
-        try:
-            good = ok(value)
-        except TypeError:
-            good = False
-        if not good:
-            raise ConfigError(key, f"{what} (got {value!r})")
-
-    def positive(self, *keys: str) -> None:
-        for key in keys:
-            self.require(key, lambda v: v is not None and v > 0 and math.isfinite(v), "must be > 0")
-
-    def non_negative(self, *keys: str) -> None:
-        for key in keys:
-            self.require(key, lambda v: v is not None and v >= 0, "must be >= 0")
-
-    def at_least(self, key: str, low: int) -> None:
-        self.require(key, lambda v: v is not None and v >= low, f"must be >= {low}")
-
-    def one_of(self, key: str, allowed) -> None:
-        allowed = tuple(allowed)
-        self.require(key, lambda v: v in allowed, f"must be one of {', '.join(map(str, allowed))}")
-
-    def in_open_unit(self, *keys: str) -> None:
-        for key in keys:
-            self.require(key, lambda v: 0 < v < 1, "must be in (0, 1)")
 
 
 def _check_plain_keys(cfg: DictConfig) -> None:
@@ -160,7 +114,7 @@ def _check_method(cfg: DictConfig):
     return method
 
 
-def _check_rollout(c: _Checker, cfg: DictConfig, method) -> None:
+def _check_rollout(c: Checker, cfg: DictConfig, method) -> None:
     from runners.algorithms import ESTIMATORS
 
     r = cfg.rollout
@@ -192,7 +146,7 @@ def _check_rollout(c: _Checker, cfg: DictConfig, method) -> None:
         )
 
 
-def _check_trainer(c: _Checker, cfg: DictConfig, method) -> None:
+def _check_trainer(c: Checker, cfg: DictConfig, method) -> None:
     t = cfg.trainer
     c.at_least("trainer.total_steps", 1)
     c.require("trainer.total_steps", lambda v: v <= TOTAL_STEPS_MAX, f"must be <= {TOTAL_STEPS_MAX:,} ({STEPS_WHY})")
@@ -226,7 +180,7 @@ def _check_trainer(c: _Checker, cfg: DictConfig, method) -> None:
     )
 
 
-def _check_model(c: _Checker, cfg: DictConfig) -> None:
+def _check_model(c: Checker, cfg: DictConfig) -> None:
     from runners.models.loader import MODEL_KINDS, TINY_ARCHS
     from runners.models.options import option_keys
 
@@ -257,7 +211,7 @@ def _check_options(key: str, options, valid, owner: str) -> None:
         )
 
 
-def _check_dataset(c: _Checker, cfg: DictConfig) -> None:
+def _check_dataset(c: Checker, cfg: DictConfig) -> None:
     from runners.data.datasets import PRESETS
 
     d = cfg.dataset
@@ -281,7 +235,7 @@ def _check_dataset(c: _Checker, cfg: DictConfig) -> None:
         c.one_of("dataset.reward", REWARDS.names())
 
 
-def _check_dataset_files(c: _Checker, cfg: DictConfig) -> None:
+def _check_dataset_files(c: Checker, cfg: DictConfig) -> None:
     """Each local dataset file is read as the run will read it (cached per file version): an empty,
     malformed or unreadable file, or rows without the preset's fields, fail here naming the file."""
     from runners.data.datasets import DatasetError, check_source
@@ -298,7 +252,7 @@ def _check_dataset_files(c: _Checker, cfg: DictConfig) -> None:
             raise ConfigError(f"dataset.{key}", str(err)) from None
 
 
-def _check_infrastructure(c: _Checker, cfg: DictConfig) -> None:
+def _check_infrastructure(c: Checker, cfg: DictConfig) -> None:
     from runners.backends import BACKENDS
 
     c.one_of("backend.name", BACKENDS.names())
@@ -371,7 +325,7 @@ def check_seed(cfg: DictConfig) -> None:
     """``seed`` in [0, SEED_MAX]. Not part of ``validate``, which never reads the seed: the sweep
     planner validates cells that differ only in it once (``runners.config.grid``) and checks each
     cell's seed with this; ``runners.run.run`` calls both."""
-    _Checker(cfg).require(
+    Checker(cfg).require(
         "seed",
         lambda v: isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= SEED_MAX,
         f"must be an integer in [0, {SEED_MAX}] (2**32 - 1, the largest seed numpy takes)",
@@ -388,13 +342,12 @@ def validate(cfg: DictConfig) -> None:
     _check_plain_keys(cfg)
     _check_component_schemas(cfg)
     method = _check_method(cfg)
-    checker = _Checker(cfg)
+    checker = Checker(cfg)
     _check_experiment(cfg.experiment)
     _check_rollout(checker, cfg, method)
     _check_trainer(checker, cfg, method)
     _check_model(checker, cfg)
     _check_dataset(checker, cfg)
     _check_infrastructure(checker, cfg)
-    from runners.config.validate_more import check_more  # it imports this module
-
-    check_more(cfg)  # and then _check_step_memory
+    check_more(cfg)
+    _check_step_memory(cfg)

@@ -28,7 +28,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from runners.config.validate import ConfigError, _check_step_memory, _Checker
+from runners.config.errors import Checker, ConfigError
 
 # embedded recipe fields (runners.models.embedded.EmbeddedRecipe) -> (what, rule)
 _WHOLE = ("a whole number >= 1", lambda v: _is_int(v) and v >= 1)
@@ -60,9 +60,9 @@ def _is_num(v: Any) -> bool:
 
 
 def check_more(cfg: DictConfig) -> None:
-    """Raise ``ConfigError`` naming the key for any of the mistakes of the module docstring; then check that
-    a training step fits in memory (``validate._check_step_memory``, which reads the recipe's sizes)."""
-    c = _Checker(cfg)
+    """Raise ``ConfigError`` naming the key for any of the mistakes of the module docstring (``validate`` then
+    checks that a training step fits in memory, ``validate._check_step_memory``, which reads the recipe's sizes)."""
+    c = Checker(cfg)
     _check_tracking(c, cfg)
     for key, low in _LAUNCHER_SIZES.items():
         if c.get(f"launcher.{key}") is not None:
@@ -80,7 +80,6 @@ def check_more(cfg: DictConfig) -> None:
     if cfg.model.kind == "embedded" and cfg.model.options:
         _check_recipe(cfg.model.options)
     _check_context(c, cfg)
-    _check_step_memory(cfg)
 
 
 def context_length(model: DictConfig) -> tuple[int | None, str]:
@@ -104,7 +103,7 @@ def context_length(model: DictConfig) -> tuple[int | None, str]:
     return None, ""
 
 
-def _check_context(c: _Checker, cfg: DictConfig) -> None:
+def _check_context(c: Checker, cfg: DictConfig) -> None:
     """A prompt and response longer than the model's positions: no error from the model, only garbage."""
     c.require(
         "model.context_length", lambda v: v is None or (_is_int(v) and v >= 1), "must be a whole number >= 1 or null"
@@ -123,7 +122,7 @@ def _check_context(c: _Checker, cfg: DictConfig) -> None:
         )
 
 
-def _check_tracking(c: _Checker, cfg: DictConfig) -> None:
+def _check_tracking(c: Checker, cfg: DictConfig) -> None:
     from runners.paths import tracking_uri_problem
 
     uri, key = cfg.tracking.uri, "tracking.uri"

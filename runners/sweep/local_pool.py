@@ -242,11 +242,11 @@ def _quoted(value: str) -> str:
 def child_main() -> int:
     """One cell in this process, as the serial launcher runs it (spec on stdin)."""
     from runners.config.grid import master_hydra
-    from runners.sweep.submission import _instantiate
+    from runners.sweep.hydra_launcher import instantiate_launcher
 
     spec = json.loads(sys.stdin.read())
     hydra, master = master_hydra(spec["master_overrides"])
-    launcher = _instantiate(hydra, master)
+    launcher = instantiate_launcher(hydra, master)
     (ret,) = launcher.launch([[*spec["overrides"], *CHILD_OVERRIDES]], initial_job_idx=int(spec["index"]))
     try:
         outcome = ret.return_value  # raises what the task raised (the marker may not say it)

@@ -25,6 +25,7 @@ from runners import paths, tracking, tracking_server
 from runners.backends import check_placement
 from runners.config import ConfigError
 from runners.redact import redact
+from runners.sweep.hydra_launcher import instantiate_launcher
 from runners.sweep.planning import JOB_FILE, Cell, SweepPlan
 from runners.sweep.results import write_outcomes
 
@@ -109,20 +110,6 @@ def _connect(p: SweepPlan, stream):
     return server
 
 
-def _instantiate(hydra, master: DictConfig):
-    from hydra._internal.callbacks import Callbacks
-    from hydra.core.plugins import Plugins
-    from hydra.types import HydraContext
-
-    from runners.main import task
-
-    return Plugins.instance().instantiate_launcher(
-        hydra_context=HydraContext(config_loader=hydra.config_loader, callbacks=Callbacks(master)),
-        task_function=task,
-        config=master,
-    )
-
-
 def _launch_local(p: SweepPlan, hydra, master, cells: list[Cell], extra: list[str], stream) -> list[Any]:
     """``launcher=local``: the cells one after another in this process, or with ``launcher.parallel=N``
     up to N at a time, each in its own process (``runners.sweep.local_pool``)."""
@@ -131,7 +118,7 @@ def _launch_local(p: SweepPlan, hydra, master, cells: list[Cell], extra: list[st
         from runners.sweep.local_pool import run_parallel
 
         return run_parallel(p, cells, extra, Path(str(master.hydra.sweep.dir)), parallel, stream)
-    launcher = _instantiate(hydra, master)
+    launcher = instantiate_launcher(hydra, master)
     return list(launcher.launch([_job_overrides(p, c, extra) for c in cells], initial_job_idx=0))
 
 
@@ -177,7 +164,7 @@ def _submit(p: SweepPlan, hydra, master: DictConfig, extra: list[str], stream) -
             run_dir = paths.run_dir(cell.key)
             kept = {k: v for k, v in (read_status(run_dir) or {}).items() if k in ("attempts", "run_id", "name")}
             write_status(run_dir, SUBMITTED, **kept)
-        launcher = _instantiate(hydra, _group_master(master, p, group[0].resources))
+        launcher = instantiate_launcher(hydra, _group_master(master, p, group[0].resources))
         submitted = submit_jobs(launcher, [_job_overrides(p, c, extra) for c in group], len(jobs))
         for cell, job in zip(group, submitted):
             info = {"job_id": job.job_id, "folder": str(job.paths.folder), "submitted": time.time()}

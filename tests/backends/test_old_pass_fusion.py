@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from runners.backends.local.actor import OldFromUpdate, UpdateSettings, update_actor
-from runners.backends.local.policy import dropout_free
+from runners.backends.local.packed import dropout_free
 from runners.backends.local.trainer import LocalTrainer
 from runners.config import compose
 

@@ -44,8 +44,16 @@ from runners.models.sampler import first_of_equal_rows
 ATTENTION_BUCKETS = 4
 
 
+def dropout_free(model: nn.Module) -> bool:
+    """True when training mode computes what eval mode does: no dropout module or config rate above 0."""
+    if any(isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0 for m in model.modules()):
+        return False
+    config = getattr(model, "config", None)
+    rates = [v for k, v in (vars(config).items() if config is not None else []) if "dropout" in k]
+    return all(not isinstance(v, (int, float)) or v == 0 for v in rates)
+
+
 def supports_packed(model: nn.Module) -> bool:
-    from runners.backends.local.policy import dropout_free
     from runners.models.decoders import supports_fast_decode
 
     return supports_fast_decode(model) and dropout_free(model)

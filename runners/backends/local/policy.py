@@ -97,12 +97,3 @@ def k3_kl(logp: Tensor, ref_logp: Tensor) -> Tensor:
     """Per-token k3 estimate of KL(pi || ref) (GRPO's KL loss): exp(ref - logp) - (ref - logp) - 1."""
     diff = (ref_logp - logp).clamp(-20.0, 20.0)
     return diff.exp() - diff - 1.0
-
-
-def dropout_free(model: nn.Module) -> bool:
-    """True when training mode computes what eval mode does: no dropout module or config rate above 0."""
-    if any(isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0 for m in model.modules()):
-        return False
-    config = getattr(model, "config", None)
-    rates = [v for k, v in (vars(config).items() if config is not None else []) if "dropout" in k]
-    return all(not isinstance(v, (int, float)) or v == 0 for v in rates)

@@ -45,9 +45,9 @@ from runners.backends.local.actor import OldFromUpdate, UpdateSettings, old_pass
 from runners.backends.local.batching import micro_rows, policy_mask, to_device
 from runners.backends.local.critic import CriticSettings, update_critic
 from runners.backends.local.diagnostics import post_update_metrics
-from runners.backends.local.packed import supports_packed
+from runners.backends.local.packed import dropout_free, supports_packed
 from runners.backends.local.perf import model_shape, perf_metrics
-from runners.backends.local.policy import Head, chunked_old_pass, dropout_free, segment_head, segment_logits
+from runners.backends.local.policy import Head, chunked_old_pass, segment_head, segment_logits
 from runners.backends.local.rollout_policy import RolloutPolicy
 from runners.backends.local.setup import Codec, build_data, build_models, resolve_device
 from runners.backends.local.step_metrics import (
