@@ -45,3 +45,25 @@ def at_least(low: int) -> Check:
 
 def one_of(*allowed: Any) -> Check:
     return Check(lambda v: v in allowed, f"must be one of {', '.join(map(str, allowed))}")
+
+
+def check_arguments(owner: str, schema: type | None, **values: Any) -> None:
+    """Apply ``schema``'s declared checks to keyword arguments; ``ValueError`` naming the first that fails.
+
+    ``schema`` is a component's config dataclass (fields with ``checks`` metadata and an optional
+    ``cross_checks(node)``): a registered function called outside a validated config (a test, a
+    plugin) refuses exactly what the config validation refuses, with the same rules. Fields absent
+    from ``values`` are skipped, and so is a cross-field rule that reads one.
+    """
+    fields = getattr(schema, "__dataclass_fields__", {})
+    for key, value in values.items():
+        for check in fields[key].metadata.get("checks", ()) if key in fields else ():
+            if not check.holds(value):
+                raise ValueError(f"{owner} {key} {check.what} (got {value!r})")
+    node = type("Arguments", (), dict(values))
+    try:
+        for key, ok, message in getattr(schema, "cross_checks", lambda _: ())(node):
+            if not ok:
+                raise ValueError(f"{owner} {key} {message} (got {values[key]!r})")
+    except AttributeError:  # a rule on a field the caller does not pass (a trainer key)
+        return

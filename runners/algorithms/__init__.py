@@ -56,7 +56,7 @@ for _name, (_attr, _schema, _decl) in {
     "rfpp_baseline": ("compute_rfpp_baseline_advantages", None, {"needs": _GROUPS}),
     "gpg": ("compute_gpg_advantages", "GpgEstimator", {"needs": _GROUPS}),
     "gae": ("compute_gae_advantages", "GaeEstimator", {"needs": _CRITIC, "provides": ("partial_responses",)}),
-    "egae": ("compute_egae_advantages", "GaeEstimator", {"needs": _CRITIC, "provides": ("partial_responses",)}),
+    "egae": ("compute_egae_advantages", "EgaeEstimator", {"needs": _CRITIC, "provides": ("partial_responses",)}),
 }.items():
     ESTIMATORS.register(_name, f"{_PKG}.estimators:{_attr}", schema=_schema and f"{_SCHEMA}:{_schema}", **_decl)
 
@@ -122,7 +122,7 @@ for _name, (_attr, _schema, _needs, _label) in {
     "none": ("NoEntropyControl", None, (), "NoEC"),
     "bonus": ("EntropyBonusController", "BonusControl", ("grad_entropy", "batch_entropy"), "EntBonus"),
     "repo_r": ("RepoRController", "RepoControl", ("batch_entropy",), "REPO-R"),
-    "repo_d": ("RepoDController", "RepoControl", ("batch_entropy",), "REPO-D"),
+    "repo_d": ("RepoDController", "RepoDControl", ("batch_entropy",), "REPO-D"),
     "adapo": ("AdapoController", "AdapoControl", ("token_clip", "batch_entropy"), "ADAPO"),
 }.items():
     ENTROPY_CONTROLLERS.register(

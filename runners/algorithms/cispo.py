@@ -20,7 +20,7 @@ import torch
 
 from runners import metric_names
 from runners.algorithms.loss_agg import masked_mean
-from runners.algorithms.objectives import log_ratio
+from runners.algorithms.objectives import check_objective_arguments, log_ratio
 from runners.algorithms.types import ObjectiveOutput, PolicyInputs
 
 
@@ -28,10 +28,7 @@ def cispo_objective(
     inp: PolicyInputs, *, clip_ratio_low: float = 1.0, clip_ratio_high: float = 0.28
 ) -> ObjectiveOutput:
     """Per-token CISPO loss ``-sg(clip(r)) A log pi`` [B,T] and ``actor/pg_clipfrac`` (weights clipped)."""
-    if not (0 < clip_ratio_low <= 1 and clip_ratio_high > 0):
-        raise ValueError(
-            f"cispo needs 0 < clip_ratio_low <= 1 and clip_ratio_high > 0, got {clip_ratio_low}, {clip_ratio_high}"
-        )
+    check_objective_arguments("cispo", clip_ratio_low=clip_ratio_low, clip_ratio_high=clip_ratio_high)
     lr = log_ratio(inp)
     ratio = lr.exp()
     weight = ratio.clamp(1 - clip_ratio_low, 1 + clip_ratio_high).detach()

@@ -29,6 +29,7 @@ from torch import Tensor
 from runners import metric_names
 from runners.algorithms.loss_agg import masked_mean
 from runners.algorithms.types import ObjectiveOutput, PolicyInputs
+from runners.checks import check_arguments
 
 LOG_RATIO_CLAMP = 20.0  # verl clamps log(pi/pi_old) to [-20, 20] before exp
 GSPO_LOG_RATIO_MAX = 10.0  # verl clamps GSPO's log sequence ratio from above at 10
@@ -78,13 +79,11 @@ def clipped_surrogate_loss(
     return torch.where(negative, dual, clipped), metrics
 
 
-def _check_clip(clip_ratio_low: float, clip_ratio_high: float, clip_ratio_c: float | None) -> None:
-    if not 0 <= clip_ratio_low < 1:
-        raise ValueError(f"clip_ratio_low must be in [0, 1), got {clip_ratio_low!r}")
-    if clip_ratio_high < 0:
-        raise ValueError(f"clip_ratio_high must be >= 0, got {clip_ratio_high!r}")
-    if clip_ratio_c is not None and not clip_ratio_c > 1.0:
-        raise ValueError(f"clip_ratio_c (dual clip) must be a float > 1 or None, got {clip_ratio_c!r}")
+def check_objective_arguments(name: str, **values) -> None:
+    """Refuse ``values`` with the checks of the config schema of objective ``name`` (their one home)."""
+    from runners.algorithms import OBJECTIVES  # the registry line names the schema
+
+    check_arguments(f"objective {name!r}:", OBJECTIVES.schema(name), **values)
 
 
 def clip_objective(
@@ -100,7 +99,9 @@ def clip_objective(
     ``clip_ratio_c`` > 1 enables dual clip as in verl. Metrics: ``actor/pg_clipfrac``,
     ``actor/pg_clipfrac_lower``, ``actor/ppo_kl`` (masked mean of ``logp_old - logp``).
     """
-    _check_clip(clip_ratio_low, clip_ratio_high, clip_ratio_c)
+    check_objective_arguments(
+        "clip", clip_ratio_low=clip_ratio_low, clip_ratio_high=clip_ratio_high, clip_ratio_c=clip_ratio_c
+    )
     mask = _mask(inp)
     lr = log_ratio(inp)
     loss, metrics = clipped_surrogate_loss(
@@ -132,7 +133,7 @@ def gspo_objective(
     (value s_i on every token, gradient of token t through its own log-prob), clamped at 10 from above.
     The log-ratio is not clamped to [-20, 20] here, as in verl. Metrics as :func:`clip_objective`.
     """
-    _check_clip(clip_ratio_low, clip_ratio_high, None)
+    check_objective_arguments("gspo", clip_ratio_low=clip_ratio_low, clip_ratio_high=clip_ratio_high)
     mask = _mask(inp)
     logp = inp.logp.to(torch.float32)
     diff = logp - inp.logp_old.detach().to(torch.float32)
@@ -289,23 +290,18 @@ def bapo_objective(
     bounds); the loss is :func:`clipped_surrogate_loss` with them, [B,T]. Metrics: the clip metrics plus
     ``bapo/clip_low``, ``bapo/clip_high`` and ``bapo/pos_share`` (share reached with those bounds).
     """
-    if rule not in BAPO_RULES:
-        raise ValueError(f"bapo rule={rule!r}; valid values: {', '.join(BAPO_RULES)}")
-    if not 0.0 <= rho <= 1.0:
-        raise ValueError(f"bapo rho (target positive share) must be in [0, 1], got {rho!r}")
-    if not 0.0 < ratio_low_start <= ratio_low_max <= 1.0:
-        raise ValueError(
-            f"bapo needs 0 < ratio_low_start <= ratio_low_max <= 1, got {ratio_low_start!r}, {ratio_low_max!r}"
-        )
-    if not 1.0 <= ratio_high_start <= ratio_high_max:
-        raise ValueError(
-            f"bapo needs 1 <= ratio_high_start <= ratio_high_max, got {ratio_high_start!r}, {ratio_high_max!r}"
-        )
-    if not (ratio_low_step > 0 and ratio_high_step > 0):
-        raise ValueError(
-            f"bapo steps must be > 0, got ratio_low_step={ratio_low_step!r} ratio_high_step={ratio_high_step!r}"
-        )
-    _check_clip(0.0, 0.0, clip_ratio_c)
+    check_objective_arguments(
+        "bapo",
+        rho=rho,
+        ratio_low_start=ratio_low_start,
+        ratio_low_max=ratio_low_max,
+        ratio_high_start=ratio_high_start,
+        ratio_high_max=ratio_high_max,
+        ratio_low_step=ratio_low_step,
+        ratio_high_step=ratio_high_step,
+        rule=rule,
+        clip_ratio_c=clip_ratio_c,
+    )
     mask = _mask(inp)
     lr = log_ratio(inp)
     ratio = lr.exp()
@@ -335,6 +331,7 @@ __all__ = [
     "BAPO_POS_SHARE",
     "bapo_objective",
     "bapo_positive_share",
+    "check_objective_arguments",
     "choose_bapo_bounds",
     "clip_objective",
     "clipped_surrogate_loss",

@@ -57,6 +57,7 @@ from runners.algorithms.trm_metrics import (
 )
 from runners.algorithms.troll_sparse import chunked_logsumexp
 from runners.algorithms.types import MaskOutput, PolicyInputs
+from runners.checks import NON_NEGATIVE
 
 # elements of one [rows, V] float32 slab in exact_token_kl (64 MiB)
 _CHUNK_ELEMENTS = 1 << 24
@@ -155,9 +156,11 @@ def _exact_divergences(inp: PolicyInputs, name: str, tail_bin: bool) -> tuple[Te
 
 
 def _check_threshold(name: str, value: float) -> float:
+    """A keep threshold (inclusive: keep iff score <= threshold, so 0 keeps only divergence-free sequences)
+    checked with the rule of its config field (``runners.checks.NON_NEGATIVE``, the mask schemas)."""
     value = float(value)
-    if not value >= 0:
-        raise ValueError(f"mask threshold {name} must be >= 0, got {value}")
+    if not NON_NEGATIVE.holds(value):
+        raise ValueError(f"mask threshold {name} {NON_NEGATIVE.what}, got {value}")
     return value
 
 

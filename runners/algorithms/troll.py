@@ -40,6 +40,7 @@ import torch
 from torch import Tensor
 
 from runners import metric_names
+from runners.algorithms.objectives import check_objective_arguments
 from runners.algorithms.troll_solver import categorical_kl, log_normalize, project, project_with_info, solve_dual
 from runners.algorithms.troll_sparse import (
     chunked_logsumexp,
@@ -88,10 +89,18 @@ def troll_objective(
     ``inp.response_mask`` [B,T], ``inp.responses`` [B,T] if given. Solver options as in
     ``troll_solver.solve_dual``.
     """
-    if eps <= 0:
-        raise ValueError(f"troll eps must be > 0, got {eps!r}")
-    if alpha < 0:
-        raise ValueError(f"troll alpha must be >= 0, got {alpha!r}")
+    check_objective_arguments(
+        "troll",
+        eps=eps,
+        alpha=alpha,
+        p_default=p_default,
+        chunk_size=chunk_size,
+        num_points=num_points,
+        max_steps=max_steps,
+        tol=tol,
+        eta_min=eta_min,
+        eta_max=eta_max,
+    )
     logits, index, old, checks = _check_inputs(inp)
     batch, length, vocab = logits.shape
     flat = logits.reshape(-1, vocab)

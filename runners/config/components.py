@@ -100,6 +100,12 @@ class GaeEstimator(NamedComponent):
     whiten: bool = True
 
 
+@dataclass
+class EgaeEstimator(GaeEstimator):
+    # GAE lambda of the truncated-rollout estimator (T-PPO, arXiv 2506.15050: 0.95)
+    lam: float = checked(0.95, UNIT)
+
+
 # -- objectives (runners/algorithms/objectives.py, troll.py, gtpo.py) --------------------------
 @dataclass
 class ClipObjective(NamedComponent):
@@ -134,7 +140,7 @@ class BapoObjective(NamedComponent):
     # "paper" (BAPO Algorithm 1) | "recipe" (the authors' training recipe)
     rule: str = checked("paper", one_of("paper", "recipe"))
     # optional dual-clip bound for negative advantages
-    clip_ratio_c: Optional[float] = None
+    clip_ratio_c: Optional[float] = checked(None, DUAL_CLIP)
 
 
 @dataclass
@@ -179,23 +185,24 @@ class GtpoObjective(NamedComponent):
 
 
 # -- sequence masks (runners/algorithms/trm.py) ---------------------------------------------------
+# thresholds are inclusive (keep iff score <= threshold; spec section 4): 0 keeps divergence-free sequences only
 @dataclass
 class TrmMaxMask(NamedComponent):
     # max token KL threshold (TRM-Max: 0.05)
-    delta: float = checked(0.05, POSITIVE)
+    delta: float = checked(0.05, NON_NEGATIVE)
 
 
 @dataclass
 class TrmAvgMask(NamedComponent):
     # mean token KL threshold (TRM-Avg: 0.001)
-    delta_avg: float = checked(0.001, POSITIVE)
+    delta_avg: float = checked(0.001, NON_NEGATIVE)
 
 
 @dataclass
 class TrmMaxAvgMask(NamedComponent):
     # both criteria (Max&Avg: 0.1 and 0.002)
-    delta: float = checked(0.1, POSITIVE)
-    delta_avg: float = checked(0.002, POSITIVE)
+    delta: float = checked(0.1, NON_NEGATIVE)
+    delta_avg: float = checked(0.002, NON_NEGATIVE)
 
 
 # the exact-KL masks read the stored sparse rollout distribution: its size, as TROLL's (must agree
@@ -225,13 +232,13 @@ class LnTrmMask(NamedComponent):
     # per-token divergence scale of the weights w_t
     delta: float = checked(1e-4, POSITIVE)
     # threshold on the normalised weighted deviation
-    delta_w: float = checked(0.05, POSITIVE)
+    delta_w: float = checked(0.05, NON_NEGATIVE)
 
 
 @dataclass
 class SerMask(NamedComponent):
     # threshold on the mean |r - 1| of a sequence (0.03 .. 0.10)
-    delta_ser: float = checked(0.05, POSITIVE)
+    delta_ser: float = checked(0.05, NON_NEGATIVE)
 
 
 # -- entropy control (runners/algorithms/entropy.py) ---------------------------------------------
@@ -244,6 +251,13 @@ class RepoControl(NamedComponent):
     zeta_max: float = checked(0.05, POSITIVE)
     # target entropy; None = the first iteration's entropy
     target: Optional[float] = None
+
+
+@dataclass
+class RepoDControl(RepoControl):
+    # REPO-D's |zeta| bounds [1e-3, 10]
+    zeta_min: float = checked(1e-3, POSITIVE)
+    zeta_max: float = checked(10.0, POSITIVE)
 
 
 @dataclass
@@ -313,12 +327,19 @@ def _adapo_cross(node) -> Iterator[tuple[str, bool, str]]:
 
 def _bonus_cross(node) -> Iterator[tuple[str, bool, str]]:
     yield "beta_max", node.beta_max >= node.beta_min >= 0, "needs 0 <= beta_min <= beta_max"
+    # the adaptive controller moves |beta| inside [beta_min, beta_max] (runners.algorithms.entropy)
+    yield (
+        "beta0",
+        not node.adaptive or 0 < node.beta_min <= abs(node.beta0) <= node.beta_max,
+        "adaptive needs 0 < beta_min <= |beta0| <= beta_max",
+    )
 
 
 for _cls, _rule in (
     (BapoObjective, _bapo_cross),
     (TrollObjective, _troll_cross),
     (RepoControl, _repo_cross),
+    (RepoDControl, _repo_cross),
     (AdapoControl, _adapo_cross),
     (BonusControl, _bonus_cross),
 ):
