@@ -64,7 +64,7 @@ import pandas as pd
 
 from analysis.aggregate import final_evals
 from analysis.arms import run_labels, run_params
-from analysis.frames import ExperimentData
+from analysis.frames import LABEL_TAGS, ExperimentData
 from analysis.names import algorithm_name, find_eval, match_name, norm
 from analysis.paper_data import paper_source, paper_table
 from runners import metric_names
@@ -205,17 +205,12 @@ MATCH_COLUMNS = [
     "run_ids",
 ]
 
-# the tags an arm's runs must agree on to be matched at all
-SETTING_TAGS = (
-    metric_names.TAG_MODEL,
-    metric_names.TAG_DATASET,
-    metric_names.TAG_ALGORITHM,
-    metric_names.TAG_ESTIMATOR,
-    metric_names.TAG_OBJECTIVE,
-    metric_names.TAG_MASK,
-    metric_names.TAG_ENTROPY_CONTROL,
-    metric_names.TAG_ROLLOUT_CORRECTION,
-    metric_names.TAG_REGIME,
+# the tags an arm's runs must agree on to be matched at all: every label tag but the run's own (method label,
+# seed, backend, sweep)
+SETTING_TAGS = tuple(
+    t
+    for t in LABEL_TAGS
+    if t not in (metric_names.TAG_METHOD, metric_names.TAG_SEED, metric_names.TAG_BACKEND, metric_names.TAG_SWEEP)
 )
 
 

@@ -127,19 +127,10 @@ def test_the_source_tree_keeps_its_layers():
 )
 def test_a_wrong_import_is_reported(tmp_path, where, source, expected):
     """The checker fails on a deliberately wrong import (and names file, line and rule)."""
-    for package in PACKAGES:
-        (tmp_path / package).mkdir()
-        (tmp_path / package / "__init__.py").write_text("")
-    target = tmp_path / where
-    target.parent.mkdir(parents=True, exist_ok=True)
-    for parent in target.relative_to(tmp_path).parents:
-        if str(parent) != ".":
-            (tmp_path / parent / "__init__.py").touch()
-    target.write_text(source)
-    found = violations(tmp_path)
+    found = violations(_tree(tmp_path, {where: source}))
     assert len(found) >= 1 and any(expected in v for v in found), found
     assert all(v.startswith(where) for v in found), found
-    target.write_text("import json\n")  # the same file with a harmless import passes
+    (tmp_path / where).write_text("import json\n")  # the same file with a harmless import passes
     assert violations(tmp_path) == []
 
 
