@@ -119,6 +119,29 @@ ENTROPY_DIFFERS = (
     "its last evaluation; the context (the AIME tables: 4K tokens) and hyperparameters"
 )
 
+
+def _entropy_keys(benchmark: str, tests: dict[str, str], train_data: tuple[str, ...] | None) -> PaperKeys:
+    """The rows of Entropy-preserving RL's tables on ``benchmark`` (Tables 1-2: AppWorld; 3-4: AIME), mean rows
+    with their std rows beside them; keyed on the training data only where the transcription names it."""
+    differs = (
+        ENTROPY_DIFFERS
+        if train_data
+        else ENTROPY_DIFFERS + "; the training data (the tables name only the AIME evaluation)"
+    )
+    return PaperKeys(
+        "entropy_tables",
+        "Entropy-preserving RL (arXiv 2603.11682) Table {table}",
+        {"model": "model", "method": "algorithm", "benchmark": "test_set"},
+        tests,
+        "score at the best checkpoint, mean ± std over three seeds",
+        differs,
+        rows={"benchmark": benchmark, "stat": "mean"},
+        std_rows={"stat": "std"},
+        train_data=train_data,
+        digits=2,
+    )
+
+
 PAPER_KEYS: tuple[PaperKeys, ...] = (
     PaperKeys(
         "troll_table1",
@@ -146,29 +169,8 @@ PAPER_KEYS: tuple[PaperKeys, ...] = (
         TROLL_DIFFERS,
         train_data=DAPO_MATH,
     ),
-    PaperKeys(
-        "entropy_tables",
-        "Entropy-preserving RL (arXiv 2603.11682) Table {table}",
-        {"model": "model", "method": "algorithm", "benchmark": "test_set"},
-        {"Test Normal": "test_normal", "Test Challenge": "test_challenge"},
-        "score at the best checkpoint, mean ± std over three seeds",
-        ENTROPY_DIFFERS,
-        rows={"benchmark": "AppWorld", "stat": "mean"},
-        std_rows={"stat": "std"},
-        train_data=("appworld",),
-        digits=2,
-    ),
-    PaperKeys(
-        "entropy_tables",
-        "Entropy-preserving RL (arXiv 2603.11682) Table {table}",
-        {"model": "model", "method": "algorithm", "benchmark": "test_set"},
-        {"AIME 2024": "aime24", "AIME 2025": "aime25"},
-        "score at the best checkpoint, mean ± std over three seeds",
-        ENTROPY_DIFFERS + "; the training data (the tables name only the AIME evaluation)",
-        rows={"benchmark": "AIME", "stat": "mean"},
-        std_rows={"stat": "std"},
-        digits=2,
-    ),
+    _entropy_keys("AppWorld", {"Test Normal": "test_normal", "Test Challenge": "test_challenge"}, ("appworld",)),
+    _entropy_keys("AIME", {"AIME 2024": "aime24", "AIME 2025": "aime25"}, None),
     PaperKeys(
         "tppo_table1",
         "T-PPO (arXiv 2506.15050) Table 1",
