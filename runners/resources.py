@@ -242,6 +242,19 @@ def check_request(res: Mapping[str, int], launcher: Mapping[str, Any], cluster: 
         )
 
 
+def slurm_allocation(env: Mapping[str, str] | None = None) -> tuple[int, int] | None:
+    """(nodes, GPUs per node) of the Slurm allocation this process runs in, or None outside one."""
+    env = os.environ if env is None else env
+    if not env.get("SLURM_JOB_ID") or not env.get("SLURM_JOB_NODELIST"):
+        return None
+    nodes = int(env.get("SLURM_JOB_NUM_NODES") or env.get("SLURM_NNODES") or 1)
+    gpus = env.get("SLURM_GPUS_ON_NODE", "")
+    if not gpus.isdigit():
+        visible = env.get("CUDA_VISIBLE_DEVICES", "")
+        gpus = str(len([d for d in visible.split(",") if d])) if visible and visible != "NoDevFiles" else "0"
+    return nodes, int(gpus)
+
+
 def available_cpus() -> int:
     """CPUs this process may run on (a Slurm job's cgroup or CPU affinity), not the node's count."""
     try:

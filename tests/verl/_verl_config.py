@@ -29,7 +29,7 @@ def _compose(overrides: tuple[str, ...]):
 
 
 def _paths(tmp: str = "/runs/cell/verl"):
-    from runners.backends.verl.translate import VerlPaths
+    from runners.backends.verl.layout import VerlPaths
 
     return VerlPaths.under(tmp)
 

@@ -249,8 +249,9 @@ class CpuStage:
         """A requeued run: the first attempt gets a stop signal as soon as verl is launched (its log file
         exists), the second resumes. What the first left (exit, status, checkpoint, MLflow) is recorded
         in ``first_attempt`` before the second starts."""
-        from runners.backends.verl.checkpoints import VerlLayout, latest_checkpoint_step
+        from runners.backends.verl.checkpoints import latest_checkpoint_step
         from runners.backends.verl.controllers import STATE_FILE
+        from runners.backends.verl.layout import VerlLayout
 
         cfg, _ = self.compose(name)
         layout = VerlLayout.of(self.layout(cfg))

@@ -250,13 +250,17 @@ def test_reward_entry_through_verls_loader_matches_runners_rewards(tmp_path):
 
     import runners.backends.verl.data as data_module
     from runners.backends.verl.data import REWARD_FUNCTION_NAME, REWARD_FUNCTION_PATH
-    from runners.backends.verl.translate import VerlPaths
+    from runners.backends.verl.layout import VerlPaths
+    from runners.backends.verl.run_overrides import data_overrides
     from runners.data.datasets import PRESETS
     from runners.data.rewards import compute_reward
     from runners.data.types import Example
     from runners.data.verl_format import write_verl_parquet
 
-    emitted = VerlPaths.under(tmp_path).reward_path  # what the translation puts in the config
+    # what the translation puts in the config
+    emitted = data_overrides(OmegaConf.create({"seed": 0}), VerlPaths.under(tmp_path))
+    assert emitted["reward.custom_reward_function.name"] == REWARD_FUNCTION_NAME
+    emitted = emitted["reward.custom_reward_function.path"]
     assert emitted == REWARD_FUNCTION_PATH
     loaded = [
         get_custom_reward_fn(
@@ -294,8 +298,9 @@ def test_reward_entry_through_verls_loader_matches_runners_rewards(tmp_path):
 def test_slurm_allocation_and_launch_command(tmp_path):
     """Inside an allocation verl runs through the Ray-on-Slurm bootstrap with the allocation's
     GPUs; outside, directly; the sbatch script asks for the cell's resources and requeues itself."""
-    from runners.backends.verl.process import RAY_BOOTSTRAP, launch_argv, slurm_allocation
+    from runners.backends.verl.process import RAY_BOOTSTRAP, launch_argv
     from runners.backends.verl.sbatch import render_sbatch
+    from runners.resources import slurm_allocation
 
     assert slurm_allocation({}) is None
     env = {"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n[1-2]", "SLURM_JOB_NUM_NODES": "2", "SLURM_GPUS_ON_NODE": "4"}
@@ -396,7 +401,8 @@ def test_run_stop_resume_and_finish_into_one_mlflow_run(tmp_path, fake_verl, mon
     PREEMPTED; the next attempt resumes from step 2 (no repeated first evaluation) and finishes;
     MLflow holds each step once, under schema names; a third call skips the finished cell."""
     from runners import paths
-    from runners.backends.verl.checkpoints import VerlLayout, latest_checkpoint_step
+    from runners.backends.verl.checkpoints import latest_checkpoint_step
+    from runners.backends.verl.layout import VerlLayout
     from runners.config import run_key
     from runners.run import Preempted, read_status, run
 
@@ -469,7 +475,8 @@ def test_resume_guards(tmp_path, fake_verl, monkeypatch, capfd, store, case, che
     ConfigError naming the key, verl ending early or failing is an error (not a silent success),
     and a fresh MLflow run never resumes another run's checkpoint."""
     from runners.backends.verl.backend import VerlBackend
-    from runners.backends.verl.checkpoints import VerlLayout, latest_checkpoint_step
+    from runners.backends.verl.checkpoints import latest_checkpoint_step
+    from runners.backends.verl.layout import VerlLayout
     from runners.config.validate import ConfigError
 
     cfg, _ = _cell(tmp_path, f"backend.options.entrypoint={fake_verl}", *extra, store=store)

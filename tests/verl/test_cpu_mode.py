@@ -124,8 +124,9 @@ def verl_config():
 
 def _cpu_overrides(cfg, *, ray_address=None):
     from runners.backends.verl.cpu_mode import CPUPlacement
+    from runners.backends.verl.layout import VerlPaths
     from runners.backends.verl.process import cpu_placement, model_path
-    from runners.backends.verl.translate import VerlPaths, build_overrides
+    from runners.backends.verl.translate import build_overrides
 
     path = model_path(cfg)
     placement = cpu_placement(cfg, path)

@@ -143,7 +143,7 @@ def test_repo_r_requeue(cpu_stage):
     gives the logged zeta and target, which a controller restarted at the rerun would not. The critic
     (verl's GAE) logs its loss at both steps, the second in the resumed attempt."""
     from runners.algorithms import ENTROPY_CONTROLLERS
-    from runners.backends.verl.checkpoints import VerlLayout
+    from runners.backends.verl.layout import VerlLayout
     from runners.backends.verl.metrics import MetricsFile
     from runners.run import run
 

@@ -84,7 +84,7 @@ def _trustbench_run(cfg, choices):
 
 def _log_of(cfg) -> Path:
     from runners import paths
-    from runners.backends.verl.checkpoints import VerlLayout
+    from runners.backends.verl.layout import VerlLayout
     from runners.config import run_key
 
     return VerlLayout.of(paths.run_dir(run_key(cfg))).log_file(1)

@@ -16,49 +16,15 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from runners.backends.verl.translate import VerlPaths
+from runners.backends.verl.layout import VerlLayout
 from runners.config.validate import ConfigError
 
 STOP_FILE_ENV = "TRUSTBENCH_VERL_STOP_FILE"
 STOPPED_SUFFIX = ".done"
 CHECKPOINT_TRACKER = "latest_checkpointed_iteration.txt"
-
-
-@dataclass(frozen=True)
-class VerlLayout:
-    """Files of the verl backend under a run directory (``<run_dir>/verl``)."""
-
-    root: Path
-
-    @classmethod
-    def of(cls, run_dir: str | Path) -> VerlLayout:
-        return cls(Path(run_dir) / "verl")
-
-    @property
-    def data(self) -> Path:
-        return self.root / "data"
-
-    @property
-    def checkpoints(self) -> Path:
-        return self.root / "checkpoints"
-
-    @property
-    def stop_file(self) -> Path:
-        return self.root / "STOP"
-
-    def attempt(self) -> int:
-        """The number of the attempt about to start (1 + the attempts that wrote a log)."""
-        return 1 + len(list(self.root.glob("verl.*.log")))
-
-    def log_file(self, attempt: int) -> Path:
-        return self.root / f"verl.{attempt}.log"
-
-    def paths(self, attempt: int) -> VerlPaths:
-        return VerlPaths.under(self.root, attempt)
 
 
 def latest_checkpoint_step(checkpoint_dir: str | Path) -> int | None:

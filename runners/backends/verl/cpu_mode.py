@@ -36,6 +36,7 @@ from typing import Any
 
 from runners.config.schema import launched_here
 from runners.config.validate import ConfigError
+from runners.resources import slurm_allocation
 
 # plugin modules of CPU mode, in import order (the platform before anything resolves it)
 CPU_PLATFORM_MODULE = "runners.backends.verl.cpu_platform"
@@ -69,8 +70,6 @@ def cuda_available() -> bool:
 
 def _slurm_gpus(env: Mapping[str, str]) -> int | None:
     """GPUs of the Slurm allocation this process runs in (None outside one)."""
-    from runners.backends.verl.process import slurm_allocation
-
     allocation = slurm_allocation(env)
     return None if allocation is None else allocation[1]
 

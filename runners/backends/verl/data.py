@@ -28,6 +28,8 @@ from typing import Any, NamedTuple
 
 from omegaconf import DictConfig, OmegaConf
 
+from runners.backends.verl.layout import TRAIN_FILE, VAL_FILE
+
 REWARD_FUNCTION_NAME = "compute_score"
 # verl's load_extern_object imports "pkg://a.b" as module a.b (a file path would be loaded unregistered)
 REWARD_FUNCTION_PATH = "pkg://runners.backends.verl.data"
@@ -71,7 +73,7 @@ def prepare_datasets(cfg: DictConfig, out_dir: str | Path) -> DataFiles:
     out = Path(out_dir)
     meta_path = out / "data.json"
     spec = data_spec(cfg)
-    train, val = out / "train.parquet", out / "val.parquet"
+    train, val = out / TRAIN_FILE, out / VAL_FILE
     meta = json.loads(meta_path.read_text()) if meta_path.is_file() else None
     if meta is not None and meta.get("spec") == spec and train.is_file() and val.is_file():
         files = DataFiles(train, val, int(meta["n_train"]), int(meta["n_val"]))

@@ -5,7 +5,7 @@
   through the Ray-on-Slurm bootstrap (``slurm/ray_on_slurm.sh``) inside a Slurm allocation;
 - ``launch_env`` / ``worker_env``: the variables of the verl process and of every Ray worker (the
   plugins, MLflow run, metrics file, stop file);
-- ``slurm_allocation``, ``model_path``, ``cpu_placement``: what the cell gets where it is launched;
+- ``model_path``, ``cpu_placement``: what the cell gets where it is launched;
 - ``check_trl``: refuses an installed TRL that verl 0.9.1's model loading cannot import from;
 - ``terminate`` / ``stream``: the process group ended, verl's output copied to a log (and echoed with
   ``debug.verbose``);
@@ -36,19 +36,6 @@ from runners.backends.verl.translate import CPU_ENTRYPOINT, ENTRYPOINT, backend_
 RAY_BOOTSTRAP = tb_paths.repo_root() / "slurm" / "ray_on_slurm.sh"
 # lines of verl's log shown when it fails
 TAIL_LINES = 30
-
-
-def slurm_allocation(env: Mapping[str, str] | None = None) -> tuple[int, int] | None:
-    """(nodes, GPUs per node) of the Slurm allocation this process runs in, or None outside one."""
-    env = os.environ if env is None else env
-    if not env.get("SLURM_JOB_ID") or not env.get("SLURM_JOB_NODELIST"):
-        return None
-    nodes = int(env.get("SLURM_JOB_NUM_NODES") or env.get("SLURM_NNODES") or 1)
-    gpus = env.get("SLURM_GPUS_ON_NODE", "")
-    if not gpus.isdigit():
-        visible = env.get("CUDA_VISIBLE_DEVICES", "")
-        gpus = str(len([d for d in visible.split(",") if d])) if visible and visible != "NoDevFiles" else "0"
-    return nodes, int(gpus)
 
 
 def check_trl() -> None:

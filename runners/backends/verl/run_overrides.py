@@ -16,11 +16,12 @@ from omegaconf import DictConfig
 
 from runners.algorithms.method import Method
 from runners.backends.verl.cpu_mode import rollout_engine
+from runners.backends.verl.data import REWARD_FUNCTION_NAME, REWARD_FUNCTION_PATH
 from runners.config import run_key
 from runners.config.validate import ConfigError
 
 if TYPE_CHECKING:
-    from runners.backends.verl.translate import VerlPaths
+    from runners.backends.verl.layout import VerlPaths
 
 # gradient-norm clip that never binds (trainer.grad_clip = 0 means "off"; verl would clip to 0)
 NO_GRAD_CLIP = 1e12
@@ -231,7 +232,7 @@ def data_overrides(cfg: DictConfig, paths: VerlPaths) -> dict[str, Any]:
         "actor_rollout_ref.actor.data_loader_seed": seed,
         "actor_rollout_ref.rollout.seed": seed,
         "actor_rollout_ref.actor.fsdp_config.seed": seed,
-        "reward.custom_reward_function.path": paths.reward_path,
-        "reward.custom_reward_function.name": paths.reward_name,
+        "reward.custom_reward_function.path": REWARD_FUNCTION_PATH,
+        "reward.custom_reward_function.name": REWARD_FUNCTION_NAME,
         "reward.reward_manager.name": "naive",
     }

@@ -30,7 +30,8 @@ TRM: they shrink the response mask (changing the token-mean denominator, which T
 and compare pi_old, not pi_theta, with the rollout policy.
 
     from runners.config import compose
-    from runners.backends.verl.translate import VerlPaths, build_overrides
+    from runners.backends.verl.layout import VerlPaths
+    from runners.backends.verl.translate import build_overrides
     cfg, _ = compose(["backend=verl", "model=qwen3_1.7b", "algorithm=gspo"])
     print("\\n".join(build_overrides(cfg, VerlPaths.under("/tmp/run"))))
 """
@@ -38,14 +39,13 @@ and compare pi_old, not pi_theta, with the rollout policy.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
 from runners.backends.verl.cpu_mode import CPUPlacement, apply_cpu_mode
 from runners.backends.verl.hydra_overrides import format_override, merge_overrides
+from runners.backends.verl.layout import VerlPaths
 from runners.backends.verl.method_overrides import algorithm_overrides
 from runners.backends.verl.monitor import MONITOR_KEY, monitor_settings
 from runners.backends.verl.run_overrides import (
@@ -88,36 +88,6 @@ PROFILE_KEYS = {
     "max_token_len_per_gpu",
     "strategy",
 }
-
-
-@dataclass(frozen=True)
-class VerlPaths:
-    """Where a cell's verl inputs and outputs live (all absolute)."""
-
-    # parquet files written by runners.backends.verl.data
-    train_files: str
-    val_files: str
-    # verl's checkpoint root (trainer.default_local_dir): global_step_N/ and latest_checkpointed_iteration.txt
-    checkpoint_dir: str
-    # file verl's "file" logger appends metrics to (VERL_FILE_LOGGER_PATH; also passed in the env)
-    metrics_file: str
-    # the reward entry (pkg://runners.backends.verl.data) and its function
-    reward_path: str
-    reward_name: str = "compute_score"
-
-    @classmethod
-    def under(cls, root: str | Path, attempt: int = 1) -> VerlPaths:
-        from runners.backends.verl.data import REWARD_FUNCTION_NAME, REWARD_FUNCTION_PATH
-
-        root = Path(root)
-        return cls(
-            train_files=str(root / "data" / "train.parquet"),
-            val_files=str(root / "data" / "val.parquet"),
-            checkpoint_dir=str(root / "checkpoints"),
-            metrics_file=str(root / f"metrics.{attempt}.jsonl"),
-            reward_path=str(REWARD_FUNCTION_PATH),
-            reward_name=REWARD_FUNCTION_NAME,
-        )
 
 
 # -- options -----------------------------------------------------------------------------------
