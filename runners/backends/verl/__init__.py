@@ -31,13 +31,11 @@ How verl 0.9.1 reaches the plugins (the contract the translation emits):
 from __future__ import annotations
 
 import dataclasses
-import json
-import math
-import re
 from collections.abc import Mapping
 from typing import Any
 
 from runners.algorithms import ENTROPY_CONTROLLERS, ESTIMATORS, MASKS, OBJECTIVES
+from runners.backends.verl.hydra_overrides import format_value
 
 # module verl imports through VERL_USE_EXTERNAL_MODULES (comma-separated list of modules)
 PLUGIN_MODULE = "runners.backends.verl.plugins"
@@ -74,7 +72,6 @@ ADV_ESTIMATORS: dict[str, str] = {f"{PREFIX}{name}": name for name in ESTIMATORS
 # metric namespaces of the methods (runners.metric_names); verl's trainer prefixes actor metrics with
 # "actor/", the trustbench trainer strips it again for these
 METHOD_METRIC_PREFIXES = ("troll/", "trm/", "gtpo/", "entropy/", "bapo/")
-_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 def loss_mode_for(objective: str, *, sequence: bool = False) -> str:
@@ -87,26 +84,6 @@ def loss_mode_for(objective: str, *, sequence: bool = False) -> str:
         if name == objective and fixed.get(SEQUENCE_FIELD, sequence) == sequence:
             return mode
     raise ValueError(f"objective {objective!r} has no verl loss mode with sequence={sequence}")
-
-
-def _value(value: Any) -> str:
-    """``value`` in Hydra's override grammar (dict keys unquoted, strings double-quoted)."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int | float):
-        return repr(float(value)) if isinstance(value, float) and not math.isfinite(value) else repr(value)
-    if isinstance(value, str):
-        return json.dumps(value)
-    if isinstance(value, Mapping):
-        for key in value:
-            if not isinstance(key, str) or not _KEY.fullmatch(key):
-                raise ValueError(f"parameter name {key!r} cannot be a Hydra dict key")
-        return "{" + ",".join(f"{key}:{_value(item)}" for key, item in value.items()) + "}"
-    if isinstance(value, list | tuple):
-        return "[" + ",".join(_value(item) for item in value) + "]"
-    raise TypeError(f"cannot write {value!r} ({type(value).__name__}) as a Hydra override value")
 
 
 def plugin_overrides(
@@ -142,18 +119,18 @@ def plugin_overrides(
     out = [
         f"{loss}._target_={POLICY_LOSS_TARGET}",
         f"{loss}.loss_mode={mode}",
-        f"+{loss}.objective_params={_value(params)}",
+        f"+{loss}.objective_params={format_value(params)}",
         f"+{loss}.mask={mask}",
-        f"+{loss}.mask_params={_value(dict(mask_params or {}))}",
+        f"+{loss}.mask_params={format_value(dict(mask_params or {}))}",
         f"+{loss}.entropy_control={entropy_control}",
-        f"+{loss}.entropy_control_params={_value(dict(entropy_control_params or {}))}",
+        f"+{loss}.entropy_control_params={format_value(dict(entropy_control_params or {}))}",
         f"trainer.v1.trainer_mode={TRAINER_MODE}",
     ]
     if estimator is not None:
         if estimator not in ESTIMATORS:
             raise ValueError(f"unknown estimator {estimator!r}; valid: {', '.join(ESTIMATORS.names())}")
         out.append(f"algorithm.adv_estimator={PREFIX}{estimator}")
-        out.append(f"+algorithm.{ESTIMATOR_PARAMS_KEY}={_value(dict(estimator_params or {}))}")
+        out.append(f"+algorithm.{ESTIMATOR_PARAMS_KEY}={format_value(dict(estimator_params or {}))}")
     return out
 
 

@@ -150,8 +150,9 @@ def _fsdp_engine(prefix: str, dtype: str) -> dict[str, Any]:
     }
 
 
-def cpu_overrides(cfg: Any, placement: CPUPlacement, *, processes: int = 1) -> dict[str, Any]:
-    """verl keys of CPU mode, applied over the GPU translation (``translate.build_overrides``)."""
+def cpu_overrides(cfg: Any, placement: CPUPlacement, *, critic: bool, processes: int = 1) -> dict[str, Any]:
+    """verl keys of CPU mode, applied over the GPU translation (``translate.build_overrides``); ``critic``:
+    the method trains a critic."""
     dtype = str(cfg.model.dtype)
     ar = "actor_rollout_ref"
     out: dict[str, Any] = {
@@ -174,7 +175,7 @@ def cpu_overrides(cfg: Any, placement: CPUPlacement, *, processes: int = 1) -> d
         "transfer_queue.backend.SimpleStorage.num_data_storage_units": 1,
         f"+trainer.v1.{POLL_INTERVAL_KEY}": POLL_INTERVAL_S,
     }
-    if _needs_critic(cfg):
+    if critic:
         out.update(
             {
                 "critic.strategy": "fsdp2",
@@ -186,7 +187,7 @@ def cpu_overrides(cfg: Any, placement: CPUPlacement, *, processes: int = 1) -> d
         )
     if placement.tokenizer_path:
         out[f"{ar}.model.tokenizer_path"] = placement.tokenizer_path
-        if _needs_critic(cfg):
+        if critic:
             out["critic.model.tokenizer_path"] = placement.tokenizer_path
     if placement.ray_address is None:
         out["ray_kwargs.ray_init.num_cpus"] = RAY_LOGICAL_CPUS
@@ -195,14 +196,14 @@ def cpu_overrides(cfg: Any, placement: CPUPlacement, *, processes: int = 1) -> d
     return out
 
 
-def _needs_critic(cfg: Any) -> bool:
-    from runners.algorithms.method import Method
-
-    return Method.from_config(cfg).requires("critic")
-
-
 def apply_cpu_mode(
-    cfg: Any, values: dict[str, Any], placement: CPUPlacement, *, plugin_module: str, env_prefix: str
+    cfg: Any,
+    values: dict[str, Any],
+    placement: CPUPlacement,
+    *,
+    critic: bool,
+    plugin_module: str,
+    env_prefix: str,
 ) -> dict[str, Any]:
     """``values`` (the GPU translation, key -> value) turned into the CPU-mode translation.
 
@@ -213,7 +214,7 @@ def apply_cpu_mode(
     out = dict(values)
     if placement.chat_template is not None:  # the template that reproduces the built-in backend's prompts
         out["actor_rollout_ref.model.custom_chat_template"] = placement.chat_template
-    out.update(cpu_overrides(cfg, placement))
+    out.update(cpu_overrides(cfg, placement, critic=critic))
     out[f"{env_prefix}VERL_USE_EXTERNAL_MODULES"] = external_modules(plugin_module)
     out[f"{env_prefix}{PLATFORM_ENV}"] = "cpu"
     return out

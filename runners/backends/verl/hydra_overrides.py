@@ -1,14 +1,14 @@
 """Hydra's override grammar: writing trustbench values as ``key=value`` lines verl's Hydra accepts.
 
 ``format_value`` quotes strings unless they are plainly safe, writes dicts and lists in Hydra's
-syntax, and refuses dict keys Hydra would turn into bool / None / float; ``merge_overrides`` lets a
+syntax, and refuses dict keys Hydra would turn into bool / None / float. It is the one writer of
+Hydra values: the translation's lines and the plugin selection (``plugin_overrides``) both use it; ``merge_overrides`` lets a
 user's ``backend.options.overrides`` replace generated lines of the same key. Tests round-trip values
 through Hydra's own parser (``tests/verl/test_translate.py``).
 """
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from collections.abc import Mapping, Sequence
@@ -21,17 +21,6 @@ _KEY = re.compile(r"^[+~]{0,2}([A-Za-z0-9_.@/-]+)=")
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # words Hydra's parser reads, in any letter case, as bool, None or float rather than as a string
 _CONVERTED_WORDS = ("true", "false", "null", "inf", "nan")
-
-
-def _hydra_line(line: str) -> str:
-    """An override whose value may be JSON (the plugins' ``plugin_overrides`` writes JSON, which
-    Hydra's grammar does not accept for dicts) rewritten in Hydra's grammar; other lines unchanged."""
-    key, _, raw = line.partition("=")
-    try:
-        value = json.loads(raw)
-    except ValueError:
-        return line
-    return f"{key}={format_value(value)}"
 
 
 def format_value(value: Any) -> str:

@@ -167,11 +167,11 @@ def builtin_loss(cfg: DictConfig) -> dict[str, Any] | None:
     return {key: value for part in parts for key, value in part.items()}
 
 
-def plugin_method(cfg: DictConfig, *, loss: bool, estimator: bool) -> tuple[dict[str, Any], list[str]]:
+def plugin_method(cfg: DictConfig, method: Method, *, loss: bool, estimator: bool) -> tuple[dict[str, Any], list[str]]:
     """The ``trustbench_*`` plugin selection (``runners.backends.verl.plugin_overrides``, part of the
     plugins' contract) for the loss and/or the estimator, plus the flags the plugins rely on."""
     from runners.backends.verl import plugin_overrides
-    from runners.backends.verl.hydra_overrides import _hydra_line, override_key
+    from runners.backends.verl.hydra_overrides import override_key
 
     edges = list(cfg.trainer.length_buckets)
     lines = plugin_overrides(
@@ -185,13 +185,11 @@ def plugin_method(cfg: DictConfig, *, loss: bool, estimator: bool) -> tuple[dict
         estimator_params=_params(cfg.estimator) if estimator else None,
     )
     keep = ("algorithm.", "+algorithm.") if not loss else ("",)
-    lines = [
-        _hydra_line(line) for line in lines if line.startswith(keep) and override_key(line) != "trainer.v1.trainer_mode"
-    ]
+    lines = [line for line in lines if line.startswith(keep) and override_key(line) != "trainer.v1.trainer_mode"]
     values: dict[str, Any] = {}
     if loss:
         values[f"{ACTOR}.entropy_coeff"] = 0.0  # the plugin loss adds the entropy term itself
-        values[f"{ACTOR}.calculate_entropy"] = Method.from_config(cfg).requires("grad_entropy")
+        values[f"{ACTOR}.calculate_entropy"] = method.requires("grad_entropy")
     return values, lines
 
 
@@ -208,9 +206,10 @@ def _kl_overrides(kl: float, *, plugin_loss: bool) -> dict[str, Any]:
     return values
 
 
-def algorithm_overrides(cfg: DictConfig) -> tuple[dict[str, Any], list[str]]:
+def algorithm_overrides(cfg: DictConfig, method: Method) -> tuple[dict[str, Any], list[str]]:
     """What the method decides (estimator, objective, mask, entropy control, aggregation, KL):
-    verl keys with values, and the plugin selection as ready override strings."""
+    verl keys with values, and the plugin selection as ready override strings (``method``: the cell's,
+    built once by ``translate.build_overrides``)."""
     if cfg.rollout.mode != "full":
         raise _unsupported(
             "rollout.mode", "verl generates every response to completion within a step (no T-PPO windows)"
@@ -221,12 +220,11 @@ def algorithm_overrides(cfg: DictConfig) -> tuple[dict[str, Any], list[str]]:
         raise _unsupported(
             "rollout.staleness", "the synchronous verl trainer samples with the current weights (use verl's async mode)"
         )
-    method = Method.from_config(cfg)
     est, loss = builtin_estimator(cfg), builtin_loss(cfg)
     values: dict[str, Any] = {**(est or {}), **(loss or {})}
     lines: list[str] = []
     if est is None or loss is None:
-        extra, lines = plugin_method(cfg, loss=loss is None, estimator=est is None)
+        extra, lines = plugin_method(cfg, method, loss=loss is None, estimator=est is None)
         values.update(extra)
     critic = method.requires("critic")
     if est is None and critic:  # the plugin estimator reads its own parameters; verl's critic the discount

@@ -29,19 +29,19 @@ from runners import metric_names
 if TYPE_CHECKING:  # the translation imports MONITOR_KEY without torch
     from torch import Tensor
 
+    from runners.algorithms.method import Method
+
 # key under trainer.v1 with the monitor's settings (the cell's trainer.length_buckets)
 MONITOR_KEY = "trustbench_monitor"
 
 
-def monitor_settings(cfg: Any) -> dict[str, Any]:
+def monitor_settings(cfg: Any, method: Method) -> dict[str, Any]:
     """The trainer's diagnostics settings of a cell (``trainer.v1.trustbench_monitor``): the TRM monitor's
     length buckets; whether to run the post-update pass, and the sparse settings of pi_old's top-K."""
-    from runners.algorithms.method import Method
-
     return {
         "length_edges": [int(e) for e in cfg.trainer.length_buckets],
         "post_update": bool(cfg.trainer.get("post_update_diagnostics", False)),
-        "sparse": dict(Method.from_config(cfg).sparse),
+        "sparse": dict(method.sparse),
     }
 
 

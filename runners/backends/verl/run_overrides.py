@@ -85,7 +85,7 @@ def batch_overrides(cfg: DictConfig, n_gpus: int, profile: Mapping[str, Any]) ->
     return out
 
 
-def optimizer_overrides(cfg: DictConfig) -> dict[str, Any]:
+def optimizer_overrides(cfg: DictConfig, method: Method) -> dict[str, Any]:
     t = cfg.trainer
     clip = float(t.grad_clip) if float(t.grad_clip) > 0 else NO_GRAD_CLIP
     actor = "actor_rollout_ref.actor"
@@ -104,7 +104,7 @@ def optimizer_overrides(cfg: DictConfig) -> dict[str, Any]:
         f"{actor}.optim.min_lr_ratio": 0.0,
         f"{actor}.optim.zero_indexed_step": False,
     }
-    if Method.from_config(cfg).requires("critic"):
+    if method.requires("critic"):
         check(
             math.isclose(float(t.value_clip_low), float(t.value_clip_high)),
             "trainer.value_clip_high",
@@ -157,7 +157,7 @@ def rollout_overrides(
     }
 
 
-def model_overrides(cfg: DictConfig, model_path: str, profile: Mapping[str, Any]) -> dict[str, Any]:
+def model_overrides(cfg: DictConfig, method: Method, model_path: str, profile: Mapping[str, Any]) -> dict[str, Any]:
     m = cfg.model
     offload = bool(profile.get("param_offload", False))
     out: dict[str, Any] = {
@@ -175,7 +175,7 @@ def model_overrides(cfg: DictConfig, model_path: str, profile: Mapping[str, Any]
     }
     if not m.chat_template:
         out["actor_rollout_ref.model.custom_chat_template"] = PLAIN_CHAT_TEMPLATE
-    if Method.from_config(cfg).requires("critic"):  # the critic starts from the policy's weights
+    if method.requires("critic"):  # the critic starts from the policy's weights
         out.update(
             {
                 "critic.model.path": model_path,

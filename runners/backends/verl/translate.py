@@ -43,6 +43,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from runners.algorithms.method import Method
 from runners.backends.verl.cpu_mode import CPUPlacement, apply_cpu_mode
 from runners.backends.verl.hydra_overrides import format_override, merge_overrides
 from runners.backends.verl.layout import VerlPaths
@@ -169,24 +170,27 @@ def build_overrides(
     nnodes = int(nnodes or resources["nodes"])
     gpus_per_node = int(gpus_per_node or resources["gpus_per_node"])
     check(gpus_per_node >= 1, "launcher.gpus_per_node", "the verl backend needs at least one GPU per node")
+    method = Method.from_config(cfg)  # the cell's method, built once for every part below
     profile = size_profile(cfg, options)
-    method, plugin_lines = algorithm_overrides(cfg)
+    method_values, plugin_lines = algorithm_overrides(cfg, method)
     values: dict[str, Any] = {}
     values.update(data_overrides(cfg, paths))
-    values.update(model_overrides(cfg, str(path), profile))
-    values.update(method)
+    values.update(model_overrides(cfg, method, str(path), profile))
+    values.update(method_values)
     values.update(batch_overrides(cfg, nnodes * gpus_per_node, profile))
-    values.update(optimizer_overrides(cfg))
+    values.update(optimizer_overrides(cfg, method))
     values.update(rollout_overrides(cfg, options, profile, gpus_per_node))
     values.update(trainer_overrides(cfg, paths, options, nnodes, gpus_per_node, resuming=resuming))
     # the trustbench trainer (plugins' hooks, stop requests) for every method, and its diagnostics' settings
     values["trainer.v1.trainer_mode"] = TRAINER_MODE
-    values[f"+trainer.v1.{MONITOR_KEY}"] = monitor_settings(cfg)
+    values[f"+trainer.v1.{MONITOR_KEY}"] = monitor_settings(cfg, method)
     env = {EXTERNAL_MODULES_ENV: PLUGIN_MODULE, **(worker_env or {})}
     env_prefix = "+ray_kwargs.ray_init.runtime_env.env_vars."
     for name, value in env.items():
         values[f"{env_prefix}{name}"] = str(value)
     if cpu is not None:
-        values = apply_cpu_mode(cfg, values, cpu, plugin_module=PLUGIN_MODULE, env_prefix=env_prefix)
+        values = apply_cpu_mode(
+            cfg, values, cpu, critic=method.requires("critic"), plugin_module=PLUGIN_MODULE, env_prefix=env_prefix
+        )
     overrides = [format_override(key, value) for key, value in values.items()] + plugin_lines
     return merge_overrides(overrides, [str(o) for o in options.get("overrides") or []])
