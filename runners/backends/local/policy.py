@@ -91,9 +91,3 @@ class ValueModel(nn.Module):
         # V(s_t) for the state before each segment token: use the hidden state that predicts it
         hidden = out.last_hidden_state[:, context_length - 1 : -1]
         return self.head(hidden).squeeze(-1).float()
-
-
-def k3_kl(logp: Tensor, ref_logp: Tensor) -> Tensor:
-    """Per-token k3 estimate of KL(pi || ref) (GRPO's KL loss): exp(ref - logp) - (ref - logp) - 1."""
-    diff = (ref_logp - logp).clamp(-20.0, 20.0)
-    return diff.exp() - diff - 1.0
