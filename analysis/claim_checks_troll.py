@@ -95,7 +95,7 @@ def troll_kl_bound(data: ExperimentData, opts: Mapping) -> list[CheckResult]:
 def _off_policy(data: ExperimentData, runs: pd.Series) -> str:
     """How the runs' sampling policy differs from pi_old ("" on-policy): stale rollouts, a lower-precision
     sampler. Only the built-in trainer centres TROLL on its sampling copy; verl's TROLL keeps the top-K of its
-    old-log-prob pass (``runners.backends.verl.sparse_old``), so pi_old is the centre there."""
+    old-log-prob pass (``runners.backends.verl.plugins.sparse_old``), so pi_old is the centre there."""
     labels = data.labels()
     verl = set(labels.loc[labels[metric_names.TAG_BACKEND] == "verl", "run_id"].astype(str))
     ids = set(runs) - verl

@@ -9,7 +9,7 @@
   token at the same forward or backward position of a positive and a negative response of a group).
 
 The built-in trainer (``runners.backends.local.diagnostics``) and the verl trainer
-(``runners.backends.verl.trainer_diagnostics``) log ``actor/post_update_kl(_max)``,
+(``runners.backends.verl.plugins.trainer_diagnostics``) log ``actor/post_update_kl(_max)``,
 ``actor/post_update_kl_frac_above_<eps>`` and ``gtpo/conflict_prob_delta`` with them.
 Tests: ``pytest tests/algorithms/test_diagnostics.py tests/backends tests/verl``.
 """

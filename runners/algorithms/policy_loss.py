@@ -2,7 +2,7 @@
 
 Both backends call ``PolicyLoss``: the built-in trainer once per micro-batch
 (``runners.backends.local.actor``), verl through the ``trustbench_*`` policy losses
-(``runners.backends.verl.plugins_losses``). For a ``Method`` and its entropy controller::
+(``runners.backends.verl.plugins.losses``). For a ``Method`` and its entropy controller::
 
     A'     = controller.transform_advantages(A, logp.detach(), mask)     # REPO-R / REPO-D
     keep   = MASKS[mask](inp', **mask_kw).seq_mask                       # [B], no gradient

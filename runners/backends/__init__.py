@@ -18,7 +18,7 @@ BACKENDS.register("verl", "runners.backends.verl.backend:VerlBackend")
 
 # per backend, a torch-free check that a cell can run where it is launched (``check_placement``)
 PLACEMENT_CHECKS = Registry("backend placement check")
-PLACEMENT_CHECKS.register("verl", "runners.backends.verl.cpu_mode:check_placement")
+PLACEMENT_CHECKS.register("verl", "runners.backends.verl.cpu.mode:check_placement")
 
 
 def check_placement(cfg) -> None:

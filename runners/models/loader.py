@@ -28,7 +28,7 @@ from runners.algorithms.registry import Registry
 
 # needs: the model config keys a kind requires ("path": model.path, "arch": model.arch);
 # provides "hf_directory": the kind is (or converts to) a Hugging Face model directory; "hf_export": the
-# model is built in code and can be written as one (runners.backends.verl.model_export, verl's CPU mode).
+# model is built in code and can be written as one (runners.backends.verl.cpu.model_export, verl's CPU mode).
 # hooks: "make_hf_directory"(model_cfg) -> Path: the directory of a kind that converts to one (else it
 # is model.path); "export_key"(**options) -> str: what builds an exported model beyond its config
 MODEL_KINDS = Registry("model kind")

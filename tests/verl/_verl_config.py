@@ -58,7 +58,7 @@ def make_verl_config():
     from hydra._internal.config_loader_impl import ConfigLoaderImpl
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    import runners.backends.verl.plugins  # noqa: F401  (registers the trustbench_* names in verl)
+    import runners.backends.verl.plugins.register  # noqa: F401  (registers the trustbench_* names in verl)
 
     config_dir = os.path.join(os.path.dirname(verl.__file__), "trainer", "config")
     base = _hydra_compose_verl(config_dir, [])

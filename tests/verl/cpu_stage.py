@@ -4,7 +4,7 @@ Design: a verl launch costs about a minute and a half on 2 cores, most of it pro
 Ray worker imports torch, transformers and verl, one process after another), so each cell of the
 stage runs once, as ``trustbench run backend=verl ...`` in a process of its own, and the tests read
 what it left: the MLflow run, the run directory (verl's logs, metrics files, checkpoints) and the
-actor micro-batches verl trained on (``TRUSTBENCH_VERL_DUMP_DIR``, ``runners.backends.verl.batch_dump``).
+actor micro-batches verl trained on (``TRUSTBENCH_VERL_DUMP_DIR``, ``runners.backends.verl.plugins.batch_dump``).
 One launch keeps only about 1.2 of the 2 cores busy, so the cells the session's tests read start
 when the stage does, ``PARALLEL`` at a time, longest first (``LAUNCH_ORDER``), on the session's shared
 Ray clusters (``cpu_ray``: one per parallel launch, since TransferQueue allows one verl launch per
@@ -214,7 +214,7 @@ class CpuStage:
         return self._command(name, {}, stop_when)
 
     def _command(self, name: str, ray_env: dict[str, str], stop_when: Path | None) -> CellRun:
-        from runners.backends.verl.batch_dump import DUMP_ENV
+        from runners.backends.verl.plugins.batch_dump import DUMP_ENV
         from runners.status import read_status
 
         cfg, choices = self.compose(name)
@@ -250,8 +250,8 @@ class CpuStage:
         exists), the second resumes. What the first left (exit, status, checkpoint, MLflow) is recorded
         in ``first_attempt`` before the second starts."""
         from runners.backends.verl.checkpoints import latest_checkpoint_step
-        from runners.backends.verl.controllers import STATE_FILE
         from runners.backends.verl.layout import VerlLayout
+        from runners.backends.verl.plugins.controllers import STATE_FILE
 
         cfg, _ = self.compose(name)
         layout = VerlLayout.of(self.layout(cfg))

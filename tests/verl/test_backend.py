@@ -171,7 +171,7 @@ def test_metrics_file_reads_what_verls_file_logger_writes(tmp_path, monkeypatch)
 def gpu_node(monkeypatch):
     """These tests drive the GPU path with a stand-in for verl, so the machine is taken to have CUDA
     (verl's CPU mode is tested in tests/verl/test_cpu_mode.py and by the verl_cpu stage)."""
-    monkeypatch.setattr("runners.backends.verl.cpu_mode.cuda_available", lambda: True)
+    monkeypatch.setattr("runners.backends.verl.cpu.mode.cuda_available", lambda: True)
 
 
 # -- data ------------------------------------------------------------------------------------------
@@ -251,7 +251,7 @@ def test_reward_entry_through_verls_loader_matches_runners_rewards(tmp_path):
     import runners.backends.verl.data as data_module
     from runners.backends.verl.data import REWARD_FUNCTION_NAME, REWARD_FUNCTION_PATH
     from runners.backends.verl.layout import VerlPaths
-    from runners.backends.verl.run_overrides import data_overrides
+    from runners.backends.verl.translate.run import data_overrides
     from runners.data.datasets import PRESETS
     from runners.data.rewards import compute_reward
     from runners.data.types import Example
@@ -429,7 +429,7 @@ def test_run_stop_resume_and_finish_into_one_mlflow_run(tmp_path, fake_verl, mon
         next(line for line in layout.log_file(1).read_text().splitlines() if line.startswith("FAKE_VERL "))[10:]
     )
     assert first["start"] == 0 and first["args"]["trainer.val_before_train"] == "true"
-    assert first["env"]["VERL_USE_EXTERNAL_MODULES"] == "runners.backends.verl.plugins"
+    assert first["env"]["VERL_USE_EXTERNAL_MODULES"] == "runners.backends.verl.plugins.register"
     assert first["env"]["MLFLOW_RUN_ID"] == status["run_id"]
     assert first["args"]["trainer.default_local_dir"] == str(layout.checkpoints)
 

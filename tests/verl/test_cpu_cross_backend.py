@@ -2,7 +2,7 @@
 
 For GRPO (verl's own vanilla loss and GRPO estimator), GRPO + TROLL and PPO + exact-KL TRM-Max + EGAE
 (the trustbench plugin loss, with the sparse old distribution from verl's engine), the stage's verl
-run saved every actor micro-batch it trained on (``runners.backends.verl.batch_dump``). Iteration 1
+run saved every actor micro-batch it trained on (``runners.backends.verl.plugins.batch_dump``). Iteration 1
 starts from the exported model directory, so the test loads that model and recomputes, on exactly
 those tensors (prompts, responses, verl's old log-probs, sparse old distribution, rollout log-probs
 and advantages, verl's global token and sequence counts), the built-in backend's loss path:
@@ -85,7 +85,7 @@ def builtin_recompute(cell) -> tuple[float, float, float, int]:
     from runners.algorithms.policy_loss import PolicyLoss
     from runners.backends.local.actor import micro_batch_loss
     from runners.backends.local.policy import segment_logits
-    from runners.backends.verl.model_export import export_model
+    from runners.backends.verl.cpu.model_export import export_model
     from runners.models.loader import load_pretrained_dir
 
     records = [torch.load(path, weights_only=False) for path in sorted(cell.dump_dir.glob("update_*.pt"))]
@@ -157,7 +157,7 @@ def _final_weights(cell):
     """The actor after the last update: verl's final checkpoint (FSDP2 state dict) in the exported model."""
     import torch
 
-    from runners.backends.verl.model_export import export_model
+    from runners.backends.verl.cpu.model_export import export_model
     from runners.models.loader import load_pretrained_dir
 
     step = int((cell.run_dir / "verl" / "checkpoints" / "latest_checkpointed_iteration.txt").read_text())
@@ -220,7 +220,7 @@ def test_roofline_points_are_the_builtin_count_of_verls_batch(cpu_stage, name):
     (the lengths the trainer plugin reads from TransferQueue, here read from the dumps), the model
     exported for the cell, in float32 (CPU mode), one epoch of one mini-batch."""
     from runners import metric_names
-    from runners.backends.verl.model_export import export_model
+    from runners.backends.verl.cpu.model_export import export_model
     from runners.models.loader import load_pretrained_dir
     from runners.perf.flops import TransformerShape
     from runners.perf.roofline import phase_work

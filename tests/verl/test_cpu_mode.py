@@ -60,7 +60,7 @@ def _cfg(*overrides: str):
     ],
 )
 def test_runs_on_cpu(device, launcher, cuda, slurm_gpus, cpu):
-    from runners.backends.verl.cpu_mode import runs_on_cpu
+    from runners.backends.verl.cpu.mode import runs_on_cpu
 
     cfg = _cfg(f"backend.device={device}", f"launcher={launcher}")
     env = (
@@ -83,7 +83,7 @@ def test_runs_on_cpu(device, launcher, cuda, slurm_gpus, cpu):
 )
 def test_placement_refuses_what_this_machine_cannot_run(overrides, key):
     """On a machine without CUDA: a ConfigError naming the key; the same cells pass on a GPU machine."""
-    from runners.backends.verl.cpu_mode import check_placement
+    from runners.backends.verl.cpu.mode import check_placement
 
     cfg = _cfg(*overrides)
     with pytest.raises(ConfigError) as err:
@@ -94,7 +94,7 @@ def test_placement_refuses_what_this_machine_cannot_run(overrides, key):
 
 
 def test_small_cells_pass_placement_on_cpu():
-    from runners.backends.verl.cpu_mode import check_placement
+    from runners.backends.verl.cpu.mode import check_placement
 
     for model in ("embedded", "tiny_qwen2", "smollm2_135m"):
         check_placement(_cfg(f"model={model}"), cuda=False, env={})
@@ -105,7 +105,7 @@ def test_trustbench_run_exits_2_naming_the_key(tmp_path, monkeypatch, capsys):
     no run directory or MLflow store written."""
     from runners.cli import main
 
-    monkeypatch.setattr("runners.backends.verl.cpu_mode.cuda_available", lambda: False)
+    monkeypatch.setattr("runners.backends.verl.cpu.mode.cuda_available", lambda: False)
     monkeypatch.setenv("TRUSTBENCH_HOME", str(tmp_path))
     for var in [v for v in os.environ if v.startswith("SLURM_")]:
         monkeypatch.delenv(var)
@@ -123,7 +123,7 @@ def verl_config():
 
 
 def _cpu_overrides(cfg, *, ray_address=None):
-    from runners.backends.verl.cpu_mode import CPUPlacement
+    from runners.backends.verl.cpu.mode import CPUPlacement
     from runners.backends.verl.layout import VerlPaths
     from runners.backends.verl.process import cpu_placement, model_path
     from runners.backends.verl.translate import build_overrides
@@ -131,8 +131,8 @@ def _cpu_overrides(cfg, *, ray_address=None):
     path = model_path(cfg)
     placement = cpu_placement(cfg, path)
     if placement is None:  # this test machine has CUDA: build the CPU placement anyway
-        from runners.backends.verl.cpu_mode import exported_tokenizer_path
-        from runners.backends.verl.model_export import prompt_template
+        from runners.backends.verl.cpu.mode import exported_tokenizer_path
+        from runners.backends.verl.cpu.model_export import prompt_template
 
         placement = CPUPlacement(None, exported_tokenizer_path(path), prompt_template(cfg, path))
     placement = CPUPlacement(ray_address, placement.tokenizer_path, placement.chat_template)
@@ -164,8 +164,8 @@ def test_cpu_overrides_are_accepted_by_verl(verl_config, cell):
     from verl.utils.config import omega_conf_to_dataclass, validate_config
 
     from runners.algorithms.method import Method
-    from runners.backends.verl.cpu_mode import external_modules
-    from runners.backends.verl.translate import PLUGIN_MODULE
+    from runners.backends.verl import PLUGIN_MODULE
+    from runners.backends.verl.cpu.mode import external_modules
 
     cfg = _cfg(*cell)
     path, placement, overrides = _cpu_overrides(cfg)
@@ -189,7 +189,7 @@ def test_cpu_overrides_are_accepted_by_verl(verl_config, cell):
     assert (vc.ray_kwargs.ray_init.num_gpus, vc.ray_kwargs.ray_init.num_cpus) == (1, 8)
     env = vc.ray_kwargs.ray_init.runtime_env.env_vars
     assert env.VERL_USE_EXTERNAL_MODULES == external_modules(PLUGIN_MODULE)
-    assert env.VERL_USE_EXTERNAL_MODULES.split(",")[0] == "runners.backends.verl.cpu_platform"
+    assert env.VERL_USE_EXTERNAL_MODULES.split(",")[0] == "runners.backends.verl.cpu.platform"
     assert env.VERL_PLATFORM == "cpu"
     critic = Method.from_config(cfg).requires("critic")
     assert need_critic(vc) is critic
@@ -225,7 +225,7 @@ def test_exported_prompts_are_the_builtin_backends(model, dataset):
     the translation's template, the exported parquet row) = the built-in backend's prompt tokens."""
     from verl.utils import hf_tokenizer
 
-    from runners.backends.verl.model_export import TOKENIZER_SUBDIR, export_model, prompt_template
+    from runners.backends.verl.cpu.model_export import TOKENIZER_SUBDIR, export_model, prompt_template
     from runners.data.prompts import encode_prompt
     from runners.data.verl_format import to_verl_record
     from runners.models.loader import load_model
@@ -248,7 +248,7 @@ def test_exported_prompts_are_the_builtin_backends(model, dataset):
 def test_export_spec_holds_the_recipe_key_of_kinds_that_declare_one():
     """The embedded model's folder is keyed by its recipe's hash (the ``export_key`` hook of its model
     kind), so a changed recipe default is a new folder; kinds without the hook are keyed by config only."""
-    from runners.backends.verl.model_export import export_spec
+    from runners.backends.verl.cpu.model_export import export_spec
     from runners.models.embedded import make_recipe
 
     spec = export_spec({"kind": "embedded", "name": "embedded", "options": {"steps": 50}})
@@ -259,7 +259,7 @@ def test_export_spec_holds_the_recipe_key_of_kinds_that_declare_one():
 def test_exported_weights_are_the_builtin_backends():
     import torch
 
-    from runners.backends.verl.model_export import export_model
+    from runners.backends.verl.cpu.model_export import export_model
     from runners.models.loader import load_model, load_pretrained_dir
 
     cfg = _cfg("model=tiny_qwen3")
@@ -272,8 +272,8 @@ def test_exported_weights_are_the_builtin_backends():
 # -- the HF rollout server --------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def server():
-    from runners.backends.verl.hf_server import HFGenerationServer
-    from runners.backends.verl.model_export import export_model
+    from runners.backends.verl.cpu.hf_server import HFGenerationServer
+    from runners.backends.verl.cpu.model_export import export_model
 
     folder = export_model(_cfg("model=tiny_llama").model)
     config = {"prompt_length": 16, "response_length": 12, "dtype": "float32", "seed": 0}
@@ -332,12 +332,12 @@ def test_hf_server_weight_sync_replaces_every_parameter(server):
 # -- the CPU platform, in fresh processes -----------------------------------------------------------
 PLATFORM_PROBE = r"""
 import json, os, torch
-os.environ["VERL_USE_EXTERNAL_MODULES"] = "runners.backends.verl.cpu_platform"
+os.environ["VERL_USE_EXTERNAL_MODULES"] = "runners.backends.verl.cpu.platform"
 if os.environ.get("PRETEND_CUDA"):
     torch.cuda.is_available = lambda: True
 import verl
 from verl.utils.device import get_device_id, get_device_name, get_nccl_backend, get_torch_device
-from runners.backends.verl import cpu_platform
+from runners.backends.verl.cpu import platform as cpu_platform
 out = {"active": cpu_platform.ACTIVE}
 if cpu_platform.ACTIVE:
     import torch.distributed as dist
@@ -363,7 +363,7 @@ print("PROBE " + json.dumps(out))
 
 
 def _probe(**env):
-    from runners.backends.verl.model_export import export_model
+    from runners.backends.verl.cpu.model_export import export_model
     from tests.slurm.cluster import free_ports
 
     full = {

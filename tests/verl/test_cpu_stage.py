@@ -1,7 +1,7 @@
 """verl on CPU, end to end: eight methods in five cells, two real verl iterations each, into MLflow and a report.
 
 Each cell is trained by ``runners.run.run`` with ``backend=verl`` on this CUDA-less machine (verl's
-CPU mode: ``runners.backends.verl.cpu_mode``): the embedded model, 8 prompts x 4 responses, the
+CPU mode: ``runners.backends.verl.cpu.mode``): the embedded model, 8 prompts x 4 responses, the
 Hugging Face rollout, FSDP2 on CPU, the trustbench trainer. What is checked against what:
 
 - every cell ends FINISHED in MLflow with ``actor/pg_loss`` at steps 1 and 2 and every metric name
@@ -128,7 +128,7 @@ def test_cell_trains_two_verl_iterations(cpu_stage, name):
     missing = sorted(families(local) - families(run.data.metrics))
     assert not missing, f"the verl run lacks metrics the built-in backend logs: {missing}"
     # CPU mode's entry point ran verl's TaskRunner in the driver: no actor of its own printed anything
-    assert "runners.backends.verl.driver_entry" in command(cell)
+    assert "runners.backends.verl.cpu.driver_entry" in command(cell)
     assert "(TaskRunnerV1 pid=" not in (cell.run_dir / "verl" / "verl.1.log").read_text(errors="replace")
     CHECKS[name](cpu_stage, cell, run)
 

@@ -125,9 +125,14 @@ def test_both_backends_compute_the_same_loss_and_gradients(verl_config, cell):
     from verl.workers.utils.padding import response_from_nested, response_to_nested
 
     from runners.backends.local.actor import UpdateSettings, update_actor
-    from runners.backends.verl.plugins_losses import RUNTIME_KEY
-    from runners.backends.verl.plugins_ppo_loss import trustbench_ppo_loss
-    from runners.backends.verl.sparse_old import KEEP_LOGITS_KEY, OLD_TOPK_INDEX, OLD_TOPK_LOGP, SPARSIFY_KEY
+    from runners.backends.verl.plugins.losses import RUNTIME_KEY
+    from runners.backends.verl.plugins.ppo_loss import trustbench_ppo_loss
+    from runners.backends.verl.plugins.sparse_old import (
+        KEEP_LOGITS_KEY,
+        OLD_TOPK_INDEX,
+        OLD_TOPK_LOGP,
+        SPARSIFY_KEY,
+    )
 
     cfg = _compose((*_cells()[cell], "model=qwen3_1.7b"))
     method = Method.from_config(cfg)

@@ -1,4 +1,4 @@
-"""CPU mode's verl entry point (``runners.backends.verl.driver_entry``): verl's main with its TaskRunner
+"""CPU mode's verl entry point (``runners.backends.verl.cpu.driver_entry``): verl's main with its TaskRunner
 in the driver process, checked against verl 0.9.1's own ``main_ppo``.
 
 - the launch command picks it in CPU mode only, and an explicit ``backend.options.entrypoint`` wins;
@@ -52,7 +52,7 @@ def test_run_ppo_runs_the_runner_in_this_process(monkeypatch):
     import ray
     from verl.trainer import main_ppo
 
-    from runners.backends.verl.driver_entry import InDriver
+    from runners.backends.verl.cpu.driver_entry import InDriver
     from tests.verl._verl_config import make_verl_config
 
     calls = []

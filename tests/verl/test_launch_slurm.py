@@ -36,7 +36,7 @@ def test_sbatch_runs_the_cell_through_ray_on_the_allocated_nodes(slurm_cluster, 
     from mlflow import MlflowClient
 
     from runners import metric_names, paths
-    from runners.backends.verl.hydra_overrides import format_value
+    from runners.backends.verl.hydra import format_value
     from runners.backends.verl.sbatch import render_sbatch
     from runners.config import compose, run_key
 
@@ -111,7 +111,7 @@ def test_sbatch_runs_the_cell_through_ray_on_the_allocated_nodes(slurm_cluster, 
         assert record["args"]["trainer.nnodes"] == str(nodes) and record["args"]["trainer.n_gpus_per_node"] == "1"
         assert (
             record["env"]["RAY_ADDRESS"]
-            and record["env"]["VERL_USE_EXTERNAL_MODULES"] == "runners.backends.verl.plugins"
+            and record["env"]["VERL_USE_EXTERNAL_MODULES"] == "runners.backends.verl.plugins.register"
         )
         status = json.loads((paths.run_dir(run_key(cfg)) / "status.json").read_text())
         assert status["status"] == "FINISHED"

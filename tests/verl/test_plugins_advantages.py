@@ -52,7 +52,7 @@ def _values(mask: torch.Tensor, seed: int) -> torch.Tensor:
 @pytest.mark.parametrize("name", sorted(PARAMS))
 @pytest.mark.parametrize("seed", [0, 1])
 def test_plugin_equals_library_estimator(name, seed):
-    from runners.backends.verl import plugins  # noqa: F401
+    from runners.backends.verl.plugins import register  # noqa: F401
 
     rewards, mask, groups, uids = outcome_batch(seed)
     params = PARAMS[name]
@@ -134,7 +134,7 @@ def test_verl_builtin_estimators_equal_plugins_through_registry(verl_name, plugi
 
 
 def test_estimator_params_must_be_a_mapping():
-    from runners.backends.verl.plugins_advantages import estimator_params
+    from runners.backends.verl.plugins.advantages import estimator_params
 
     assert estimator_params(None) == {}
     assert estimator_params(_algorithm({"eps": 0.1})) == {"eps": 0.1}

@@ -39,7 +39,7 @@ CONTROLS = {
 
 def _settings(objective="clip", control="none", params=None, **policy):
     from runners.backends.verl import loss_mode_for
-    from runners.backends.verl.plugins_config import loss_settings
+    from runners.backends.verl.plugins.config import loss_settings
 
     return loss_settings(
         {
@@ -62,7 +62,7 @@ def _batches(n: int, seed: int = 0):
 
 @pytest.mark.parametrize("control", sorted(CONTROLS))
 def test_trajectory_equals_built_in_controller_and_survives_checkpoint(control, tmp_path):
-    from runners.backends.verl.controllers import IterationControl
+    from runners.backends.verl.plugins.controllers import IterationControl
 
     params = CONTROLS[control]
     ref = ENTROPY_CONTROLLERS.get(control)(**params)
@@ -83,8 +83,8 @@ def test_trajectory_equals_built_in_controller_and_survives_checkpoint(control, 
 
 @pytest.mark.parametrize("control", sorted(CONTROLS))
 def test_runtime_rebuilds_the_same_controller_in_the_loss(control):
-    from runners.backends.verl.controllers import IterationControl
-    from runners.backends.verl.plugins_losses import build_controller
+    from runners.backends.verl.plugins.controllers import IterationControl
+    from runners.backends.verl.plugins.losses import build_controller
 
     settings = _settings(control=control, params=CONTROLS[control])
     driver = IterationControl(settings)
@@ -109,7 +109,7 @@ def test_runtime_rebuilds_the_same_controller_in_the_loss(control):
 
 
 def test_gtpo_h_ini_from_first_prompt_groups_only():
-    from runners.backends.verl.controllers import IterationControl
+    from runners.backends.verl.plugins.controllers import IterationControl
 
     control = IterationControl(_settings("gtpo", objective_params={"h_ini_prompts": 2}))
     assert control.active and control.h_ini is None
@@ -138,9 +138,9 @@ def _meta(n=4):
 
 
 def _trainer(monkeypatch, policy_loss: dict, **cfg):
-    trainer_mod = pytest.importorskip("runners.backends.verl.plugins_trainer")
-    from runners.backends.verl.controllers import IterationControl
-    from runners.backends.verl.plugins_config import is_trustbench_loss, loss_settings
+    trainer_mod = pytest.importorskip("runners.backends.verl.plugins.trainer")
+    from runners.backends.verl.plugins.config import is_trustbench_loss, loss_settings
+    from runners.backends.verl.plugins.controllers import IterationControl
 
     trainer = object.__new__(trainer_mod.TrustbenchPPOTrainer)
     trainer.config = OmegaConf.create(
@@ -167,8 +167,8 @@ def _trainer(monkeypatch, policy_loss: dict, **cfg):
 def test_trainer_hooks_flag_feed_and_clean_up(monkeypatch):
     from tensordict import TensorDict
 
-    from runners.backends.verl.plugins_losses import RUNTIME_KEY
-    from runners.backends.verl.sparse_old import KEEP_LOGITS_KEY, SPARSIFY_KEY
+    from runners.backends.verl.plugins.losses import RUNTIME_KEY
+    from runners.backends.verl.plugins.sparse_old import KEEP_LOGITS_KEY, SPARSIFY_KEY
 
     policy_loss = {
         "loss_mode": "trustbench_troll",
@@ -222,7 +222,7 @@ def test_trainer_hooks_flag_feed_and_clean_up(monkeypatch):
 def test_trainer_selects_worker_and_checkpoints_controller_state(monkeypatch, tmp_path):
     from verl.trainer.ppo.utils import Role
 
-    from runners.backends.verl.controllers import STATE_FILE
+    from runners.backends.verl.plugins.controllers import STATE_FILE
 
     policy_loss = {"loss_mode": "trustbench_clip", "entropy_control": "adapo"}
     trainer_mod, trainer = _trainer(monkeypatch, policy_loss)
@@ -259,7 +259,7 @@ def test_step_end_honours_the_backend_stop_file(monkeypatch, tmp_path):
     """After verl's step end, a stop file (the trustbench backend's protocol) checkpoints the step,
     controller state included, and makes it the last; without the file nothing happens."""
     backend = pytest.importorskip("runners.backends.verl.checkpoints")
-    from runners.backends.verl.controllers import STATE_FILE
+    from runners.backends.verl.plugins.controllers import STATE_FILE
 
     trainer_mod, trainer = _trainer(monkeypatch, {"loss_mode": "trustbench_clip", "entropy_control": "repo_r"})
     trainer.config.trainer.default_local_dir = str(tmp_path)
@@ -336,11 +336,11 @@ def test_trainer_rejects_configs_it_cannot_serve(monkeypatch):
 
 
 def test_worker_init_model_installs_trustbench_loss(monkeypatch):
-    workers = pytest.importorskip("runners.backends.verl.plugins_workers")
+    workers = pytest.importorskip("runners.backends.verl.plugins.workers")
     from verl.workers.config.actor import ActorConfig
     from verl.workers.utils.losses import ppo_loss
 
-    from runners.backends.verl.plugins_ppo_loss import trustbench_ppo_loss
+    from runners.backends.verl.plugins.ppo_loss import trustbench_ppo_loss
 
     config = ActorConfig(strategy="fsdp", rollout_n=1, ppo_micro_batch_size_per_gpu=1)
     installed = []

@@ -53,7 +53,7 @@ def _engine(module):
     import verl.utils.torch_functional as verl_F
     from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithLMHead
 
-    from runners.backends.verl.sparse_old import install_trustbench_outputs
+    from runners.backends.verl.plugins.sparse_old import install_trustbench_outputs
 
     engine = object.__new__(FSDPEngineWithLMHead)
     engine.pad_to_length = False
@@ -134,7 +134,7 @@ def test_old_pass_stores_sparsify_of_each_response(remove_padding):
     verl's own log_probs are untouched and consistent with the stored top-K's last slot."""
     from verl.workers.utils.padding import response_from_nested
 
-    from runners.backends.verl.sparse_old import OLD_TOPK_INDEX, OLD_TOPK_LOGP, SPARSIFY_KEY
+    from runners.backends.verl.plugins.sparse_old import OLD_TOPK_INDEX, OLD_TOPK_LOGP, SPARSIFY_KEY
 
     prompts, responses = _sequences()
     old_model = _model(1)
@@ -162,7 +162,7 @@ def test_old_pass_through_verl_dynamic_micro_batches():
     (``postprocess_batch_func``) return each sequence's top-K in the original batch order."""
     from verl.workers.engine.utils import postprocess_batch_func, prepare_micro_batches
 
-    from runners.backends.verl.sparse_old import OLD_TOPK_INDEX, OLD_TOPK_LOGP, SPARSIFY_KEY
+    from runners.backends.verl.plugins.sparse_old import OLD_TOPK_INDEX, OLD_TOPK_LOGP, SPARSIFY_KEY
 
     prompts, responses = _sequences(seed=4)
     model = _model(1)
@@ -244,11 +244,16 @@ def test_update_pass_equals_local_trainer(case, remove_padding):
     from verl.workers.config.actor import ActorConfig
     from verl.workers.utils.padding import response_from_nested, response_to_nested
 
-    from runners.backends.verl import plugins  # noqa: F401
-    from runners.backends.verl.plugins_config import TrustbenchPolicyLossConfig
-    from runners.backends.verl.plugins_losses import RUNTIME_KEY
-    from runners.backends.verl.plugins_ppo_loss import trustbench_ppo_loss
-    from runners.backends.verl.sparse_old import KEEP_LOGITS_KEY, OLD_TOPK_INDEX, OLD_TOPK_LOGP, SPARSIFY_KEY
+    from runners.backends.verl.plugins import register  # noqa: F401
+    from runners.backends.verl.plugins.config import TrustbenchPolicyLossConfig
+    from runners.backends.verl.plugins.losses import RUNTIME_KEY
+    from runners.backends.verl.plugins.ppo_loss import trustbench_ppo_loss
+    from runners.backends.verl.plugins.sparse_old import (
+        KEEP_LOGITS_KEY,
+        OLD_TOPK_INDEX,
+        OLD_TOPK_LOGP,
+        SPARSIFY_KEY,
+    )
 
     loss_mode, method = CASES[case]
     sparse = method.objective == "troll" or method.mask.startswith("trm_")
@@ -352,7 +357,7 @@ def test_update_pass_equals_local_trainer(case, remove_padding):
 def test_stored_old_distribution_within_budget():
     """Stored top-K (K=64) per response token vs a dense fp32 row: <= 1/1000 at V=151936
     (TROLL, arXiv 2510.03817, eq. 23's vocabulary), from the tensors the hook returns; chunking changes nothing."""
-    from runners.backends.verl.sparse_old import expand_rows, sparsify_rows
+    from runners.backends.verl.plugins.sparse_old import expand_rows, sparsify_rows
 
     vocab, n = 151936, 4
     gen = torch.Generator().manual_seed(0)
@@ -375,11 +380,16 @@ def test_unchanged_policy_is_accepted_at_a_real_vocabulary_size():
     from verl.workers.config.actor import ActorConfig
     from verl.workers.utils.padding import response_from_nested, response_to_nested
 
-    from runners.backends.verl import plugins  # noqa: F401
-    from runners.backends.verl.plugins_config import TrustbenchPolicyLossConfig
-    from runners.backends.verl.plugins_losses import RUNTIME_KEY
-    from runners.backends.verl.plugins_ppo_loss import trustbench_ppo_loss
-    from runners.backends.verl.sparse_old import KEEP_LOGITS_KEY, OLD_TOPK_INDEX, OLD_TOPK_LOGP, SPARSIFY_KEY
+    from runners.backends.verl.plugins import register  # noqa: F401
+    from runners.backends.verl.plugins.config import TrustbenchPolicyLossConfig
+    from runners.backends.verl.plugins.losses import RUNTIME_KEY
+    from runners.backends.verl.plugins.ppo_loss import trustbench_ppo_loss
+    from runners.backends.verl.plugins.sparse_old import (
+        KEEP_LOGITS_KEY,
+        OLD_TOPK_INDEX,
+        OLD_TOPK_LOGP,
+        SPARSIFY_KEY,
+    )
     from runners.models.tiny import build_tiny_model
 
     vocab = 4096
@@ -426,10 +436,10 @@ def test_sample_masks_refuse_a_batch_without_rollout_log_probs(mask):
     from verl.workers.config.actor import ActorConfig
     from verl.workers.utils.padding import response_from_nested, response_to_nested
 
-    from runners.backends.verl import plugins  # noqa: F401
-    from runners.backends.verl.plugins_config import TrustbenchPolicyLossConfig
-    from runners.backends.verl.plugins_losses import RUNTIME_KEY
-    from runners.backends.verl.plugins_ppo_loss import trustbench_ppo_loss
+    from runners.backends.verl.plugins import register  # noqa: F401
+    from runners.backends.verl.plugins.config import TrustbenchPolicyLossConfig
+    from runners.backends.verl.plugins.losses import RUNTIME_KEY
+    from runners.backends.verl.plugins.ppo_loss import trustbench_ppo_loss
 
     model = _model(1)
     prompts, responses = _sequences(seed=2)

@@ -61,7 +61,7 @@ CASES = {
 def _actor_config(loss_mode: str, method: Method, *, norm_len=None, global_info=None):
     from verl.workers.config.actor import ActorConfig
 
-    from runners.backends.verl.plugins_config import TrustbenchPolicyLossConfig
+    from runners.backends.verl.plugins.config import TrustbenchPolicyLossConfig
 
     policy_loss = TrustbenchPolicyLossConfig(
         loss_mode=loss_mode,
@@ -91,8 +91,8 @@ def _needs(method: Method) -> tuple[bool, bool]:
 
 def plugin_update(loss_mode, method, prob, controller, *, h_ini=None, norm_len=None, global_info=None, weights=None):
     """The plugin through verl's registry; returns (loss, metrics, d loss / d logits)."""
-    from runners.backends.verl import plugins  # noqa: F401  (registers the plugins)
-    from runners.backends.verl.plugins_losses import TrustbenchInputs
+    from runners.backends.verl.plugins import register  # noqa: F401  (registers the plugins)
+    from runners.backends.verl.plugins.losses import TrustbenchInputs
 
     sparse, need_entropy = _needs(method)
     logits = prob.logits.detach().clone().requires_grad_(True)
@@ -276,7 +276,7 @@ def test_verl_builtin_losses_equal_plugins_through_registry(verl_name, plugin, m
 
 
 def test_errors_name_the_setting():
-    from runners.backends.verl.plugins_config import TrustbenchPolicyLossConfig
+    from runners.backends.verl.plugins.config import TrustbenchPolicyLossConfig
 
     loss_mode, method = CASES["clip_dapo"]
     prob = _problem(method)
@@ -286,7 +286,7 @@ def test_errors_name_the_setting():
         TrustbenchPolicyLossConfig(loss_mode=loss_mode, mask="trm_maxx")
     with pytest.raises(ValueError, match="calculate_entropy=true"):
         _, bonus = CASES["bonus"]
-        from runners.backends.verl.plugins_losses import TrustbenchInputs
+        from runners.backends.verl.plugins.losses import TrustbenchInputs
 
         core_algos.get_policy_loss_fn("trustbench_clip")(
             prob.old_logp,

@@ -36,7 +36,7 @@ print(json.dumps({
     "policy_loss": sorted(POLICY_LOSS_REGISTRY),
     "adv_estimator": sorted(ADV_ESTIMATOR_REGISTRY),
     "trainer": sorted(TRAINER_REGISTRY),
-    "plugin_imported": "runners.backends.verl.plugins" in sys.modules,
+    "plugin_imported": "runners.backends.verl.plugins.register" in sys.modules,
 }))
 """
 
@@ -99,8 +99,8 @@ def _compose(overrides: list[str]):
 def test_overrides_survive_hydra_and_omega_conf_to_dataclass():
     from verl.utils.config import omega_conf_to_dataclass
 
-    from runners.backends.verl.plugins_advantages import estimator_params
-    from runners.backends.verl.plugins_config import TrustbenchPolicyLossConfig, loss_settings
+    from runners.backends.verl.plugins.advantages import estimator_params
+    from runners.backends.verl.plugins.config import TrustbenchPolicyLossConfig, loss_settings
 
     overrides = plugin_overrides(
         objective="troll",
@@ -137,7 +137,7 @@ def test_invalid_names_are_named():
         plugin_overrides(objective="ppo")
     with pytest.raises(ValueError, match="unknown estimator 'grpoo'"):
         plugin_overrides(objective="clip", estimator="grpoo")
-    from runners.backends.verl.plugins_config import loss_settings
+    from runners.backends.verl.plugins.config import loss_settings
 
     with pytest.raises(ValueError, match="loss_mode='vanilla' is not a trustbench loss"):
         loss_settings({"loss_mode": "vanilla"})

@@ -28,7 +28,7 @@ _SCRIPT = """
 import json
 import ray, torch
 from tensordict import TensorDict
-from runners.backends.verl.sparse_old import nested_by_lengths, OLD_TOPK_INDEX, OLD_TOPK_LOGP
+from runners.backends.verl.plugins.sparse_old import nested_by_lengths, OLD_TOPK_INDEX, OLD_TOPK_LOGP
 ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False)
 import transfer_queue as tq
 try:

@@ -63,7 +63,7 @@ def _policy_loss(loss_mode, objective_params, entropy_control="none", entropy_co
 def _actor_config(policy_loss, loss_agg, global_info=None):
     from verl.workers.config.actor import ActorConfig
 
-    from runners.backends.verl.plugins_config import TrustbenchPolicyLossConfig
+    from runners.backends.verl.plugins.config import TrustbenchPolicyLossConfig
 
     config = ActorConfig(
         strategy="fsdp",
@@ -80,8 +80,8 @@ def _verl_loss(
     policy_loss, loss_agg, logits, responses, logp_old, advantages, mask, *, uids=None, runtime=None, info=None
 ):
     """The registered verl loss of ``policy_loss`` called as verl's ppo_loss does; (loss, d loss / d logits)."""
-    from runners.backends.verl import plugins  # noqa: F401  (registers the trustbench losses)
-    from runners.backends.verl.plugins_losses import TrustbenchInputs
+    from runners.backends.verl.plugins import register  # noqa: F401  (registers the trustbench losses)
+    from runners.backends.verl.plugins.losses import TrustbenchInputs
 
     logits = logits.detach().clone().requires_grad_(True)
     inputs = TrustbenchInputs(
@@ -168,8 +168,8 @@ def test_h_ini_measured_by_the_driver_reaches_the_loss():
     """IterationControl measures H_ini on the first batch's first two prompt groups (rows shuffled, so the
     first groups in batch order are not the first ids), H_ini < ln 2 switches the filter on, and the loss
     verl computes with the runtime the driver attaches equals the reference at the reference H_ini."""
-    from runners.backends.verl.controllers import IterationControl
-    from runners.backends.verl.plugins_config import loss_settings
+    from runners.backends.verl.plugins.config import loss_settings
+    from runners.backends.verl.plugins.controllers import IterationControl
 
     case = make_gtpo_case()
     policy_loss = _gtpo_policy_loss(h_ini_prompts=2)
@@ -214,8 +214,8 @@ def _token_mean(entropy, lengths):
 
 @pytest.mark.parametrize("control", sorted(SIGNS))
 def test_trustbench_clip_with_entropy_control_follows_reference(control):
-    from runners.backends.verl.controllers import IterationControl
-    from runners.backends.verl.plugins_config import loss_settings
+    from runners.backends.verl.plugins.config import loss_settings
+    from runners.backends.verl.plugins.controllers import IterationControl
 
     case = make_control_case()
     policy_loss = _policy_loss("trustbench_clip", objective_params_for(control), control, PARAMS[control])

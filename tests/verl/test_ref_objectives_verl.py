@@ -109,7 +109,7 @@ OBJECTIVE_CASES = _objective_cases()
 def _actor_config(loss_mode: str, params: dict, mode: str, *, norm_len: float, global_info: dict | None = None):
     from verl.workers.config.actor import ActorConfig
 
-    from runners.backends.verl.plugins_config import TrustbenchPolicyLossConfig
+    from runners.backends.verl.plugins.config import TrustbenchPolicyLossConfig
 
     config = ActorConfig(
         strategy="fsdp",
@@ -126,7 +126,7 @@ def _actor_config(loss_mode: str, params: dict, mode: str, *, norm_len: float, g
 
 def _verl_loss(loss_mode, params, batch, mode, *, norm_len, global_info=None, weights=None):
     """The plugin through verl's registry with verl's signature; ``(loss, metrics, d loss / d log_prob)``."""
-    from runners.backends.verl import plugins  # noqa: F401  (registers the plugins)
+    from runners.backends.verl.plugins import register  # noqa: F401  (registers the plugins)
 
     logp, logp_old, adv, mask = batch.tensors()
     config = _actor_config(loss_mode, params, mode, norm_len=norm_len, global_info=global_info)
@@ -213,7 +213,7 @@ def _algorithm(params: dict):
 
 def _verl_estimate(name: str, case, params: dict, *, finished=True):
     """The plugin through verl's registry, called as verl's compute_advantage calls registered estimators."""
-    from runners.backends.verl import plugins  # noqa: F401  (registers the plugins)
+    from runners.backends.verl.plugins import register  # noqa: F401  (registers the plugins)
 
     kwargs = {}
     if not isinstance(case, OutcomeCase):

@@ -42,9 +42,9 @@ pytestmark = pytest.mark.verl
 
 core_algos = pytest.importorskip("verl.trainer.ppo.core_algos")
 
-from runners.backends.verl import plugins  # noqa: E402, F401  (registers the plugins in verl's registry)
-from runners.backends.verl.plugins_config import TrustbenchPolicyLossConfig  # noqa: E402
-from runners.backends.verl.plugins_losses import TrustbenchInputs  # noqa: E402
+from runners.backends.verl.plugins import register  # noqa: E402, F401  (registers the plugins in verl's registry)
+from runners.backends.verl.plugins.config import TrustbenchPolicyLossConfig  # noqa: E402
+from runners.backends.verl.plugins.losses import TrustbenchInputs  # noqa: E402
 
 LOSS_MODE = "trustbench_clip"
 

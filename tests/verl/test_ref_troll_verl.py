@@ -26,7 +26,7 @@ P_D = 1e-12
 def _config(sequence: bool):
     from verl.workers.config.actor import ActorConfig
 
-    from runners.backends.verl.plugins_config import TrustbenchPolicyLossConfig
+    from runners.backends.verl.plugins.config import TrustbenchPolicyLossConfig
 
     params = {"eps": EPS, "alpha": ALPHA, "p_default": P_D, "polish_steps": 4}
     policy_loss = TrustbenchPolicyLossConfig(loss_mode=_mode(sequence), objective_params=params)
@@ -45,8 +45,8 @@ def _mode(sequence: bool) -> str:
 
 @pytest.mark.parametrize("sequence", [False, True], ids=["token", "gspo"])
 def test_troll_plugin_matches_the_paper_reference(sequence):
-    from runners.backends.verl import plugins  # noqa: F401  (registers the plugins)
-    from runners.backends.verl.plugins_losses import TrustbenchInputs
+    from runners.backends.verl.plugins import register  # noqa: F401  (registers the plugins)
+    from runners.backends.verl.plugins.losses import TrustbenchInputs
 
     vocab, k = 300, 6
     old, new, responses, adv, mask, _ = _case(31, vocab=vocab, shift=1.2)

@@ -1,4 +1,4 @@
-"""Roofline points of verl runs (``runners.backends.verl.roofline``) against the built-in trainer's.
+"""Roofline points of verl runs (``runners.backends.verl.plugins.roofline``) against the built-in trainer's.
 
 - the shape read from a saved model's config on the meta device equals ``TransformerShape.from_model``
   on the loaded model, with the bytes of the dtype the actor computes in (verl's FSDP default bf16;
@@ -51,7 +51,7 @@ def _config(model_dir, *overrides):
 
 @pytest.mark.parametrize(("dtype", "size"), [(None, 2), ("fp32", 4), ("bf16", 2)])
 def test_shape_from_config_and_update_settings(model_dir, monkeypatch, dtype, size):
-    from runners.backends.verl.roofline import StepRoofline
+    from runners.backends.verl.plugins.roofline import StepRoofline
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     extra = [f"+actor_rollout_ref.actor.fsdp_config.mixed_precision={{param_dtype:{dtype}}}"] if dtype else []
@@ -66,7 +66,7 @@ def test_shape_from_config_and_update_settings(model_dir, monkeypatch, dtype, si
 
 
 def test_same_points_as_the_builtin_trainer(model_dir, monkeypatch):
-    from runners.backends.verl.roofline import StepRoofline
+    from runners.backends.verl.plugins.roofline import StepRoofline
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     shape = TransformerShape.from_model(build_tiny_model("qwen3", vocab_size=37, seed=0))
@@ -105,7 +105,7 @@ def test_same_points_as_the_builtin_trainer(model_dir, monkeypatch):
 
 
 def test_unreadable_model_gives_no_points(tmp_path, monkeypatch):
-    from runners.backends.verl.roofline import StepRoofline
+    from runners.backends.verl.plugins.roofline import StepRoofline
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     trainer = SimpleNamespace(config=_config(tmp_path / "missing"), actor_rollout_wg=None)

@@ -72,7 +72,7 @@ def verl_config():
 def assert_same_cell(cfg, vc, algo, actor):
     """The verl config trains what the trustbench cell describes."""
     from runners.backends.verl import TRAINER_MODE, loss_mode_for
-    from runners.backends.verl.method_overrides import NEVER_CLIP
+    from runners.backends.verl.translate.method import NEVER_CLIP
 
     t, r, rollout = cfg.trainer, cfg.rollout, vc.actor_rollout_ref.rollout
     res = cell_resources(cfg)
@@ -208,7 +208,7 @@ def test_cross_product_is_covered_by_the_two_axes():
     """For every preset x model, the overrides are the preset's (on a reference model) with the
     model-dependent ones replaced by the model's: the two verl-checked axes above thus cover the
     whole product. (The model axis is taken with PPO, whose critic also depends on the model.)"""
-    from runners.backends.verl.hydra_overrides import override_key
+    from runners.backends.verl.hydra import override_key
 
     ref = HF_MODELS[0]
 
@@ -400,7 +400,7 @@ def test_fast_path_is_hydra_compose(verl_config):
 def test_resume_and_user_overrides():
     """A resumed attempt does not repeat the evaluation before training; backend.options.overrides
     replace the generated override of the same key and add new ones, in order, at the end."""
-    from runners.backends.verl.hydra_overrides import format_value, override_key
+    from runners.backends.verl.hydra import format_value, override_key
 
     fresh = _translate(_compose(("algorithm=grpo", "model=qwen3_1.7b")))
     resumed = _translate(_compose(("algorithm=grpo", "model=qwen3_1.7b")), resuming=True)
@@ -474,7 +474,7 @@ def test_format_value_round_trips_through_hydras_parser(value):
     lists and dicts, floats like 1e10) parses back to itself with Hydra's own override parser."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    from runners.backends.verl.hydra_overrides import format_override
+    from runners.backends.verl.hydra import format_override
 
     parsed = OverridesParser.create().parse_override(format_override("a.b", value)).value()
     assert parsed == value or (isinstance(value, float) and math.isclose(parsed, value, rel_tol=0, abs_tol=0))
@@ -486,7 +486,7 @@ def test_keys_hydra_would_convert_are_refused(key):
     parser): such keys cannot round-trip, so the writer refuses them instead of changing them."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    from runners.backends.verl.hydra_overrides import format_value
+    from runners.backends.verl.hydra import format_value
 
     if key.lower() in ("true", "false", "null", "inf", "nan"):
         parsed = OverridesParser.create().parse_override(f"a={{{key}:1}}").value()

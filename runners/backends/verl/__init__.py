@@ -2,12 +2,12 @@
 
 Importing this package imports neither torch nor verl: it only names the plugin contract, so the
 config translation and the CLI can use it anywhere. The plugins themselves live in
-``runners.backends.verl.plugins`` (the module verl imports in every Ray process) and call the same
+``runners.backends.verl.plugins.register`` (the module verl imports in every Ray process) and call the same
 ``runners.algorithms`` functions as the built-in trainer.
 
 How verl 0.9.1 reaches the plugins (the contract the translation emits):
 
-- ``VERL_USE_EXTERNAL_MODULES=runners.backends.verl.plugins`` in the environment of the driver and of
+- ``VERL_USE_EXTERNAL_MODULES=runners.backends.verl.plugins.register`` in the environment of the driver and of
   every Ray worker (``verl/__init__.py`` imports the listed modules at ``import verl``; put it in
   ``ray_kwargs.ray_init.runtime_env.env_vars`` too when Ray is started outside the driver). The
   import registers the policy losses, the advantage estimators and the trainer below.
@@ -35,15 +35,15 @@ from collections.abc import Mapping
 from typing import Any
 
 from runners.algorithms import ENTROPY_CONTROLLERS, ESTIMATORS, MASKS, OBJECTIVES
-from runners.backends.verl.hydra_overrides import format_value
+from runners.backends.verl.hydra import format_value
 
 # module verl imports through VERL_USE_EXTERNAL_MODULES (comma-separated list of modules)
-PLUGIN_MODULE = "runners.backends.verl.plugins"
+PLUGIN_MODULE = "runners.backends.verl.plugins.register"
 EXTERNAL_MODULES_ENV = "VERL_USE_EXTERNAL_MODULES"
 # verl v1 trainer registered by the plugins (trainer.v1.trainer_mode)
 TRAINER_MODE = "trustbench_sync"
 # policy-loss config class carrying the method parameters (actor.policy_loss._target_)
-POLICY_LOSS_TARGET = "runners.backends.verl.plugins_config.TrustbenchPolicyLossConfig"
+POLICY_LOSS_TARGET = "runners.backends.verl.plugins.config.TrustbenchPolicyLossConfig"
 # key of the estimator's keyword arguments under verl's ``algorithm`` node
 ESTIMATOR_PARAMS_KEY = "trustbench_estimator"
 PREFIX = "trustbench_"

@@ -58,8 +58,9 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from runners import paths as tb_paths
+from runners.backends.verl import PLUGIN_MODULE
 from runners.backends.verl.checkpoints import StopWatch, check_resume, latest_checkpoint_step
-from runners.backends.verl.cpu_mode import launch_env_updates, runs_on_cpu
+from runners.backends.verl.cpu.mode import launch_env_updates, runs_on_cpu
 from runners.backends.verl.layout import VerlLayout
 from runners.backends.verl.metrics import MetricsFile, map_metrics
 from runners.backends.verl.process import (
@@ -77,7 +78,7 @@ from runners.backends.verl.process import (
     worker_env,
 )
 from runners.backends.verl.sbatch import render_sbatch, run_cell
-from runners.backends.verl.translate import PLUGIN_MODULE, backend_options, build_overrides
+from runners.backends.verl.translate import backend_options, build_overrides
 from runners.resources import slurm_allocation
 
 POLL_S = 1.0

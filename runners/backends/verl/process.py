@@ -1,7 +1,7 @@
 """Starting and ending the verl process: its command, environment and resources, its output streamed.
 
 - ``launch_argv``: ``python -m verl.trainer.main_ppo <overrides>`` (``backend.options.entrypoint``; in
-  CPU mode ``runners.backends.verl.driver_entry``, verl's main with the TaskRunner in the driver),
+  CPU mode ``runners.backends.verl.cpu.driver_entry``, verl's main with the TaskRunner in the driver),
   through the Ray-on-Slurm bootstrap (``slurm/ray_on_slurm.sh``) inside a Slurm allocation;
 - ``launch_env`` / ``worker_env``: the variables of the verl process and of every Ray worker (the
   plugins, MLflow run, metrics file, stop file);
@@ -28,9 +28,9 @@ from omegaconf import DictConfig
 
 from runners import metric_names
 from runners import paths as tb_paths
-from runners.backends.verl.batch_dump import DUMP_ENV
 from runners.backends.verl.checkpoints import STOP_FILE_ENV
-from runners.backends.verl.cpu_mode import CPUPlacement, exported_tokenizer_path, runs_on_cpu
+from runners.backends.verl.cpu.mode import CPUPlacement, exported_tokenizer_path, runs_on_cpu
+from runners.backends.verl.plugins.batch_dump import DUMP_ENV
 from runners.backends.verl.translate import CPU_ENTRYPOINT, ENTRYPOINT, backend_options
 
 RAY_BOOTSTRAP = tb_paths.repo_root() / "slurm" / "ray_on_slurm.sh"
@@ -80,7 +80,7 @@ def model_path(cfg: DictConfig) -> str:
     """A directory or hub id verl can load: the directory the model kind makes (its ``make_hf_directory``
     hook: the converted SmolLM2 checkpoint), the project's own model written as a Hugging Face directory
     (``model_export``), or ``model.path``."""
-    from runners.backends.verl.model_export import export_model, exportable
+    from runners.backends.verl.cpu.model_export import export_model, exportable
     from runners.models.loader import MODEL_KINDS
 
     make_directory = MODEL_KINDS.hook(str(cfg.model.kind), "make_hf_directory")
@@ -93,7 +93,7 @@ def model_path(cfg: DictConfig) -> str:
 
 def cpu_placement(cfg: DictConfig, model_dir: str) -> CPUPlacement | None:
     """How the cell runs in verl's CPU mode (``cpu_mode``), or None when it runs on GPUs."""
-    from runners.backends.verl.model_export import prompt_template
+    from runners.backends.verl.cpu.model_export import prompt_template
 
     if not runs_on_cpu(cfg):
         return None

@@ -14,7 +14,7 @@ config, validation, Ray start, runner code, trainer and workers.
 The backend uses it where the cell runs in verl's CPU mode and ``backend.options.entrypoint`` is
 ``auto`` (the default); ``backend.options.entrypoint=verl.trainer.main_ppo`` keeps verl's actor.
 
-    VERL_USE_EXTERNAL_MODULES=... python -m runners.backends.verl.driver_entry <verl overrides>
+    VERL_USE_EXTERNAL_MODULES=... python -m runners.backends.verl.cpu.driver_entry <verl overrides>
 
 Tests: ``pytest tests/verl/test_driver_entry.py``; the ``verl_cpu`` stage launches every cell with it.
 """

@@ -21,7 +21,7 @@ The server and the sampling parameters it supports are in ``hf_server``. Loaded 
 mode (``VERL_USE_EXTERNAL_MODULES``, after ``cpu_platform``); nothing here needs a CPU, so the
 rollout also works on a GPU node, where it is slower than vLLM and never selected by the translation.
 
-    +actor_rollout_ref.rollout.name=trustbench_hf   (set by runners.backends.verl.cpu_mode)
+    +actor_rollout_ref.rollout.name=trustbench_hf   (set by runners.backends.verl.cpu.mode)
 
 Tests: ``pytest tests/verl/test_cpu_mode.py``; the ``verl_cpu`` stage runs it inside verl.
 """
@@ -36,13 +36,13 @@ from typing import Any
 import ray
 import torch
 
-from runners.backends.verl.cpu_mode import ROLLOUT_NAME
-from runners.backends.verl.hf_server import HFGenerationServer
+from runners.backends.verl.cpu.hf_server import HFGenerationServer
+from runners.backends.verl.cpu.mode import ROLLOUT_NAME
 
 logger = logging.getLogger(__name__)
 
 ROLLOUT_MODE = "async"
-ADAPTER_TARGET = "runners.backends.verl.hf_rollout.HFServerAdapter"
+ADAPTER_TARGET = "runners.backends.verl.cpu.hf_rollout.HFServerAdapter"
 
 
 def server_name(replica_rank: int, suffix: str = "") -> str:

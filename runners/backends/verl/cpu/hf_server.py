@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from runners.backends.verl.cpu_mode import ROLLOUT_NAME
+from runners.backends.verl.cpu.mode import ROLLOUT_NAME
 
 # requests arriving within this window are sampled together
 BATCH_WINDOW_S = 0.02

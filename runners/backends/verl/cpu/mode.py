@@ -39,8 +39,8 @@ from runners.config.validate import ConfigError
 from runners.resources import slurm_allocation
 
 # plugin modules of CPU mode, in import order (the platform before anything resolves it)
-CPU_PLATFORM_MODULE = "runners.backends.verl.cpu_platform"
-HF_ROLLOUT_MODULE = "runners.backends.verl.hf_rollout"
+CPU_PLATFORM_MODULE = "runners.backends.verl.cpu.platform"
+HF_ROLLOUT_MODULE = "runners.backends.verl.cpu.hf_rollout"
 ROLLOUT_NAME = "trustbench_hf"
 PLATFORM_ENV = "VERL_PLATFORM"
 # the largest model trained in CPU mode (SmolLM2-135M fits; a step of a 0.5B model takes minutes)
@@ -230,7 +230,7 @@ def launch_env_updates(plugin_module: str, *, force_cpu: bool) -> dict[str, str]
 
 def exported_tokenizer_path(model_dir: str | os.PathLike) -> str | None:
     """The tokenizer folder of a model directory written by ``model_export`` (None for other directories)."""
-    from runners.backends.verl.model_export import TOKENIZER_SUBDIR
+    from runners.backends.verl.cpu.model_export import TOKENIZER_SUBDIR
 
     folder = Path(model_dir) / TOKENIZER_SUBDIR
     return str(folder) if folder.is_dir() else None

@@ -23,7 +23,7 @@ lock and renamed into place. The folder holds:
 
 Which kinds can be exported is declared on the model registry (``provides=("hf_export",)``).
 
-    python -m runners.backends.verl.model_export model=tiny_qwen2     # prints the folder
+    python -m runners.backends.verl.cpu.model_export model=tiny_qwen2     # prints the folder
 """
 
 from __future__ import annotations

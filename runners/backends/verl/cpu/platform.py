@@ -3,7 +3,7 @@
 Design: verl reaches the accelerator only through its platform object (``verl.plugin.platform``:
 device name, the ``torch.<device>`` namespace, the collective backend, Ray's resource name) and
 the engine registry. Importing this module (the first entry of ``VERL_USE_EXTERNAL_MODULES`` in CPU
-mode, before ``runners.backends.verl.hf_rollout`` and the trustbench plugins) does, in every process
+mode, before ``runners.backends.verl.cpu.hf_rollout`` and the trustbench plugins) does, in every process
 that imports verl, and only where ``torch.cuda.is_available()`` is False:
 
 - registers ``CPUPlatform`` as platform ``cpu`` and makes it the current one (``VERL_PLATFORM=cpu``
@@ -23,10 +23,10 @@ that imports verl, and only where ``torch.cuda.is_available()`` is False:
 
 On a CUDA machine the import does nothing but log that it stayed inactive, so a stray module list
 never turns a GPU node into a CPU one. The translation only lists this module in CPU mode
-(``runners.backends.verl.cpu_mode``).
+(``runners.backends.verl.cpu.mode``).
 
-    VERL_USE_EXTERNAL_MODULES=runners.backends.verl.cpu_platform,runners.backends.verl.hf_rollout,\\
-runners.backends.verl.plugins python -m verl.trainer.main_ppo trainer.device=cpu ...
+    VERL_USE_EXTERNAL_MODULES=runners.backends.verl.cpu.platform,runners.backends.verl.cpu.hf_rollout,\\
+runners.backends.verl.plugins.register python -m verl.trainer.main_ppo trainer.device=cpu ...
 
 Tests: ``pytest tests/verl/test_cpu_mode.py`` (the platform in-process) and the ``verl_cpu``
 stage (``pytest -m verl_cpu tests/verl``: real verl iterations).

@@ -17,7 +17,7 @@ values (controller state, GTPO's H_ini) are NOT config: they travel with each ba
 
 Hydra (the ``+`` adds keys to verl's struct config)::
 
-    actor_rollout_ref.actor.policy_loss._target_=runners.backends.verl.plugins_config.TrustbenchPolicyLossConfig
+    actor_rollout_ref.actor.policy_loss._target_=runners.backends.verl.plugins.config.TrustbenchPolicyLossConfig
     actor_rollout_ref.actor.policy_loss.loss_mode=trustbench_troll
     +actor_rollout_ref.actor.policy_loss.objective_params={eps: 0.05, top_k: 64}
     +actor_rollout_ref.actor.policy_loss.mask=trm_max

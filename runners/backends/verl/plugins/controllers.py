@@ -36,7 +36,7 @@ from torch import Tensor
 
 from runners.algorithms.gtpo import compute_initial_entropy
 from runners.algorithms.policy_loss import build_controller
-from runners.backends.verl.plugins_config import LossSettings
+from runners.backends.verl.plugins.config import LossSettings
 
 STATE_FILE = "trustbench_control.json"
 

@@ -46,7 +46,7 @@ from runners.algorithms.policy_loss import PolicyLoss
 from runners.algorithms.policy_loss import build_controller as build_method_controller
 from runners.algorithms.types import PolicyInputs
 from runners.backends.verl import LOSS_MODES
-from runners.backends.verl.plugins_config import LossSettings, loss_settings
+from runners.backends.verl.plugins.config import LossSettings, loss_settings
 
 # non-tensor batch entry: {"entropy_control_state": {...}, "h_ini": float | None} from the trainer
 RUNTIME_KEY = "trustbench_runtime"
@@ -194,7 +194,7 @@ def _make_loss(loss_mode: str):
     policy_loss.__doc__ = (
         f"verl policy loss {loss_mode!r}: runners.algorithms objective {objective!r}"
         + (f" with {fixed}" if fixed else "")
-        + ", plus the configured mask and entropy control (see runners.backends.verl.plugins_losses)."
+        + ", plus the configured mask and entropy control (see runners.backends.verl.plugins.losses)."
     )
     return policy_loss
 

@@ -40,10 +40,10 @@ from verl.utils import tensordict_utils as tu
 from verl.workers.utils.losses import ppo_loss
 from verl.workers.utils.padding import no_padding_2_padding
 
-from runners.backends.verl.batch_dump import DUMP_ENV, dump_micro_batch
-from runners.backends.verl.plugins_config import is_trustbench_loss, loss_settings
-from runners.backends.verl.plugins_losses import RUNTIME_KEY, TrustbenchInputs, using_inputs
-from runners.backends.verl.sparse_old import (
+from runners.backends.verl.plugins.batch_dump import DUMP_ENV, dump_micro_batch
+from runners.backends.verl.plugins.config import is_trustbench_loss, loss_settings
+from runners.backends.verl.plugins.losses import RUNTIME_KEY, TrustbenchInputs, using_inputs
+from runners.backends.verl.plugins.sparse_old import (
     LOGIT_STARTS_OUTPUT,
     LOGITS_OUTPUT,
     OLD_TOPK_INDEX,
@@ -92,7 +92,7 @@ def build_inputs(config: Any, model_output: dict, data: TensorDict) -> Trustbenc
     elif settings.needs_sparse_old:
         raise ValueError(
             f"policy loss {settings.loss_mode!r} with mask {settings.mask!r} needs the logits in the update pass: "
-            "run verl with trainer.v1.trainer_mode=trustbench_sync (runners.backends.verl.plugins_trainer)"
+            "run verl with trainer.v1.trainer_mode=trustbench_sync (runners.backends.verl.plugins.trainer)"
         )
     if OLD_TOPK_INDEX in data.keys():
         inputs.old_topk_index = padded_from_nested(data[OLD_TOPK_INDEX], width, 0).long()

@@ -1,4 +1,4 @@
-"""Entry module of the trustbench verl plugins: ``VERL_USE_EXTERNAL_MODULES=runners.backends.verl.plugins``.
+"""Entry module of the trustbench verl plugins: ``VERL_USE_EXTERNAL_MODULES=runners.backends.verl.plugins.register``.
 
 verl 0.9.1 imports every module listed in ``VERL_USE_EXTERNAL_MODULES`` at the end of
 ``verl/__init__.py``, i.e. in every process that imports verl (driver, TaskRunner, Ray workers),
@@ -13,8 +13,8 @@ before any config is read. Importing this module registers, in verl's own regist
 The trainer needs verl's v1 stack (TransferQueue, Ray); where that cannot be imported the losses
 and estimators are still registered and ``TRAINER_IMPORT_ERROR`` says why the trainer is missing.
 
-    VERL_USE_EXTERNAL_MODULES=runners.backends.verl.plugins python -m verl.trainer.main_ppo ...
-    python -m runners.backends.verl.plugins          # prints the registered names
+    VERL_USE_EXTERNAL_MODULES=runners.backends.verl.plugins.register python -m verl.trainer.main_ppo ...
+    python -m runners.backends.verl.plugins.register          # prints the registered names
 
 Tests: ``pytest tests/verl/test_plugins_registry.py``.
 """
@@ -24,12 +24,12 @@ from __future__ import annotations
 import logging
 
 from runners.backends.verl import ADV_ESTIMATORS, LOSS_MODES, TRAINER_MODE
-from runners.backends.verl import plugins_advantages as _advantages  # noqa: F401  (registers estimators)
-from runners.backends.verl import plugins_losses as _losses  # noqa: F401  (registers policy losses)
+from runners.backends.verl.plugins import advantages as _advantages  # noqa: F401  (registers estimators)
+from runners.backends.verl.plugins import losses as _losses  # noqa: F401  (registers policy losses)
 
 TRAINER_IMPORT_ERROR: Exception | None = None
 try:
-    from runners.backends.verl import plugins_trainer as _trainer  # noqa: F401  (registers trustbench_sync)
+    from runners.backends.verl.plugins import trainer as _trainer  # noqa: F401  (registers trustbench_sync)
 except ImportError as exc:  # e.g. TransferQueue missing: losses and estimators still work
     TRAINER_IMPORT_ERROR = exc
     logging.getLogger(__name__).warning("trustbench verl trainer %r not registered: %s", TRAINER_MODE, exc)

@@ -30,7 +30,7 @@ everywhere verl tests the mode) plus a few overrides, each a thin wrapper around
 Flags are removed from the batch after each call, so the reference pass never sparsifies.
 
     python -m verl.trainer.main_ppo trainer.v1.trainer_mode=trustbench_sync ...   # with
-    VERL_USE_EXTERNAL_MODULES=runners.backends.verl.plugins
+    VERL_USE_EXTERNAL_MODULES=runners.backends.verl.plugins.register
 
 Tests (verl's methods replaced by fakes; the Ray / TransferQueue loop needs GPUs):
 ``pytest tests/verl/test_plugins_controllers.py``.
@@ -55,22 +55,22 @@ from verl.workers.utils.padding import response_to_nested
 
 from runners.algorithms.trm import DEFAULT_EDGES
 from runners.backends.verl import METHOD_METRIC_PREFIXES, TRAINER_MODE
-from runners.backends.verl.controllers import IterationControl
-from runners.backends.verl.cpu_mode import POLL_INTERVAL_KEY
+from runners.backends.verl.cpu.mode import POLL_INTERVAL_KEY
 from runners.backends.verl.metrics import map_metrics
-from runners.backends.verl.monitor import MONITOR_KEY, iteration_metrics
-from runners.backends.verl.plugins_advantages import VALUE_ESTIMATORS
-from runners.backends.verl.plugins_config import is_trustbench_loss, loss_settings
-from runners.backends.verl.plugins_losses import RUNTIME_KEY
-from runners.backends.verl.plugins_workers import TrustbenchActorRolloutRefWorker
-from runners.backends.verl.roofline import StepRoofline
-from runners.backends.verl.sparse_old import KEEP_LOGITS_KEY, SPARSIFY_KEY, padded_from_nested
-from runners.backends.verl.trainer_diagnostics import (
+from runners.backends.verl.plugins.advantages import VALUE_ESTIMATORS
+from runners.backends.verl.plugins.config import is_trustbench_loss, loss_settings
+from runners.backends.verl.plugins.controllers import IterationControl
+from runners.backends.verl.plugins.losses import RUNTIME_KEY
+from runners.backends.verl.plugins.monitor import MONITOR_KEY, iteration_metrics
+from runners.backends.verl.plugins.roofline import StepRoofline
+from runners.backends.verl.plugins.sparse_old import KEEP_LOGITS_KEY, SPARSIFY_KEY, padded_from_nested
+from runners.backends.verl.plugins.trainer_diagnostics import (
     POST_UPDATE_PHASE,
     install_cpu_timing,
     post_update_pass,
     step_cpu_metrics,
 )
+from runners.backends.verl.plugins.workers import TrustbenchActorRolloutRefWorker
 from runners.resources import load_metrics
 
 logger = logging.getLogger(__name__)

@@ -125,7 +125,7 @@ def post_update_pass(trainer: Any, batch: Any, chunk_size: int) -> dict[str, flo
     import transfer_queue as tq
     from verl.workers.utils.padding import response_from_nested
 
-    from runners.backends.verl.sparse_old import POST_KL_OUTPUT, POST_UPDATE_KEY, padded_from_nested
+    from runners.backends.verl.plugins.sparse_old import POST_KL_OUTPUT, POST_UPDATE_KEY, padded_from_nested
 
     extra = {
         "calculate_entropy": False,

@@ -26,9 +26,9 @@ from verl.single_controller.base.decorator import Dispatch, register
 from verl.workers.engine_workers import ActorRolloutRefWorker, TrainingWorker
 from verl.workers.utils.losses import ppo_loss
 
-from runners.backends.verl.plugins_config import is_trustbench_loss
-from runners.backends.verl.plugins_ppo_loss import trustbench_ppo_loss
-from runners.backends.verl.sparse_old import install_trustbench_outputs
+from runners.backends.verl.plugins.config import is_trustbench_loss
+from runners.backends.verl.plugins.ppo_loss import trustbench_ppo_loss
+from runners.backends.verl.plugins.sparse_old import install_trustbench_outputs
 
 
 class TrustbenchTrainingWorker(TrainingWorker):

@@ -4,7 +4,7 @@ Design: translation is a pure function of the composed config and the run's path
 or filesystem access), so it can be tested on CPU against verl's own config: compose verl's
 ``ppo_trainer.yaml`` with these overrides and build verl's config dataclasses (tests/verl/
 test_translate.py). Every trustbench setting either maps onto a verl key whose semantics match
-*exactly*, onto a ``trustbench_*`` plugin (``runners.backends.verl.plugins``, which calls the same
+*exactly*, onto a ``trustbench_*`` plugin (``runners.backends.verl.plugins.register``, which calls the same
 ``runners.algorithms`` functions as the built-in trainer), or raises ``ConfigError`` naming the
 key verl cannot express. The method's part (estimator, objective, mask, entropy control,
 aggregation, KL) is ``method_overrides``; the data, model, batch sizes, optimiser, rollout and trainer
@@ -44,12 +44,13 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from runners.algorithms.method import Method
-from runners.backends.verl.cpu_mode import CPUPlacement, apply_cpu_mode
-from runners.backends.verl.hydra_overrides import format_override, merge_overrides
+from runners.backends.verl import EXTERNAL_MODULES_ENV, PLUGIN_MODULE, TRAINER_MODE
+from runners.backends.verl.cpu.mode import CPUPlacement, apply_cpu_mode
+from runners.backends.verl.hydra import format_override, merge_overrides
 from runners.backends.verl.layout import VerlPaths
-from runners.backends.verl.method_overrides import algorithm_overrides
-from runners.backends.verl.monitor import MONITOR_KEY, monitor_settings
-from runners.backends.verl.run_overrides import (
+from runners.backends.verl.plugins.monitor import MONITOR_KEY, monitor_settings
+from runners.backends.verl.translate.method import algorithm_overrides
+from runners.backends.verl.translate.run import (
     batch_overrides,
     check,
     data_overrides,
@@ -61,10 +62,9 @@ from runners.backends.verl.run_overrides import (
 from runners.config.validate import ConfigError
 from runners.resources import cell_resources
 
-PLUGIN_MODULE = "runners.backends.verl.plugins"
 ENTRYPOINT = "verl.trainer.main_ppo"
 # CPU mode's entry point: verl's main with its TaskRunner in the driver process
-CPU_ENTRYPOINT = "runners.backends.verl.driver_entry"
+CPU_ENTRYPOINT = "runners.backends.verl.cpu.driver_entry"
 OPTION_KEYS = {
     "entrypoint",
     "rollout_engine",
@@ -149,7 +149,6 @@ def build_overrides(
     (``cpu_mode``: one training process, the Hugging Face rollout, the project's exportable models
     accepted). Raises ``ConfigError`` naming the first key verl cannot express.
     """
-    from runners.backends.verl import EXTERNAL_MODULES_ENV, PLUGIN_MODULE, TRAINER_MODE
     from runners.models.loader import MODEL_KINDS
 
     options = backend_options(cfg)

@@ -171,7 +171,7 @@ def plugin_method(cfg: DictConfig, method: Method, *, loss: bool, estimator: boo
     """The ``trustbench_*`` plugin selection (``runners.backends.verl.plugin_overrides``, part of the
     plugins' contract) for the loss and/or the estimator, plus the flags the plugins rely on."""
     from runners.backends.verl import plugin_overrides
-    from runners.backends.verl.hydra_overrides import override_key
+    from runners.backends.verl.hydra import override_key
 
     edges = list(cfg.trainer.length_buckets)
     lines = plugin_overrides(

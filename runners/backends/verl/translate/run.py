@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from omegaconf import DictConfig
 
 from runners.algorithms.method import Method
-from runners.backends.verl.cpu_mode import rollout_engine
+from runners.backends.verl.cpu.mode import rollout_engine
 from runners.backends.verl.data import REWARD_FUNCTION_NAME, REWARD_FUNCTION_PATH
 from runners.config import run_key
 from runners.config.validate import ConfigError
