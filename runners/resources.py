@@ -255,36 +255,6 @@ def slurm_allocation(env: Mapping[str, str] | None = None) -> tuple[int, int] | 
     return nodes, int(gpus)
 
 
-def available_cpus() -> int:
-    """CPUs this process may run on (a Slurm job's cgroup or CPU affinity), not the node's count."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):  # pragma: no cover - not Linux
-        return os.cpu_count() or 1
-
-
-def load_metrics() -> dict[str, float]:
-    """The machine's 1-minute load average beside the CPUs available to this process (both backends)."""
-    from runners import metric_names
-
-    try:
-        load = os.getloadavg()[0]
-    except OSError:  # pragma: no cover
-        load = float("nan")
-    return {metric_names.LOAD_AVG_1M: load, metric_names.CPU_COUNT_AVAILABLE: float(available_cpus())}
-
-
-def default_threads() -> int:
-    """Torch threads when ``backend.num_threads=0``: one less than the CPUs available to this process
-    (at least 1), leaving a core to the tracker thread, the OS and a neighbour's job.
-
-    Measured with ``tests/benchmarks/bench_threads.py --steps 6 --repeats 2`` on 2 cores (embedded
-    default, demo settings): 2 threads took 1.05x the wall time of 1 thread on the quiet machine (1.21x
-    the CPU time) and 1.35x beside one spinning process. Not measured on larger machines or models.
-    """
-    return max(1, available_cpus() - 1)
-
-
 # -- CPU time of the built-in trainer on the embedded default -------------------------------------------
 # CPU seconds of one 1-thread cell, per part, measured on the 2-core reference machine (the first cells of
 # sweeps/stability_map_cpu.yaml, 16 prompts x 8 responses per step, timing_cpu_s/* metrics): process start-up

@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass
 
 import pytest
 
-from runners.resources import available_cpus
+from runners.perf.hardware import available_cpus
 
 STAGES = ("unit", "e2e", "slurm", "verl_cpu")
 _CPU_KEY = pytest.StashKey[float]()

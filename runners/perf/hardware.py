@@ -24,6 +24,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from runners import metric_names
 from runners.paths import model_cache_dir
 
 HARDWARE_CSV = Path(__file__).resolve().parents[2] / "analysis" / "data" / "hardware.csv"
@@ -124,3 +125,32 @@ def machine_ceiling(device) -> Ceiling | None:
 
 
 __all__ = ["Ceiling", "cpu_ceiling", "gpu_ceiling", "machine_ceiling", "measure_cpu"]
+
+
+# -- the CPUs this process may use and the machine's load -------------------------------------------------
+def available_cpus() -> int:
+    """CPUs this process may run on (a Slurm job's cgroup or CPU affinity), not the node's count."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+def load_metrics() -> dict[str, float]:
+    """The machine's 1-minute load average beside the CPUs available to this process (both backends)."""
+    try:
+        load = os.getloadavg()[0]
+    except OSError:  # pragma: no cover
+        load = float("nan")
+    return {metric_names.LOAD_AVG_1M: load, metric_names.CPU_COUNT_AVAILABLE: float(available_cpus())}
+
+
+def default_threads() -> int:
+    """Torch threads when ``backend.num_threads=0``: one less than the CPUs available to this process
+    (at least 1), leaving a core to the tracker thread, the OS and a neighbour's job.
+
+    Measured with ``tests/benchmarks/bench_threads.py --steps 6 --repeats 2`` on 2 cores (embedded
+    default, demo settings): 2 threads took 1.05x the wall time of 1 thread on the quiet machine (1.21x
+    the CPU time) and 1.35x beside one spinning process. Not measured on larger machines or models.
+    """
+    return max(1, available_cpus() - 1)

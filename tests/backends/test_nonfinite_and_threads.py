@@ -59,12 +59,12 @@ def test_a_nan_metric_fails_the_run_naming_it_and_keeps_the_last_good_checkpoint
 def test_default_threads_follow_the_cpus_this_process_may_use(monkeypatch):
     import os
 
-    from runners import resources
+    from runners.perf import hardware
 
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {3})
     monkeypatch.setattr(os, "cpu_count", lambda: 64)
-    assert resources.available_cpus() == 1
-    assert resources.default_threads() == 1
+    assert hardware.available_cpus() == 1
+    assert hardware.default_threads() == 1
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 5, 7})
-    assert resources.available_cpus() == 4
-    assert resources.default_threads() == 3  # one core left to the tracker, the OS and neighbours
+    assert hardware.available_cpus() == 4
+    assert hardware.default_threads() == 3  # one core left to the tracker, the OS and neighbours

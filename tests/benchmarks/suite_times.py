@@ -29,7 +29,7 @@ sys.path.insert(0, str(REPO))
 
 import record  # noqa: E402
 
-from runners.resources import available_cpus  # noqa: E402
+from runners.perf.hardware import available_cpus  # noqa: E402
 from tests.suite_timing import _machine_busy_s, stage_table  # noqa: E402
 
 

@@ -17,7 +17,7 @@ import torch
 from runners import metric_names as names
 from runners.backends.base import progress_postfix as postfix  # noqa: F401  (re-exported)
 from runners.backends.local.rollout import RolloutBatch
-from runners.resources import load_metrics  # noqa: F401  (re-exported)
+from runners.perf.hardware import load_metrics  # noqa: F401  (re-exported)
 
 
 class PhaseTimer:

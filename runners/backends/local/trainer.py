@@ -61,8 +61,7 @@ from runners.backends.local.step_metrics import (
     throughput_metrics,
 )
 from runners.models.sampler import generate, make_generator
-from runners.perf.hardware import machine_ceiling
-from runners.resources import default_threads
+from runners.perf.hardware import default_threads, machine_ceiling
 
 
 class LocalTrainer:

@@ -71,7 +71,7 @@ from runners.backends.verl.plugins.trainer_diagnostics import (
     step_cpu_metrics,
 )
 from runners.backends.verl.plugins.workers import TrustbenchActorRolloutRefWorker
-from runners.resources import load_metrics
+from runners.perf.hardware import load_metrics
 
 logger = logging.getLogger(__name__)
 ACTOR_ROLES = (Role.ActorRollout, Role.ActorRolloutRef, Role.Actor)

@@ -19,7 +19,7 @@ In verl the same quantities come from:
   by this node's Ray workers (the trainer's siblings under the raylet: rollout server, training
   workers, agent loop), which is where verl's work happens. Other jobs sharing the node's Ray would
   be counted too; on a multi-node cluster only the trainer's node is;
-- ``runners.resources.load_metrics`` at the end of each step.
+- ``runners.perf.hardware.load_metrics`` at the end of each step.
 
     install_cpu_timing()                               # plugins_trainer does it at import
     metrics.update(post_update_pass(trainer, batch))   # after the actor update
