@@ -17,7 +17,10 @@ TRM can be compared with what verl users run:
   policy.
 
 Log-ratios are clamped to [-20, 20] as verl does. ``tests/algorithms/test_rollout_correction.py``
-checks every value against verl's own ``rollout_corr_helper`` on CPU.
+checks every value against verl's own ``rollout_corr_helper`` on CPU. One departure: a row without a
+real token (an all-padding row) is left out of the per-sequence statistics (the perplexities, their
+logs and ratio, ``chi2_seq``, and the rows a sequence rejection counts), where verl counts it as a
+sequence of log-prob 0 (perplexity 1). On batches without such rows the two agree.
 """
 
 from __future__ import annotations
