@@ -28,18 +28,18 @@ from runners.algorithms.bounds import (
 from runners.metric_names import trm_tv_position_bucket
 
 
-def _pm_loop(T: int, delta: float, cap: bool = True) -> float:
-    """Pinsker-Marginal bound (eq. 28) by an explicit loop over t = 1..T."""
+def pm_loop(T: int, delta: float, cap: bool = True) -> float:
+    """Pinsker-Marginal bound (eq. 28) by a loop over t = 1..T, summed exactly (``math.fsum``)."""
     c = math.sqrt(delta / 2)
-    total = 0.0
-    for t in range(1, T + 1):
-        term = math.sqrt((t - 1) * delta / 2)
-        total += min(1.0, term) if cap else term
-    return 4 * (min(1.0, c) if cap else c) * total
+    terms = [math.sqrt((t - 1) * delta / 2) for t in range(1, T + 1)]
+    if cap:
+        c, terms = min(1.0, c), [min(1.0, x) for x in terms]
+    return 4 * c * math.fsum(terms)
 
 
-def _z_loop(T: int, delta: float) -> float:
-    return sum(min(1.0, math.sqrt((T - t) * delta / 2)) for t in range(1, T + 1))
+def z_loop(T: int, delta: float) -> float:
+    """LN-TRM normaliser (eq. 77): sum_{t=1..T} min(1, sqrt((T - t) delta / 2)), summed exactly."""
+    return math.fsum(min(1.0, math.sqrt((T - t) * delta / 2)) for t in range(1, T + 1))
 
 
 def test_paper_table_small_divergence():
@@ -74,13 +74,13 @@ def test_adaptive_worst_case_value_and_identity():
         cap = min(1.0, math.sqrt(delta / 2))
         via_dbar = adaptive_bound(np.full(T, cap), delta)
         assert via_dbar == pytest.approx(adaptive_worst_case(T, delta), rel=1e-9)
-        assert via_dbar == pytest.approx(_pm_loop(T, delta), rel=1e-9, abs=1e-12)
+        assert via_dbar == pytest.approx(pm_loop(T, delta), rel=1e-9, abs=1e-12)
 
 
 @pytest.mark.parametrize("T, expected", [(256, 19.25), (1024, 154.36), (4096, 1235.5)])
 def test_ln_trm_normaliser_paper_values(T, expected):
     assert ln_trm_normaliser(T, 1e-4) == pytest.approx(expected, abs=0.05)  # half the printed digit
-    assert ln_trm_normaliser(T, 1e-4) == pytest.approx(_z_loop(T, 1e-4), rel=1e-10)
+    assert ln_trm_normaliser(T, 1e-4) == pytest.approx(z_loop(T, 1e-4), rel=1e-10)
 
 
 def test_ln_trm_normaliser_short_sequences():
@@ -111,7 +111,7 @@ def test_small_divergence_closed_forms(T):
         d_seq = 0.5 * delta * T
         b = error_bounds(T, delta, d_seq=d_seq)
         assert b["pinsker_marginal"] == pytest.approx(4 / 3 * T**1.5 * delta, rel=1.0 / T)
-        assert b["pinsker_marginal"] == pytest.approx(_pm_loop(T, delta), rel=1e-10)
+        assert b["pinsker_marginal"] == pytest.approx(pm_loop(T, delta), rel=1e-10)
         assert b["mixed"] == pytest.approx(2 * T * math.sqrt(delta * d_seq), rel=1e-12)
 
 
@@ -125,12 +125,12 @@ def test_sums_match_loops(T, delta, d_seq):
     """The closed-form/Euler-Maclaurin sums equal plain loops, capped and uncapped."""
     for cap in (True, False):
         b = error_bounds(T, delta, d_seq=d_seq, cap=cap)
-        assert b["pinsker_marginal"] == pytest.approx(_pm_loop(T, delta, cap), rel=1e-9, abs=1e-9)
+        assert b["pinsker_marginal"] == pytest.approx(pm_loop(T, delta, cap), rel=1e-9, abs=1e-9)
         c = math.sqrt(delta / 2)
         c = min(1.0, c) if cap else c
         assert b["linear"] == pytest.approx(4 * T * c, rel=1e-12, abs=1e-12)
         assert b["classical"] == pytest.approx(T * (T - 1) * delta, rel=1e-12, abs=1e-12)
-    assert ln_trm_normaliser(T, delta) == pytest.approx(_z_loop(T, delta), rel=1e-9, abs=1e-9)
+    assert ln_trm_normaliser(T, delta) == pytest.approx(z_loop(T, delta), rel=1e-9, abs=1e-9)
 
 
 @settings(max_examples=40, deadline=None)
@@ -159,7 +159,7 @@ def test_vectorised_over_T_and_delta():
     assert b["pinsker_marginal"].shape == (2, 3)
     for i, d in enumerate(delta[:, 0]):
         for j, t in enumerate(T):
-            assert b["pinsker_marginal"][i, j] == pytest.approx(_pm_loop(int(t), float(d)), rel=1e-10, abs=1e-12)
+            assert b["pinsker_marginal"][i, j] == pytest.approx(pm_loop(int(t), float(d)), rel=1e-10, abs=1e-12)
     assert np.all(np.isnan(b["mixed"]))
 
 

@@ -28,25 +28,12 @@ from runners.algorithms.bounds import (
     trm_max_acceptance,
 )
 from runners.metric_names import trm_tv_position_bucket
+from tests.algorithms.test_bounds import pm_loop, z_loop
 
 
 def sum_sqrt_loop(n: int) -> float:
     """sum_{k=1..n} sqrt(k), each root correctly rounded, summed exactly."""
     return math.fsum(math.sqrt(k) for k in range(1, n + 1))
-
-
-def z_loop(T: int, delta: float) -> float:
-    """LN-TRM normaliser (eq. 77): sum_{t=1..T} min(1, sqrt((T - t) delta / 2))."""
-    return math.fsum(min(1.0, math.sqrt((T - t) * delta / 2)) for t in range(1, T + 1))
-
-
-def pm_loop(T: int, delta: float, cap: bool = True) -> float:
-    """Pinsker-Marginal bound (eq. 28) by a loop over t = 1..T."""
-    c = math.sqrt(delta / 2)
-    terms = [math.sqrt((t - 1) * delta / 2) for t in range(1, T + 1)]
-    if cap:
-        c, terms = min(1.0, c), [min(1.0, x) for x in terms]
-    return 4 * c * math.fsum(terms)
 
 
 # -- TRM-Max acceptance (eq. 75) -------------------------------------------------------------------------
@@ -103,6 +90,12 @@ def test_divergences_take_any_real_number_type():
     want = error_bounds(300, 0.01, d_seq=0.5)
     got = error_bounds(300, Fraction(1, 100), d_seq=Fraction(1, 2))
     assert got == pytest.approx(want, rel=1e-15, nan_ok=True)
+    # and those float bounds are the paper's (eqs. 28 and the classical / linear / mixed forms), not just equal
+    c = math.sqrt(0.01 / 2)
+    assert got["classical"] == pytest.approx(300 * 299 * 0.01, rel=1e-15)
+    assert got["linear"] == pytest.approx(4 * 300 * c, rel=1e-15)
+    assert got["pinsker_marginal"] == pytest.approx(pm_loop(300, 0.01), rel=1e-12)
+    assert got["mixed"] == pytest.approx(2 * 300 * math.sqrt(0.01 * 0.5), rel=1e-15)
     assert error_bounds(300, 1, d_seq=3) == pytest.approx(error_bounds(300, 1.0, d_seq=3.0), rel=1e-15, nan_ok=True)
     assert ln_trm_normaliser(300, Fraction(1, 100)) == pytest.approx(z_loop(300, 0.01), rel=1e-12)
     assert adaptive_worst_case(300, Fraction(1, 100)) == pytest.approx(pm_loop(300, 0.01), rel=1e-12)

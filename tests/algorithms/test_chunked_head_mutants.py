@@ -1,4 +1,4 @@
-"""``chunked_head`` (runners/algorithms/chunked_head.py) against a dense float64 reference written here,
+"""``chunked_head`` (runners/algorithms/chunked_head.py) against the dense float64 reference of test_chunked_head,
 aimed at the branches the mutation testing (``make mutation``) found unchecked:
 
 - float64 inputs give float64 values and gradients equal to the dense float64 reference to 1e-10
@@ -25,6 +25,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from runners.algorithms.chunked_head import chunked_head, default_chunk_size
+from tests.algorithms.test_chunked_head import _reference
 from tests.algorithms.test_troll_sparse_mutants import _MaxNumel, ref_store
 
 NEG = -math.inf
@@ -39,21 +40,6 @@ def _problem(n, hdim, vocab, seed, scale=1.0, dtype=torch.float64):
     w_logp = torch.randn(n, generator=g, dtype=torch.float64)
     w_ent = torch.randn(n, generator=g, dtype=torch.float64)
     return hidden.to(dtype), weight.to(dtype), bias.to(dtype), tokens, w_logp, w_ent
-
-
-def _dense(hidden, weight, bias, tokens, w_logp, w_ent, temperature=1.0):
-    """float64 log-probs, entropies (p log p := 0 where p = 0) and the gradients of
-    sum(w_logp logp + w_ent H) w.r.t. h, W and b, by torch autograd of the dense formulas."""
-    h = hidden.detach().double().requires_grad_(True)
-    w = weight.detach().double().requires_grad_(True)
-    b = bias.detach().double().requires_grad_(True) if bias is not None else None
-    z = (h @ w.T if b is None else h @ w.T + b) / temperature
-    lp = z - torch.logsumexp(z, -1, keepdim=True)
-    safe = torch.where(lp > NEG, lp, 0.0)
-    entropy = -(safe.exp() * safe * (lp > NEG)).sum(-1)
-    logp = lp.gather(-1, tokens[:, None]).squeeze(-1)
-    ((logp * w_logp.double()).sum() + (entropy * w_ent.double()).sum()).backward()
-    return logp.detach(), entropy.detach(), h.grad, w.grad, b.grad if b is not None else None
 
 
 def _chunked(hidden, weight, bias, tokens, w_logp, w_ent, **kwargs):
@@ -72,7 +58,7 @@ def test_float64_inputs_match_the_dense_reference_to_1e10(temperature, with_bias
     """Logits of size ~50 (float32 would be off by ~1e-6): values and gradients within 1e-10."""
     hidden, weight, bias, tokens, w_logp, w_ent = _problem(7, 5, 60, seed=1, scale=8.0)
     bias = bias if with_bias else None
-    ref = _dense(hidden, weight, bias, tokens, w_logp, w_ent, temperature)
+    ref = _reference(hidden, weight, bias, tokens, w_logp, w_ent, temperature)
     ours = _chunked(hidden, weight, bias, tokens, w_logp, w_ent, temperature=temperature, chunk_size=chunk_size)
     assert float(ref[0].min()) < -30  # large logits
     for mine, exact in zip(ours, ref):
@@ -87,7 +73,7 @@ def test_bf16_hidden_weight_and_bias_are_upcast():
     """bf16 h, W and b (temperature 0.8): values of the float32 product within 1e-5 of the float64
     reference of the same bf16 values; the three gradients come back in bf16."""
     hidden, weight, bias, tokens, w_logp, w_ent = _problem(9, 8, 120, seed=2, dtype=torch.bfloat16)
-    ref = _dense(hidden, weight, bias, tokens, w_logp, w_ent, 0.8)
+    ref = _reference(hidden, weight, bias, tokens, w_logp, w_ent, 0.8)
     ours = _chunked(hidden, weight, bias, tokens, w_logp.float(), w_ent.float(), temperature=0.8, chunk_size=4)
     assert ours[0].dtype == ours[1].dtype == torch.float32
     torch.testing.assert_close(ours[0].double(), ref[0], rtol=0, atol=1e-5)
@@ -99,7 +85,7 @@ def test_bf16_hidden_weight_and_bias_are_upcast():
 
 def test_defaults_are_temperature_one_and_the_default_chunk_size():
     hidden, weight, bias, tokens, w_logp, w_ent = _problem(6, 4, 50, seed=3, dtype=torch.float32)
-    ref = _dense(hidden, weight, bias, tokens, w_logp, w_ent, 1.0)
+    ref = _reference(hidden, weight, bias, tokens, w_logp, w_ent, 1.0)
     out = chunked_head(hidden, weight, tokens, bias=bias)
     torch.testing.assert_close(out.logp.double(), ref[0], rtol=0, atol=1e-5)
     torch.testing.assert_close(out.entropy.double(), ref[1], rtol=0, atol=1e-5)
@@ -117,7 +103,7 @@ def test_rows_far_apart_in_one_chunk_are_shifted_by_their_own_maximum():
     hidden = torch.cat([hidden * 0.3, torch.tensor([[0.0], [-120.0], [0.0], [-120.0]])], -1)
     weight = torch.cat([weight, torch.ones(40, 1)], -1)
     bias = bias + 60.0
-    ref = _dense(hidden, weight, bias, tokens, w_logp, w_ent)
+    ref = _reference(hidden, weight, bias, tokens, w_logp, w_ent)
     ours = _chunked(hidden, weight, bias, tokens, w_logp.float(), w_ent.float(), chunk_size=4)
     for mine, exact in zip(ours, ref):
         assert torch.isfinite(mine).all()
@@ -136,7 +122,7 @@ def test_no_temporary_holds_more_than_a_chunk_of_logits(sparse):
         out = chunked_head(h, w, tokens, bias=b, temperature=0.7, chunk_size=4, sparse=sparse)
         ((out.logp * w_logp.float()).sum() + (out.entropy * w_ent.float()).sum()).backward()
     assert mode.largest <= 4 * 300
-    ref = _dense(hidden, weight, bias, tokens, w_logp, w_ent, 0.7)
+    ref = _reference(hidden, weight, bias, tokens, w_logp, w_ent, 0.7)
     torch.testing.assert_close(out.logp.detach().double(), ref[0], rtol=0, atol=1e-5)
     torch.testing.assert_close(h.grad.double(), ref[2], rtol=0, atol=1e-5 * float(ref[2].abs().max()))
 
@@ -203,7 +189,9 @@ def test_sparse_store_matches_the_reference_with_a_masked_vocabulary(k, delta, t
     assert out.topk_logp[1, 1, -1] == pytest.approx(math.log(1e-6))
     lp = out.logp.detach()
     assert torch.isneginf(lp[1, 1:]).all() and torch.isfinite(lp.reshape(-1)[:4]).all()
-    ref = _dense(hidden.reshape(6, 4), weight, bias, tokens.reshape(-1), torch.zeros(6), torch.zeros(6), temperature)
+    ref = _reference(
+        hidden.reshape(6, 4), weight, bias, tokens.reshape(-1), torch.zeros(6), torch.zeros(6), temperature
+    )
     torch.testing.assert_close(out.entropy.detach().reshape(-1), ref[1], rtol=0, atol=1e-12)  # p log p := 0
 
 
@@ -260,6 +248,6 @@ def test_valid_edge_inputs_are_accepted():
     hidden, weight, _, _, w_logp, w_ent = _problem(3, 4, 20, seed=8, dtype=torch.float32)
     tokens = torch.tensor([19, 0, 19])
     out = chunked_head(hidden, weight, tokens, chunk_size=1, sparse={"k": 20, "delta": 0.0})
-    ref = _dense(hidden, weight, None, tokens, w_logp, w_ent)
+    ref = _reference(hidden, weight, None, tokens, w_logp, w_ent)
     torch.testing.assert_close(out.logp.double(), ref[0], rtol=0, atol=1e-5)
     assert (out.topk_logp[:, :-1] > NEG).sum(-1).tolist() == [19, 19, 19]
