@@ -2,9 +2,9 @@
 
 ``format_value`` quotes strings unless they are plainly safe, writes dicts and lists in Hydra's
 syntax, and refuses dict keys Hydra would turn into bool / None / float. It is the one writer of
-Hydra values: the translation's lines and the plugin selection (``plugin_overrides``) both use it; ``merge_overrides`` lets a
-user's ``backend.options.overrides`` replace generated lines of the same key. Tests round-trip values
-through Hydra's own parser (``tests/verl/test_translate.py``).
+Hydra values: the translation's lines and the plugin selection (``plugin_overrides``) both use it.
+``merge_overrides`` lets a user's ``backend.options.overrides`` replace generated lines of the same
+key. Tests round-trip values through Hydra's own parser (``tests/verl/test_translate.py``).
 """
 
 from __future__ import annotations
