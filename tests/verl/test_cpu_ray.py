@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -63,6 +64,11 @@ def test_a_cluster_whose_raylet_runs_is_not_named(tmp_path):
     raylet = tmp_path / "raylet"
     raylet.symlink_to(shutil.which("sleep"))
     proc = subprocess.Popen([str(raylet), "30"])
+    # Popen returns once the child's close-on-exec pipe closes, which the kernel does before it writes
+    # the new program's arguments: under load /proc/<pid>/cmdline can still be empty for a moment.
+    deadline = time.monotonic() + 10.0
+    while not Path(f"/proc/{proc.pid}/cmdline").read_bytes() and time.monotonic() < deadline:
+        time.sleep(0.01)
     try:
         cluster = cpu_ray.RayCluster(address="127.0.0.1:1", temp_dir=tmp_path, started_s=0.0)
         assert cpu_ray.raylet_gone(cluster) == ""
