@@ -10,6 +10,7 @@
     trustbench bounds --T 4096 --delta 1e-4       TRM error bounds (arXiv 2512.23075) printed and plotted
     trustbench ui [EXPERIMENT]                    MLflow UI on 127.0.0.1, the link to the experiment's runs
     trustbench list [GROUP]                       config groups and their options, and the sweeps
+    trustbench verl COMMAND [OVERRIDES...]        the verl backend: a cell's verl overrides, its Slurm script
 
 Every argument of run goes to Hydra, overrides and Hydra's own flags in any order
 (trustbench run --cfg job algorithm=tppo); sweep takes its flags anywhere among the overrides.
@@ -247,6 +248,17 @@ def _serve(cmd: list[str], env: dict) -> int:
             signal.signal(sig, handler)
 
 
+def cmd_verl(args: argparse.Namespace) -> int:
+    """``trustbench verl ...``: the verl backend parses its own commands (``trustbench verl --help``);
+    reached through the registry, so that neither ``--help`` nor the other commands import it."""
+    from runners.backends import BACKENDS
+
+    try:
+        return BACKENDS.hook("verl", "command")(args.args)
+    except _compose_errors() as err:
+        return _config_error(err)
+
+
 def _summary_line(path: Path) -> str:
     """The first comment line of a YAML file (not Hydra's ``@package`` directive), or ''."""
     lines = path.read_text(errors="replace").splitlines()  # a damaged file is listed; `sweep` names it
@@ -340,14 +352,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("group", nargs="?", help="one group only (e.g. algorithm)")
     p.set_defaults(func=cmd_list)
+
+    # parse_args hands every argument after `verl` to cmd_verl: this entry only lists it in --help
+    sub.add_parser("verl", help="verl backend: a cell's overrides, its Slurm script", add_help=False)
     return parser
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     """``run``: every argument is Hydra's (``cmd_run`` sorts flags from overrides); ``sweep``: its
-    flags may come after overrides (``sweep demo --dry-run trainer.lr=1e-4``)."""
+    flags may come after overrides (``sweep demo --dry-run trainer.lr=1e-4``); ``verl``: the backend's parser."""
     if list(argv[:1]) == ["run"] and not {"-h", "--help"} & set(argv[1:]):
         return argparse.Namespace(command="run", overrides=list(argv[1:]), func=cmd_run)
+    if list(argv[:1]) == ["verl"]:
+        return argparse.Namespace(command="verl", args=list(argv[1:]), func=cmd_verl)
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     if extra and args.command == "sweep" and not any(e.startswith("-") for e in extra):

@@ -7,7 +7,7 @@ import pytest
 
 from runners.cli import main
 
-SUBCOMMANDS = ("run", "sweep", "report", "bounds", "ui", "list")
+SUBCOMMANDS = ("run", "sweep", "report", "bounds", "ui", "list", "verl")
 
 
 def _help(capsys, *argv: str) -> str:

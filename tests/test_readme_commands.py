@@ -10,15 +10,14 @@ changed command needs an entry here, and the documentation cannot drift from the
 does an entry whose command left every page.
 
 ``trustbench`` commands run in this process (``runners.cli.main``) against a scratch home;
-``python -m ...``, ``make``, ``pytest`` and ``ruff`` run as subprocesses of this interpreter's
-environment (the README's ``.venv/bin/`` is the environment ``make`` sets up).
+``make``, ``pytest`` and ``ruff`` run as subprocesses of this interpreter's environment (the README's
+``.venv/bin/`` is the environment ``make`` sets up).
 """
 
 from __future__ import annotations
 
 import os
 import re
-import runpy
 import shlex
 import subprocess
 import sys
@@ -188,27 +187,18 @@ def _extras_exist(env: Env, argv: list[str]) -> None:
     assert set(extras) <= set(declared), (extras, sorted(declared))
 
 
-def _python_module(env: Env, argv: list[str]) -> str:
-    """``python -m MODULE ARGS`` in this process (``runpy``, as ``-m`` runs it); returns its stdout."""
-    assert argv[:2] == ["python", "-m"], argv
-    env.monkeypatch.setattr(sys, "argv", [argv[2], *argv[3:]])
-    env.capsys.readouterr()
-    try:
-        runpy.run_module(argv[2], run_name="__main__", alter_sys=True)
-        code = 0
-    except SystemExit as exit_:
-        code = exit_.code or 0
-    out = env.capsys.readouterr()
-    assert code == 0, f"{shlex.join(argv)} exited {code}:\n{out.out[-2000:]}\n{out.err[-3000:]}"
-    assert out.out.strip(), out
-    return out.out
+def _prints(env: Env, argv: list[str]) -> str:
+    """``trustbench ARGS`` as written, which prints something; returns its stdout."""
+    out = env.trustbench(argv[1:])
+    assert out.strip(), argv
+    return out
 
 
 def _sbatch_script(env: Env, argv: list[str]) -> None:
     """The script ``... sbatch ... > cell.sbatch`` writes is a shell script with #SBATCH lines; it is not queued."""
     cut = argv.index(">")
     assert argv[cut + 1 :] == ["cell.sbatch", "&&", "sbatch", "cell.sbatch"], argv
-    text = _python_module(env, argv[:cut])
+    text = _prints(env, argv[:cut])
     script = env.tmp / "cell.sbatch"
     script.write_text(text)
     assert text.startswith("#!") and "#SBATCH" in text, text[:500]
@@ -299,20 +289,20 @@ COMMANDS: dict[str, Case] = {
     "pip install -e '.[verl,slurm]'": Case(
         "the extras exist in pyproject.toml", "installs from the network", _extras_exist
     ),
-    "python -m runners.backends.verl.backend overrides backend=verl model=qwen3_8b algorithm=gspo backend.device=cuda": Case(
-        "as written", "", _python_module
+    "trustbench verl overrides backend=verl model=qwen3_8b algorithm=gspo backend.device=cuda": Case(
+        "as written", "", _prints
     ),
     "trustbench run backend=verl model=qwen3_1.7b dataset=gsm8k algorithm=grpo": Case(
         "--cfg job, then validated", "needs a GPU node and trains for hours", _compose_only
     ),
-    "python -m runners.backends.verl.backend sbatch backend=verl model=qwen3_8b +method=grpo_troll "
+    "trustbench verl sbatch backend=verl model=qwen3_8b +method=grpo_troll "
     "launcher.partition=gpu launcher.time_min=1440 > cell.sbatch && sbatch cell.sbatch": Case(
         "the script written and checked with bash -n; not queued", "sbatch needs a cluster", _sbatch_script
     ),
     "trustbench run backend=verl algorithm=grpo objective=troll trainer.total_steps=2": Case(
         "--cfg job, then validated", "~1 min of real verl; the verl_cpu stage runs it", _compose_only
     ),
-    "python -m runners.backends.verl.backend overrides backend=verl": Case("as written", "", _python_module),
+    "trustbench verl overrides backend=verl": Case("as written", "", _prints),
     "pytest -m verl_cpu tests/verl": Case(
         "its path and marker checked", "the verl_cpu stage takes minutes; collecting it imports verl", _pytest_selection
     ),

@@ -2,7 +2,9 @@
 with ``train() -> final metrics`` and ``discard_checkpoints(run_dir)``.
 
 - ``local``: the built-in PyTorch trainer (``runners.backends.local``), CPU or one GPU;
-- ``verl``: verl 0.9.1 on Ray (``runners.backends.verl``), GPU clusters (and its CPU mode).
+- ``verl``: verl 0.9.1 on Ray (``runners.backends.verl``), GPU clusters (and its CPU mode); its own
+  commands (a cell's verl overrides, its Slurm batch script) are ``trustbench verl ...``, reached
+  through the entry's ``command`` hook.
 
 Both call the same policy-update path (``runners.algorithms.policy_loss.PolicyLoss``); what they
 share beyond it (stop requests, the pause of a debug step) is in ``runners.backends.base``. The two
@@ -14,7 +16,10 @@ from runners.algorithms.registry import Registry
 
 BACKENDS = Registry("backend")
 BACKENDS.register("local", "runners.backends.local.trainer:LocalTrainer")
-BACKENDS.register("verl", "runners.backends.verl.backend:VerlBackend")
+# hook "command": the backend's subcommands of the trustbench command (``trustbench verl ...``: runners/cli.py)
+BACKENDS.register(
+    "verl", "runners.backends.verl.backend:VerlBackend", hooks={"command": "runners.backends.verl.backend:cli_command"}
+)
 
 # per backend, a torch-free check that a cell can run where it is launched (``check_placement``)
 PLACEMENT_CHECKS = Registry("backend placement check")

@@ -24,7 +24,10 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -321,7 +324,90 @@ def test_slurm_allocation_and_launch_command(tmp_path):
         "#SBATCH --signal=B:USR1@960",
     ):
         assert line in script.splitlines()
-    assert "/py -m runners.backends.verl.backend run-cell backend=verl model=qwen3_1.7b &" in script
+    assert "/py -m runners.cli verl run-cell backend=verl model=qwen3_1.7b &" in script
+
+
+# the model and data of ``_cell``'s cell as command-line overrides, on GPUs wherever the test runs (nothing
+# is opened or loaded)
+CELL_ARGS = [
+    "backend=verl",
+    "model=qwen3_1.7b",
+    "dataset.train_limit=40",
+    "trainer.total_steps=4",
+    "backend.device=cuda",
+]
+
+
+def _trustbench(capsys, *argv: str) -> tuple[int, str, str]:
+    """(exit status, stdout, stderr) of ``trustbench ARGV`` in this process (argparse's exit caught)."""
+    from runners import cli
+
+    capsys.readouterr()
+    try:
+        code = cli.main(list(argv))
+    except SystemExit as exit_:
+        code = exit_.code
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_trustbench_verl_commands(tmp_path, monkeypatch, capsys):
+    """``trustbench verl``: its help lists the commands, ``overrides`` prints what ``build_overrides`` gives
+    for the cell, ``sbatch`` the script ``render_sbatch`` writes (and the directory its output goes to); a
+    mistyped command or config is one line and exit 2, no traceback. ``trustbench --help`` and the other
+    commands do not import the verl backend (``cmd_verl`` reaches it through the registry)."""
+    from runners import paths as tb_paths
+    from runners.backends.verl.backend import COMMANDS, main
+    from runners.backends.verl.layout import VerlLayout
+    from runners.backends.verl.process import cpu_placement
+    from runners.backends.verl.sbatch import render_sbatch
+    from runners.backends.verl.translate import build_overrides
+    from runners.config import compose, run_key
+
+    monkeypatch.setenv("TRUSTBENCH_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("COLUMNS", "160")  # argparse's help width: one line per command
+    probe = (
+        "import contextlib, sys; from runners import cli; cli.main(['list', 'backend'])\n"
+        "with contextlib.suppress(SystemExit): cli.main(['--help'])\nprint(sorted(sys.modules))"
+    )
+    loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    assert "runners.backends.verl" not in loaded and "'verl" not in loaded
+    code, out, _ = _trustbench(capsys, "--help")
+    assert code == 0 and "trustbench verl COMMAND" in out
+    code, out, _ = _trustbench(capsys, "verl", "--help")
+    assert code == 0 and out.startswith("usage: trustbench verl")
+    for name, text in COMMANDS.items():
+        assert re.search(rf"^ +{name}\n? +{re.escape(text)}$", out, re.M), (name, out)
+
+    cfg, _ = compose(CELL_ARGS)
+    layout = VerlLayout.of(tb_paths.run_dir(run_key(cfg)))
+    path = str(cfg.model.path or cfg.model.name)
+    assert cpu_placement(cfg, path) is None  # backend.device=cuda: the GPU overrides
+    expected = build_overrides(cfg, layout.paths(1), model_path=path, cpu=None)
+    code, out, err = _trustbench(capsys, "verl", "overrides", *CELL_ARGS)
+    assert code == 0, err
+    assert out.splitlines() == expected
+    assert "actor_rollout_ref.model.path=Qwen/Qwen3-1.7B" in expected
+    assert main(["overrides", *CELL_ARGS]) == 0  # the module's alias prints the same
+    assert capsys.readouterr().out == out
+
+    code, out, err = _trustbench(capsys, "verl", "sbatch", *CELL_ARGS, "launcher.partition=gpu")
+    assert code == 0, err
+    assert out == render_sbatch(
+        compose([*CELL_ARGS, "launcher.partition=gpu"])[0], [*CELL_ARGS, "launcher.partition=gpu"]
+    )
+    assert f"-m runners.cli verl run-cell {' '.join(CELL_ARGS)} launcher.partition=gpu &" in out
+    assert tb_paths.run_dir(run_key(cfg)).is_dir()  # Slurm opens the job's output file there
+
+    for argv, words in (
+        (["verl", "nope"], ["trustbench verl: error:", "invalid choice: 'nope'", "overrides"]),
+        (["verl"], ["trustbench verl: error:", "COMMAND"]),
+        (["verl", "overrides", "model=nope"], ["trustbench: configuration error:", "'model'", "'nope'"]),
+    ):
+        code, out, err = _trustbench(capsys, *argv)
+        messages = [line for line in err.splitlines() if not line.startswith("usage:")]
+        assert code == 2 and "Traceback" not in err and len(messages) == 1, (argv, code, err)
+        assert all(word in messages[0] for word in words), (argv, messages)
 
 
 FAKE_VERL = r'''

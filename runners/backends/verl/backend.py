@@ -35,17 +35,20 @@ MLflow logger write into the same run (it honours ``MLFLOW_RUN_ID``), but it als
 config as parameters -- a resumed attempt with any changed value makes MLflow refuse them, after
 which verl silently continues without MLflow -- and logs recomputed steps a second time.
 
-Command line (compose a cell as ``trustbench run`` does, then):
+Command line (``trustbench verl``: ``cli_command``, reached through the backend registry's ``command``
+hook; each command composes a cell as ``trustbench run`` does):
 
-    python -m runners.backends.verl.backend overrides backend=verl model=qwen3_8b algorithm=gspo
-    python -m runners.backends.verl.backend sbatch backend=verl model=qwen3_8b algorithm=gspo > cell.sbatch
-    python -m runners.backends.verl.backend run-cell backend=verl model=qwen3_8b algorithm=gspo
+    trustbench verl overrides backend=verl model=qwen3_8b algorithm=gspo
+    trustbench verl sbatch backend=verl model=qwen3_8b algorithm=gspo > cell.sbatch
+    trustbench verl run-cell backend=verl model=qwen3_8b algorithm=gspo
 
-(the batch script and ``run-cell``, what it runs: ``runners/backends/verl/sbatch.py``)
+(the batch script and ``run-cell``, what it runs: ``runners/backends/verl/sbatch.py``). Running this
+module, ``python -m runners.backends.verl.backend COMMAND ...``, is an alias of the same commands.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import shlex
 import subprocess
@@ -239,25 +242,60 @@ class VerlBackend:
 
 
 # -- command line -------------------------------------------------------------------------------------
-def main(argv: Sequence[str] | None = None) -> int:
-    args = list(sys.argv[1:] if argv is None else argv)
-    if not args or args[0] not in ("overrides", "sbatch", "run-cell"):
-        print(__doc__.split("Command line")[1], file=sys.stderr)
-        return 2
-    command, overrides = args[0], args[1:]
-    if command == "run-cell":
-        return run_cell(overrides)
+COMMANDS = {
+    "overrides": "print the overrides verl's trainer gets for the cell",
+    "sbatch": "print a Slurm batch script that runs the cell",
+    "run-cell": "run the cell, requeued when stopped (what the batch script runs)",
+}
+EXAMPLES = """examples:
+  trustbench verl overrides backend=verl model=qwen3_8b algorithm=gspo backend.device=cuda
+  trustbench verl overrides backend=verl          the CPU-mode overrides, where there is no CUDA
+  trustbench verl sbatch backend=verl model=qwen3_8b +method=grpo_troll launcher.partition=gpu > cell.sbatch
+"""
+
+
+def build_parser(prog: str = "trustbench verl") -> argparse.ArgumentParser:
+    """The parser of ``trustbench verl``: one subcommand per ``COMMANDS`` entry, each taking Hydra overrides."""
+    raw = argparse.RawDescriptionHelpFormatter
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        description="The verl backend's commands. Each composes a cell as trustbench run does:\n"
+        "the arguments are Hydra overrides, e.g. backend=verl model=qwen3_8b algorithm=gspo.",
+        formatter_class=raw,
+        epilog=EXAMPLES,
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, text in COMMANDS.items():
+        p = sub.add_parser(name, help=text, description=f"{text[0].upper()}{text[1:]}.", formatter_class=raw)
+        p.epilog = EXAMPLES
+        p.add_argument("overrides", nargs=argparse.REMAINDER, help="e.g. backend=verl model=qwen3_8b algorithm=gspo")
+    return parser
+
+
+def cli_command(argv: Sequence[str]) -> int:
+    """``trustbench verl COMMAND OVERRIDES...`` (``COMMANDS``): ``overrides`` prints the cell's verl
+    overrides, ``sbatch`` its batch script (creating the run directory the job writes into), ``run-cell``
+    runs it (``sbatch.run_cell``). Returns an exit status; a mistyped command exits 2 through argparse,
+    a bad config raises ``compose``'s errors (``runners.cli`` turns them into one line)."""
+    args = build_parser().parse_args(list(argv))
+    if args.command == "run-cell":
+        return run_cell(args.overrides)
     from runners.config import compose, run_key
 
-    cfg, _ = compose(overrides)
-    if command == "overrides":
+    cfg, _ = compose(list(args.overrides))
+    if args.command == "overrides":
         layout = VerlLayout.of(tb_paths.run_dir(run_key(cfg)))
         path = model_path(cfg) if runs_on_cpu(cfg) else str(cfg.model.path or cfg.model.name)
         print("\n".join(build_overrides(cfg, layout.paths(1), model_path=path, cpu=cpu_placement(cfg, path))))
     else:
         tb_paths.run_dir(run_key(cfg)).mkdir(parents=True, exist_ok=True)  # Slurm opens --output first
-        print(render_sbatch(cfg, overrides), end="")
+        print(render_sbatch(cfg, args.overrides), end="")
     return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The alias ``python -m runners.backends.verl.backend COMMAND ...`` of ``trustbench verl COMMAND ...``."""
+    return cli_command(sys.argv[1:] if argv is None else argv)
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@
 - the stop protocol between the backend (driver side, ``StopWatch``) and the trustbench trainer inside
   verl (``check_stop_request``, called after each step): the backend writes the file named by
   ``TRUSTBENCH_VERL_STOP_FILE``; the trainer checkpoints, writes ``<stop file>.done`` with the step and
-  ends verl's loop. See ``runners.backends.verl.backend`` for the whole sequence.
+  ends verl's loop. See ``VerlBackend`` (``backend.py``'s module docstring) for the whole sequence.
 
 Importing this module imports neither torch nor verl (the trainer hook runs inside verl's processes).
 """

@@ -1,6 +1,7 @@
 """The Slurm side of a verl cell: its batch script (``render_sbatch``) and the command the script runs
-(``run_cell``: compose, run, requeue a stopped cell). ``python -m runners.backends.verl.backend sbatch``
-prints the script, ``... run-cell`` is what it runs."""
+(``run_cell``: compose, run, requeue a stopped cell). ``trustbench verl sbatch`` prints the script;
+``trustbench verl run-cell`` is what it runs (as ``python -m runners.cli verl run-cell``, with the
+interpreter that wrote the script: the batch job needs no console script on its PATH)."""
 
 from __future__ import annotations
 
@@ -19,9 +20,10 @@ def render_sbatch(cfg: DictConfig, cell_overrides: Sequence[str], *, python: str
     """A batch script that runs the cell ``cfg`` (composed from ``cell_overrides``) on Slurm.
 
     Its output goes to ``<run dir>/slurm-<job>.out``: the directory must exist before submission
-    (``python -m runners.backends.verl.backend sbatch`` creates it). Resources come from ``runners.resources.cell_resources`` (model size, ``launcher.*``); Slurm's
-    USR1 reaches the batch shell ``grace`` seconds before the time limit and is forwarded to
-    trustbench, which asks verl to checkpoint; a stopped cell requeues itself (``launcher.max_requeues``).
+    (``trustbench verl sbatch`` creates it). Resources come from ``runners.resources.cell_resources``
+    (model size, ``launcher.*``); Slurm's USR1 reaches the batch shell ``grace`` seconds before the time
+    limit and is forwarded to trustbench, which asks verl to checkpoint; a stopped cell requeues itself
+    (``launcher.max_requeues``).
     """
     from runners.config import run_key
     from runners.resources import cell_resources
@@ -48,7 +50,7 @@ def render_sbatch(cfg: DictConfig, cell_overrides: Sequence[str], *, python: str
             lines.append(f"#SBATCH --{key}={launcher[key]}")
     for key, value in (OmegaConf.to_container(launcher.additional_parameters, resolve=True) or {}).items():
         lines.append(f"#SBATCH --{str(key).replace('_', '-')}={value}")
-    command = shlex.join([python, "-m", "runners.backends.verl.backend", "run-cell", *cell_overrides])
+    command = shlex.join([python, "-m", "runners.cli", "verl", "run-cell", *cell_overrides])
     lines += [
         *[str(line) for line in launcher.setup],
         f"export TRUSTBENCH_HOME={shlex.quote(str(tb_paths.trustbench_home()))}",

@@ -21,7 +21,7 @@ anything starts) and refuses what cannot run where the cell is launched, naming 
 too large for CPU training (``model.params_b`` above ``CPU_MAX_PARAMS_B``), a vLLM/SGLang rollout
 without CUDA (``backend.options.rollout_engine``), ``backend.device=cuda`` on a machine without CUDA.
 
-    python -m runners.backends.verl.backend overrides backend=verl backend.device=cpu   # the CPU overrides
+    trustbench verl overrides backend=verl backend.device=cpu   # the CPU overrides
 
 Tests: ``pytest tests/verl/test_cpu_mode.py``; the ``verl_cpu`` stage runs cells end to end.
 """
