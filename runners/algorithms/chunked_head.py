@@ -84,6 +84,7 @@ class HeadOutputs(NamedTuple):
     entropy: Tensor  # -sum p log p, same dtype
     topk_index: Tensor | None  # [..., K+1] int32, sparsify's layout
     topk_logp: Tensor | None  # [..., K+1] float32, true log-probs (-inf: unused slot)
+    gather_logp: Tensor | None = None  # [..., G] float64 log softmax(z) at ``gather``'s ids, differentiable
 
 
 def default_chunk_size(vocab: int, device: str | torch.device = "cpu") -> int:
@@ -114,6 +115,8 @@ def chunked_head(
     temperature: float = 1.0,
     chunk_size: int | None = None,
     sparse: Mapping | None = None,
+    gather: Tensor | None = None,
+    exact_sum: bool = False,
 ) -> HeadOutputs:
     """Log-prob of ``tokens``, entropy and (``sparse``) the top-K store of ``softmax((h W^T + b) / T)``.
 
@@ -127,9 +130,17 @@ def chunked_head(
         chunk_size: rows of ``hidden`` per chunk (None: ``default_chunk_size(V, hidden.device)``).
         sparse: None, or a mapping with any of ``k`` (64), ``delta`` (1e-5), ``p_default`` (1e-12):
             also return ``sparsify(z, tokens, renormalize=False, **sparse)``'s index and log-probs.
+        gather: optional [..., G] long vocabulary ids per position (e.g. the old policy's top-K store,
+            TROLL's kept set or TRM's exact-KL support): also return ``log softmax(z)`` at those ids,
+            in float64 (their masses are summed: TRM's rest bin ``1 - sum q`` can be ~1e-7).
+        exact_sum: accumulate ``s = sum exp(t)`` in float64 (about twice the forward's reductions):
+            then ``log s``, and with it every log-prob, is that of the float32 logits to ~1e-12 rather
+            than ~1e-7 (as a float64 logsumexp of them), as
+            TRM's exact KL needs for rest masses of ~1e-7 (``trm._sparse_token_stats``).
 
     Returns:
-        ``HeadOutputs``; ``logp`` and ``entropy`` are differentiable w.r.t. hidden, weight and bias.
+        ``HeadOutputs``; ``logp``, ``entropy`` and ``gather_logp`` are differentiable w.r.t. hidden,
+        weight and bias.
     """
     if not temperature > 0:
         raise ValueError(f"temperature must be > 0, got {temperature!r}")
@@ -144,18 +155,30 @@ def chunked_head(
         raise ValueError(f"bias must be [V={vocab}], got {tuple(bias.shape)}")
     params = _sparse_params(sparse, vocab)
     ids = tokens.reshape(-1).long()
-    if ids.numel():
-        low, high = torch.stack([ids.min(), ids.max()]).tolist()  # one host read
-        if low < 0 or high >= vocab:
-            raise ValueError(f"token ids must be in [0, {vocab}), got range [{low}, {high}]")
+    if gather is not None and (gather.dim() != tokens.dim() + 1 or gather.shape[:-1] != tokens.shape):
+        raise ValueError(f"gather {tuple(gather.shape)} must be [..., G] with [...] = tokens {tuple(tokens.shape)}")
+    gids = gather.reshape(ids.shape[0], -1).long() if gather is not None else ids.new_zeros(ids.shape[0], 0)
+    _check_ids(torch.cat([ids, gids.reshape(-1)]), vocab, "token ids" if gather is None else "token and gather ids")
     rows = chunk_size or default_chunk_size(vocab, hidden.device)
     flat = hidden.reshape(-1, hidden.shape[-1])
-    logp, entropy, index, store = _ChunkedHead.apply(flat, weight, bias, ids, 1.0 / temperature, rows, params)
+    logp, entropy, index, store, picked = _ChunkedHead.apply(
+        flat, weight, bias, ids, gids, 1.0 / temperature, rows, params, exact_sum
+    )
     lead = tokens.shape
+    picked = picked.reshape(*lead, gids.shape[-1]) if gather is not None else None
     if params is None:
-        return HeadOutputs(logp.reshape(lead), entropy.reshape(lead), None, None)
+        return HeadOutputs(logp.reshape(lead), entropy.reshape(lead), None, None, picked)
     k1 = params[0] + 1
-    return HeadOutputs(logp.reshape(lead), entropy.reshape(lead), index.reshape(*lead, k1), store.reshape(*lead, k1))
+    index, store = index.reshape(*lead, k1), store.reshape(*lead, k1)
+    return HeadOutputs(logp.reshape(lead), entropy.reshape(lead), index, store, picked)
+
+
+def _check_ids(ids: Tensor, vocab: int, what: str) -> None:
+    """Every id in [0, V): one host read for the whole call."""
+    if ids.numel():
+        low, high = torch.stack([ids.min(), ids.max()]).tolist()
+        if low < 0 or high >= vocab:
+            raise ValueError(f"{what} must be in [0, {vocab}), got range [{low}, {high}]")
 
 
 def _compute_dtype(hidden: Tensor) -> torch.dtype:
@@ -175,7 +198,7 @@ def _logits(hs: Tensor, w_t: Tensor, b: Tensor | None, inv_t: float) -> Tensor:
 
 class _ChunkedHead(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden, weight, bias, ids, inv_t, rows, params):
+    def forward(ctx, hidden, weight, bias, ids, gids, inv_t, rows, params, exact_sum):
         cd = _compute_dtype(hidden)
         n = hidden.shape[0]
         dev = hidden.device
@@ -188,16 +211,18 @@ class _ChunkedHead(torch.autograd.Function):
         k1 = params[0] + 1 if params is not None else 0
         index = torch.zeros(n, k1, dtype=torch.int32, device=dev)
         store = torch.full((n, k1), -math.inf, dtype=torch.float32, device=dev)
+        picked = torch.empty(n, gids.shape[1], dtype=torch.float64, device=dev)
         with torch.no_grad():
             for start in range(0, n, rows):
                 sl = slice(start, start + rows)
                 z = _logits(_scaled(hidden[sl], cd, inv_t), w_t, b, inv_t)
                 m = z.amax(-1, keepdim=True)
                 z_y = z.gather(-1, ids[sl, None])
+                z_g = z.gather(-1, gids[sl]) if gids.shape[1] else None
                 top = large_topk(z, params[0]) if params is not None else None  # before the shift: exact z
                 t = z.sub_(m)
                 e = torch.exp(t)
-                s = e.sum(-1)
+                s = e.sum(-1, dtype=torch.float64) if exact_sum else e.sum(-1)
                 if b is not None:  # -inf logits: p log p := 0
                     t.clamp_(min=torch.finfo(cd).min)
                 dot = e.mul_(t).sum(-1)
@@ -205,24 +230,29 @@ class _ChunkedHead(torch.autograd.Function):
                 ls64 = s64.log()  # float64 from here: no rounding at |log s| ~ log V
                 logp[sl] = ((z_y - m).squeeze(-1).double() - ls64).to(cd)
                 entropy[sl] = (ls64 - dot.double() / s64).to(cd)
+                if z_g is not None:
+                    picked[sl] = z_g.double() - m.double() - ls64[:, None]
                 if top is not None:
                     lse = m.squeeze(-1).double() + ls64
                     idx, lp = store_from_topk(*top, z_y.squeeze(-1), lse, ids[sl], *params[1:])
                     index[sl], store[sl] = idx.to(torch.int32), lp.float()
                 maxima[sl], log_s[sl] = m, ls64.to(cd)
-        ctx.save_for_backward(hidden, weight, bias, ids, maxima, log_s, entropy)
+        ctx.save_for_backward(hidden, weight, bias, ids, gids, maxima, log_s, entropy)
         ctx.inv_t, ctx.rows = inv_t, rows
         ctx.mark_non_differentiable(index, store)
         ctx.set_materialize_grads(False)
-        return logp, entropy, index, store
+        return logp, entropy, index, store, picked
 
     @staticmethod
     @once_differentiable
-    def backward(ctx, g_logp, g_ent, _g_index, _g_store):
-        hidden, weight, bias, ids, maxima, log_s, entropy = ctx.saved_tensors
+    def backward(ctx, g_logp, g_ent, _g_index, _g_store, g_pick):
+        hidden, weight, bias, ids, gids, maxima, log_s, entropy = ctx.saved_tensors
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
-        if g_logp is None and g_ent is None or not (need_h or need_w or need_b):
-            return None, None, None, None, None, None, None
+        if g_pick is not None and not gids.shape[1]:
+            g_pick = None
+        none = (None,) * 6
+        if g_logp is None and g_ent is None and g_pick is None or not (need_h or need_w or need_b):
+            return None, None, None, *none
         cd = _compute_dtype(hidden)
         inv_t, rows = ctx.inv_t, ctx.rows
         w = weight.to(cd)
@@ -237,17 +267,24 @@ class _ChunkedHead(torch.autograd.Function):
             t.sub_(log_s[sl, None])  # log p
             p = torch.exp(t)
             g_l = g_logp[sl, None].to(cd) if g_logp is not None else None
-            if g_ent is not None:  # -g_H p (log p + H) - g_l p
+            g_g = g_pick[sl].to(cd) if g_pick is not None else None
+            # every log-prob output's upstream gradient also multiplies -p: their row sum
+            g_sum = (
+                g_l if g_g is None else (g_g.sum(-1, keepdim=True) if g_l is None else g_l + g_g.sum(-1, keepdim=True))
+            )
+            if g_ent is not None:  # -g_H p (log p + H) - g_sum p
                 if b is not None:
                     t.masked_fill_(p == 0, 0.0)
                 t.add_(entropy[sl, None]).mul_(g_ent[sl, None].to(cd))
-                if g_l is not None:
-                    t.add_(g_l)
+                if g_sum is not None:
+                    t.add_(g_sum)
                 g = t.mul_(p).neg_()
             else:
-                g = p.mul_(-g_l)
+                g = p.mul_(-g_sum)
             if g_l is not None:
                 g.scatter_add_(1, ids[sl, None], g_l)
+            if g_g is not None:  # repeated ids within a row add up, as gather's own backward does
+                g.scatter_add_(1, gids[sl], g_g)
             if need_h:
                 grad_h[sl] = (g @ w).mul_(inv_t)
             if need_w:
@@ -258,8 +295,5 @@ class _ChunkedHead(torch.autograd.Function):
             grad_h.to(hidden.dtype) if need_h else None,
             grad_w.to(weight.dtype) if need_w else None,
             grad_b.to(bias.dtype) if need_b else None,
-            None,
-            None,
-            None,
-            None,
+            *none,
         )

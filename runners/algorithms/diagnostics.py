@@ -24,8 +24,14 @@ def coarse_reverse_kl(new_logits: Tensor, index: Tensor, old_topk_logp: Tensor) 
     """KL(q || p) per row [n] of q = softmax(new_logits) [n,V] and p given on ``index`` [n,K] (-inf: unused slot),
     over the kept ids plus one rest bin; float64."""
     logq_all = torch.log_softmax(new_logits.double(), -1)
+    return kept_reverse_kl(logq_all.gather(-1, index), old_topk_logp)
+
+
+def kept_reverse_kl(logq_at_index: Tensor, old_topk_logp: Tensor) -> Tensor:
+    """``coarse_reverse_kl`` from q's log-probs at the kept ids [n,K] (float64: ``chunked_head(...,
+    gather=index, exact_sum=True)``, which never holds the [n,V] logits)."""
     valid = old_topk_logp > float("-inf")
-    logq = torch.where(valid, logq_all.gather(-1, index), float("-inf"))
+    logq = torch.where(valid, logq_at_index.double(), float("-inf"))
     logp = old_topk_logp.double()
     q, p = torch.where(valid, logq.exp(), 0.0), torch.where(valid, logp.exp(), 0.0)
     on_kept = torch.where(q > 0, q * (logq - logp), 0.0).sum(-1)
@@ -55,4 +61,4 @@ def conflict_tokens(data: dict, advantages: Tensor, mask: Tensor) -> Tensor:
     return (forward | backward) & (mask > 0)
 
 
-__all__ = ["coarse_reverse_kl", "conflict_tokens", "kl_exceedance"]
+__all__ = ["coarse_reverse_kl", "conflict_tokens", "kept_reverse_kl", "kl_exceedance"]

@@ -8,7 +8,8 @@ the gradient stays normalised by the whole batch N (eq. 50) and rejected sequenc
 Criteria (TRM section 6 and appendix B; every threshold is inclusive, "keep iff stat <= threshold"):
 
 - exact, from the stored sparse rollout distributions (``inp.old_topk_index/old_topk_logp``: the
-  kept tokens' true log-probs) against ``inp.logits``: ``D_KL(c_t) = sum_v pi_roll(v) (log pi_roll(v)
+  kept tokens' true log-probs) against ``inp.logits`` (or ``inp.topk_logp``, pi_theta's log-probs at
+  the kept ids, from a backend that never holds the logits): ``D_KL(c_t) = sum_v pi_roll(v) (log pi_roll(v)
   - log pi_theta(v))`` (eq. 51) over the stored support plus one "rest" bin holding the mass of every
   other token (``tail_bin``, the default). That is the KL of the coarse-grained pair: by the data
   processing inequality it is at most the true KL, it equals it when the support is the whole
@@ -71,6 +72,12 @@ def _sparse_token_stats(logits: Tensor, index: Tensor, topk_logp: Tensor, tail_b
     # the dense KL by ~1e-4 on SmolLM2's distributions; ~2.5x a float32 log-softmax of the chunk
     lse = chunked_logsumexp(logits, dtype=torch.float64)
     logq = torch.nan_to_num(logits.gather(-1, index.long()).double() - lse[:, None], nan=float("-inf"))
+    return _stats_from_logq(logq, topk_logp, tail_bin)
+
+
+def _stats_from_logq(logq: Tensor, topk_logp: Tensor, tail_bin: bool) -> tuple[Tensor, Tensor]:
+    """Exact KL and TV [...] from pi_theta's log-probs ``logq`` at the kept ids and the rollout's ``topk_logp``."""
+    logq = logq.detach()
     valid = topk_logp > float("-inf")
     p = torch.where(valid, topk_logp.double().exp(), 0.0)
     q = torch.where(valid, logq.double().exp(), 0.0)
@@ -130,6 +137,20 @@ def sparse_token_divergences(
     return kl.reshape(lead), tv.reshape(lead)
 
 
+def kept_token_divergences(
+    logq: Tensor, topk_logp: Tensor, mask: Tensor | None = None, *, tail_bin: bool = True
+) -> tuple[Tensor, Tensor]:
+    """``sparse_token_divergences`` from pi_theta's log-probs at the kept ids, ``logq`` [B,T,K] (float64:
+    ``chunked_head(..., gather=index, exact_sum=True)``), instead of its logits; no gradient."""
+    if logq.shape != topk_logp.shape:
+        raise ValueError(f"shape mismatch: logq {tuple(logq.shape)}, topk_logp {tuple(topk_logp.shape)}")
+    with torch.no_grad():
+        kl, tv = _stats_from_logq(logq.double(), topk_logp.detach().double(), tail_bin)
+        if mask is not None:
+            kl, tv = torch.where(mask > 0, kl, 0.0), torch.where(mask > 0, tv, 0.0)
+    return kl, tv
+
+
 def exact_token_kl(logits: Tensor, index: Tensor, topk_logp: Tensor, *, tail_bin: bool = True) -> Tensor:
     """Per-token exact KL(pi_roll || pi_theta) [B,T] over the stored support (TRM, arXiv 2512.23075, eq. 51).
 
@@ -143,6 +164,8 @@ _EXACT_FIELDS = ("logits", "old_topk_index", "old_topk_logp")
 
 
 def _exact_divergences(inp: PolicyInputs, name: str, tail_bin: bool) -> tuple[Tensor, Tensor]:
+    if inp.topk_logp is not None and inp.old_topk_logp is not None:  # a backend without the logits
+        return kept_token_divergences(inp.topk_logp, inp.old_topk_logp, inp.response_mask, tail_bin=tail_bin)
     missing = [f for f in _EXACT_FIELDS if getattr(inp, f) is None]
     if missing:
         raise ValueError(
@@ -298,6 +321,7 @@ __all__ = [
     "exact_token_kl",
     "k2_estimator",
     "k3_estimator",
+    "kept_token_divergences",
     "ln_trm_mask",
     "ln_trm_scores",
     "log_ppl_gap",

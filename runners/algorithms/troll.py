@@ -13,7 +13,9 @@ Two ways to pass the old policy in ``PolicyInputs``:
   atom for the V - |S| dropped tokens at p_default each (see ``troll_sparse``); q_new, q_proj and
   the ratio all live in that sparse space. The loss gathers the current logits at S only: no
   logsumexp over V and no fp32 copy of the batch's distributions (the kept-mass metric reads the
-  logits ``chunk_size`` rows at a time without grad).
+  logits ``chunk_size`` rows at a time without grad). A backend that never holds the logits
+  (``chunked_head``) passes ``topk_logp`` instead: the current log-probs at S, with ``vocab_size``;
+  on S they differ from the logits by the row's logsumexp, which the renormalisation on S cancels.
 - dense (exact section 3.1 projection, for small vocabularies and reference checks):
   ``old_topk_index=None`` and ``old_topk_logp`` = full old log-probs [B,T,V]. The response rows'
   log_softmax is then materialised, as a PPO loss would. Old log-probs must be finite wherever
@@ -84,7 +86,8 @@ def troll_objective(
 ) -> ObjectiveOutput:
     """Per-token TROLL loss [B,T] (TROLL, arXiv 2510.03817, eq. 5) and the ``troll/*`` metrics.
 
-    Uses ``inp.logits`` [B,T,V] (differentiable), ``inp.old_topk_index``/``inp.old_topk_logp``
+    Uses ``inp.logits`` [B,T,V] (differentiable; or, sparse only, ``inp.topk_logp`` [B,T,K+1] with
+    ``inp.vocab_size``), ``inp.old_topk_index``/``inp.old_topk_logp``
     (sparse [B,T,K+1], or index None and full log-probs [B,T,V]), ``inp.advantages`` and
     ``inp.response_mask`` [B,T], ``inp.responses`` [B,T] if given. Solver options as in
     ``troll_solver.solve_dual``.
@@ -101,9 +104,9 @@ def troll_objective(
         eta_min=eta_min,
         eta_max=eta_max,
     )
-    logits, index, old, checks = _check_inputs(inp)
-    batch, length, vocab = logits.shape
-    flat = logits.reshape(-1, vocab)
+    logits, index, old, vocab, checks = _check_inputs(inp)
+    batch, length = inp.response_mask.shape
+    flat = logits.reshape(-1, vocab) if logits is not None else None
     rows = inp.response_mask.reshape(-1).nonzero().squeeze(-1)
     dense = index is None
     old_r = old.reshape(-1, old.shape[-1]).index_select(0, rows)
@@ -116,13 +119,17 @@ def troll_objective(
         kept = torch.full_like(rows, vocab)
         kept_logits = None
     else:
-        kept_logits = flat.gather(-1, index.reshape(-1, index.shape[-1]).long()).index_select(0, rows)
+        if flat is not None:
+            kept_logits = flat.gather(-1, index.reshape(-1, index.shape[-1]).long()).index_select(0, rows)
+        else:  # log-probs at S: logits shifted by the row's logsumexp, which reduce_on_kept_set cancels
+            kept_logits = inp.topk_logp.reshape(-1, index.shape[-1]).index_select(0, rows)
         logq, logo, kept = reduce_on_kept_set(kept_logits, old_r, vocab, p_default=p_default)
         kept_logits = torch.where(old_r > -math.inf, kept_logits.detach(), -math.inf)
     solver = dict(num_points=num_points, max_steps=max_steps, tol=tol, eta_min=eta_min, eta_max=eta_max)
     lp, info = project_with_info(logq, logo, eps, polish_steps=polish_steps, **solver)
 
-    dtype = torch.promote_types(logits.dtype, torch.float32)  # loss dtype: float32, or float64 for checks
+    # loss dtype: float32, or float64 for checks
+    dtype = torch.promote_types((logits if logits is not None else inp.logp).dtype, torch.float32)
     log_ratio = (lp.gather(-1, pos) - logo.gather(-1, pos)).squeeze(-1).to(dtype)  # [R]
     log_ratio = log_ratio.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)  # -inf where q_proj(y) = 0
     # regression term on the projected rows only (0 elsewhere, with no gradient), without a host sync
@@ -141,18 +148,19 @@ def troll_objective(
     return ObjectiveOutput(loss_mat=loss, metrics=metrics)
 
 
-def _check_inputs(inp: PolicyInputs) -> tuple[Tensor, Tensor | None, Tensor, list]:
-    """Validate TROLL's fields of ``inp``; returns (logits [B,T,V], index or None, old log-probs, checks).
+def _check_inputs(inp: PolicyInputs) -> tuple[Tensor | None, Tensor | None, Tensor, int, list]:
+    """Validate TROLL's fields of ``inp``; returns (logits [B,T,V] or None where ``topk_logp`` stands in,
+    index or None, old log-probs, V, checks).
 
     Shapes are checked here; checks on tensor values are returned as ``checks``, a list of (0-dim
     bool tensor, True when the input is wrong; message), for ``_raise_failed``."""
-    if inp.logits is None:
-        raise ValueError("troll objective needs PolicyInputs.logits [B,T,V] (the current logits)")
     if inp.old_topk_logp is None:
         raise ValueError(
             "troll objective needs PolicyInputs.old_topk_logp: sparse [B,T,K+1] with old_topk_index, "
             "or full old log-probs [B,T,V] with old_topk_index=None"
         )
+    if inp.logits is None:
+        return _check_kept_inputs(inp)
     logits, index, old = inp.logits, inp.old_topk_index, inp.old_topk_logp
     if logits.dim() != 3 or logits.shape[:2] != inp.response_mask.shape:
         raise ValueError(
@@ -173,8 +181,24 @@ def _check_inputs(inp: PolicyInputs) -> tuple[Tensor, Tensor | None, Tensor, lis
             )
         out_of_range = ((index < 0) | (index >= logits.shape[-1])).any()
         checks = [(out_of_range, f"troll: old_topk_index values must be in [0, V={logits.shape[-1]})")]
-        return logits, index, old, checks
-    return logits, index, old, []
+        return logits, index, old, logits.shape[-1], checks
+    return logits, index, old, logits.shape[-1], []
+
+
+def _check_kept_inputs(inp: PolicyInputs) -> tuple[None, Tensor, Tensor, int, list]:
+    """``_check_inputs`` where the current policy comes as log-probs at the old kept set (``topk_logp``)."""
+    index, old, current = inp.old_topk_index, inp.old_topk_logp, inp.topk_logp
+    if current is None or index is None or inp.vocab_size is None:
+        raise ValueError(
+            "troll objective needs PolicyInputs.logits [B,T,V] (the current logits), or, with a sparse "
+            "old_topk_index, topk_logp [B,T,K+1] (the current log-probs at old_topk_index) and vocab_size"
+        )
+    if not index.shape == old.shape == current.shape or index.shape[:2] != inp.response_mask.shape:
+        raise ValueError(
+            f"troll: old_topk_index {tuple(index.shape)}, old_topk_logp {tuple(old.shape)} and topk_logp "
+            f"{tuple(current.shape)} must all be [B,T,K+1] with [B,T] = response_mask {tuple(inp.response_mask.shape)}"
+        )
+    return None, index, old, int(inp.vocab_size), []
 
 
 def _sampled_slot(inp: PolicyInputs, rows: Tensor, index: Tensor | None, old_r: Tensor, checks: list) -> Tensor:
@@ -223,8 +247,8 @@ def _metrics(info, kept: Tensor, rows: Tensor, flat: Tensor, kept_logits, log_ke
         metric_names.TROLL_KL_AFTER: info.kl_after,
     }
     if log_kept_mass and kept_logits is not None:  # current policy's mass on the old kept set: exp(lse_S - lse_V)
-        with torch.no_grad():
-            lse_v = chunked_logsumexp(flat, rows, chunk_size=chunk)
+        with torch.no_grad():  # without logits (flat None) the kept entries are log-probs: lse_V = 0
+            lse_v = chunked_logsumexp(flat, rows, chunk_size=chunk) if flat is not None else 0.0
             lse_s = torch.logsumexp(kept_logits.float(), -1)
         per_token[metric_names.TROLL_KEPT_MASS] = (lse_s - lse_v).exp()
     if rows.numel():

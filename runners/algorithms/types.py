@@ -63,6 +63,10 @@ class PolicyInputs:
     # [B,T,K] sparse old/rollout distribution: vocabulary ids and log-probs (-inf marks padding)
     old_topk_index: Tensor | None = None
     old_topk_logp: Tensor | None = None
+    # [B,T,K] log pi_theta at old_topk_index (differentiable, float64 recommended): stands in for
+    # ``logits`` where a backend never holds them (``chunked_head``); TROLL also needs ``vocab_size``
+    topk_logp: Tensor | None = None
+    vocab_size: int | None = None
 
     def rollout_or_old_logp(self) -> Tensor:
         """``rollout_logp``, or ``logp_old`` where the batch has no rollout log-probs."""

@@ -9,11 +9,13 @@ verifiable reward, so nothing would update). So do the objectives and masks no p
 ``trm_max_avg_sample``, ``ln_trm``, ``ser``), and Qwen's output size (V = 151,936,
 ``tiny_qwen2_v152k`` with TROLL, ``tiny_qwen3_v152k`` with PPO and exact-KL TRM).
 
-For every preset, the gradient of the trainer's loss with respect to all V logits of each on-policy
-micro-batch (the first mini-batch of each iteration) is compared entry by entry with the gradient of
-the preset's loss written here from the papers over the dense float64 distributions (log_softmax
-over the whole vocabulary, gathered at the sampled tokens; the entropy over the whole vocabulary for
-GTPO's penalty and the entropy bonus).
+For every preset, the gradient of the trainer's loss for each on-policy micro-batch (the first
+mini-batch of each iteration) is compared entry by entry with the gradient of the preset's loss written
+here from the papers over the dense float64 distributions (log_softmax over the whole vocabulary,
+gathered at the sampled tokens; the entropy over the whole vocabulary for GTPO's penalty and the
+entropy bonus). At these vocabularies the update goes through ``chunked_head`` and holds no logits, so
+the comparison is on the last hidden states: the reference's gradient with respect to all V logits
+mapped through the output layer (dL/dh = dL/dz W / T) against the trainer's dL/dh.
 
 For the method metrics, the trainer's old-log-prob pass and micro-batch losses are recorded (their
 dense logits included) and each metric of the last off-policy micro-batch is recomputed here from the
@@ -70,6 +72,18 @@ EDGES = [0, 4, 8, 13]  # trainer.length_buckets (responses have at most 12 token
 BUCKETS = f"trainer.length_buckets=[{','.join(map(str, EDGES))}]"
 
 
+def _dense(out) -> torch.Tensor:
+    """float64 logits of a forward's output: the logits themselves, or those of a ``Head`` (the chunked
+    passes of large vocabularies) computed here from its hidden states and output layer."""
+    from runners.backends.local.policy import Head
+
+    if not isinstance(out, Head):
+        return out.detach().double()
+    z = out.hidden.detach().double() @ out.weight.detach().double().T
+    z = z if out.bias is None else z + out.bias.detach().double()
+    return z / out.temperature
+
+
 class Recorder:
     """Records the trainer's old-pass logits and every micro-batch's inputs and metrics."""
 
@@ -85,12 +99,7 @@ class Recorder:
         def old_pass(forward, data, **kw):
             def recording(d, rows):
                 out = forward(d, rows)
-                if isinstance(out, actor.Head):  # the chunked old pass: its dense logits, in float64, from h and W
-                    z = out.hidden.double() @ out.weight.double().T
-                    z = z if out.bias is None else z + out.bias.double()
-                    self.old_logits.append(z / out.temperature)
-                else:
-                    self.old_logits.append(out.detach().double())
+                self.old_logits.append(_dense(out))  # a Head (the chunked old pass): from h and W
                 return out
 
             self.old_logits = []
@@ -104,7 +113,7 @@ class Recorder:
                 self.calls.clear()
             self.calls.append(
                 {
-                    "logits": logits.detach().double(),
+                    "logits": _dense(logits),
                     "old_logits": self.old["logits"][rows],
                     "rows": rows,
                     "responses": data["responses"][rows],
@@ -152,7 +161,9 @@ def _train(overrides, home, monkeypatch, record=False, keep_last=False):
 class OnPolicyUpdates:
     """Records the micro-batches that see the sampling policy itself (the first mini-batch of each
     iteration, before its optimiser step): dense logits, the gradient of the trainer's loss with
-    respect to them (a hook on the logits) and the loss's inputs."""
+    respect to them (a hook on the logits) and the loss's inputs. Where the update goes through
+    ``chunked_head`` (V >= its MIN_VOCAB) no logits exist: the hook sits on the hidden states, and the
+    output layer ``W`` and temperature are kept to map the reference's logit gradient onto them."""
 
     def __init__(self, monkeypatch):
         from runners.backends.local import actor
@@ -161,7 +172,9 @@ class OnPolicyUpdates:
         real_micro = actor.micro_batch_loss
 
         def micro_batch_loss(loss_fn, logits, data, old, advantages, mask, rows, **kw):
-            dense = logits.detach().double()
+            from runners.backends.local.policy import Head
+
+            dense = _dense(logits)
             responses = data["responses"][rows]
             logp = torch.log_softmax(dense, -1).gather(-1, responses[..., None])[..., 0]
             real = mask[rows] > 0
@@ -185,7 +198,11 @@ class OnPolicyUpdates:
                 def keep(grad):  # returns None: the gradient itself is left as it is
                     call["grad"] = grad.detach().double()
 
-                logits.register_hook(keep)
+                if isinstance(logits, Head):
+                    call["head"] = (logits.weight.detach().double(), logits.temperature)
+                    logits.hidden.register_hook(keep)
+                else:
+                    logits.register_hook(keep)
                 self.calls.append(call)
             return real_micro(loss_fn, logits, data, old, advantages, mask, rows, **kw)
 
@@ -269,10 +286,12 @@ def _dense_reference_loss(call: dict, logits: torch.Tensor) -> torch.Tensor:
 @pytest.mark.parametrize("preset", PRESETS)
 def test_every_preset_trains_with_a_real_vocabulary(preset, home, monkeypatch):
     """Each preset's on-policy updates (the first mini-batch of each iteration): the gradient of the
-    trainer's loss with respect to the logits, all V = 49,152 of them at every token, equals the
-    gradient of the preset's loss computed here from the dense float64 distributions
-    (``_dense_reference_loss``). Off the sampled token each entry is -coefficient x p(v); a log-prob
-    taken from part of the vocabulary, a sign, a missing normalisation or a wrong aggregation shows."""
+    trainer's loss equals the gradient of the preset's loss computed here from the dense float64
+    distributions over all V = 49,152 logits (``_dense_reference_loss``): with respect to the hidden
+    states through the chunked head (dL/dz W / T, within 1e-5 of the largest entry), or entry by entry
+    with respect to the logits on the dense path. Off the sampled token each logit's entry is
+    -coefficient x p(v); a log-prob taken from part of the vocabulary, a sign, a missing normalisation or
+    a wrong aggregation shows in both."""
     extra = ["rollout.max_response_length=16", "rollout.window=8"] if preset == "tppo" else []
     updates = OnPolicyUpdates(monkeypatch)
     result, _ = _train([f"algorithm={preset}", *extra], home, monkeypatch)
@@ -283,6 +302,7 @@ def test_every_preset_trains_with_a_real_vocabulary(preset, home, monkeypatch):
         assert updates.calls[0]["zeta"] == method.entropy_control_kw["zeta0"] > 0
     if method.entropy_control == "bonus":
         assert updates.calls[0]["beta"] == method.entropy_control_kw.get("beta0", 1e-3) > 0
+    chunked = []
     for call in updates.calls:
         assert call["logits"].shape[-1] == V and "grad" in call
         assert not call["ref"] and call["kw"].get("is_weights") is None  # no KL or rollout-correction term
@@ -291,6 +311,12 @@ def test_every_preset_trains_with_a_real_vocabulary(preset, home, monkeypatch):
         (expected,) = torch.autograd.grad(_dense_reference_loss(call, logits), logits)
         grad = call["grad"]
         assert bool((grad[~real] == 0).all())  # padding (where there is any) gets no gradient
+        if "head" in call:  # the chunked update: dL/dh = dL/dz W / T, against the hidden states' gradient
+            weight, temperature = call["head"]
+            to_hidden = expected @ weight / temperature
+            torch.testing.assert_close(grad, to_hidden, rtol=1e-4, atol=1e-5 * float(to_hidden.abs().max()))
+            chunked.append(call)
+            continue
         # entry by entry: the trainer's float32 gradients are within 3e-6 of the float64 reference
         # (relative), 2e-5 where the entropy's gradient nearly cancels; off the sampled token entries
         # are ~ scale / V, so the absolute floor (for entries near 0) sits far below them
@@ -298,10 +324,12 @@ def test_every_preset_trains_with_a_real_vocabulary(preset, home, monkeypatch):
         torch.testing.assert_close(grad, expected, rtol=1e-4, atol=1e-9 * scale)
     adv = torch.cat([call["advantages"][call["mask"] > 0] for call in updates.calls])
     assert bool((adv > 0).any() and (adv < 0).any()), "positive and negative advantages among the checked updates"
-    acting = [(c["grad"][c["advantages"] != 0], c["responses"][c["advantages"] != 0]) for c in updates.calls]
-    grad, sampled = torch.cat([g for g, _ in acting]), torch.cat([r for _, r in acting])
-    off = grad.scatter(-1, sampled[:, None], 0.0)  # the entries off the sampled token
-    assert float((off != 0).double().mean()) > 0.99, "the gradient reaches the whole vocabulary"
+    dense = [c for c in updates.calls if not any(c is h for h in chunked)]
+    if dense:
+        acting = [(c["grad"][c["advantages"] != 0], c["responses"][c["advantages"] != 0]) for c in dense]
+        grad, sampled = torch.cat([g for g, _ in acting]), torch.cat([r for _, r in acting])
+        off = grad.scatter(-1, sampled[:, None], 0.0)  # the entries off the sampled token
+        assert float((off != 0).double().mean()) > 0.99, "the gradient reaches the whole vocabulary"
 
 
 # -- dense references ------------------------------------------------------------------------------

@@ -8,7 +8,9 @@ entries from each micro-batch's own logits, detached, before its loss reads them
 skipped (TRL skips it in the same case). ``update_actor`` runs the epochs and mini-batches; every
 micro-batch goes through ``micro_batch_loss``, which builds ``PolicyInputs`` from the trainer's
 tensors and calls the shared ``runners.algorithms.policy_loss.PolicyLoss`` (the function the verl
-plugins call too). Sample-based masks compare with ``rollout_logp``, the sampler's own log-probs of
+plugins call too). Given a ``Head`` (large vocabularies) instead of logits, both passes go through
+``chunked_head``: the log-probs, entropies and, for TROLL and the exact-KL TRM masks, the current
+log-probs at the old top-K ids (``PolicyInputs.topk_logp``), so no [rows,T,V] tensor exists. Sample-based masks compare with ``rollout_logp``, the sampler's own log-probs of
 the drawn tokens.
 """
 
@@ -23,10 +25,11 @@ import torch
 from torch import Tensor
 
 from runners import metric_names as names
-from runners.algorithms.numerics import entropy_from_logits, round_logprobs, token_logprobs
+from runners.algorithms.numerics import entropy_from_logits, token_logprobs
 from runners.algorithms.policy_loss import PolicyLoss, PolicyLossOutput
 from runners.algorithms.types import PolicyInputs
 from runners.backends.local.batching import micro_batches, micro_rows, mini_batches
+from runners.backends.local.heads import head_entries, head_inputs, sampler_entries, sparse_store
 from runners.backends.local.policy import Head
 
 # (model, data, rows) -> temperature-scaled response logits [rows, T, V]
@@ -44,18 +47,6 @@ class UpdateSettings:
     logprob_precision: str
 
 
-def _sparse(logits: Tensor, responses: Tensor, sparse: dict) -> tuple[Tensor, Tensor]:
-    """Top-K form [rows,T,K+1] of ``logits`` [rows,T,V]: the kept tokens' true log-probs (TRM adds a rest bin)."""
-    from runners.algorithms.troll import sparsify
-
-    flat = logits.reshape(-1, logits.shape[-1])
-    idx, lp = sparsify(
-        flat, responses.reshape(-1), **{**sparse, "k": min(sparse["k"], logits.shape[-1])}, renormalize=False
-    )
-    shape = (*logits.shape[:2], idx.shape[-1])
-    return idx.reshape(shape).long(), lp.reshape(shape)
-
-
 def pi_old_entropy(logits: Tensor) -> Tensor:
     """``entropy_from_logits`` without its guards for ``-inf`` logits, for no-grad use: the same arithmetic
     (``-sum exp(logp) logp``, ``logp = x - logsumexp(x)``) in 3 passes over [rows,T,V] instead of ~10;
@@ -66,48 +57,6 @@ def pi_old_entropy(logits: Tensor) -> Tensor:
     if bool(torch.isnan(entropy).any()):
         return entropy_from_logits(logits)
     return entropy
-
-
-def _head_entries(
-    head: Head, responses: Tensor, *, method, precision: str, diagnostics: bool, rollout: Head | Tensor | None
-):
-    """``old_entries`` from ``Head``s: the same entries, computed chunk by chunk from the hidden states."""
-    from runners.algorithms.chunked_head import chunked_head
-
-    needs_sparse = method.requires("sparse_old")
-    vocab = head.weight.shape[0]
-    sparse = {
-        "k": min(method.sparse["k"], vocab),
-        "delta": method.sparse["delta"],
-        "p_default": method.sparse["p_default"],
-    }
-
-    def run(h: Head, store: bool):
-        return chunked_head(
-            h.hidden, h.weight, responses, bias=h.bias, temperature=h.temperature, sparse=sparse if store else None
-        )
-
-    own = run(head, needs_sparse or diagnostics)
-    out = {"logp": round_logprobs(own.logp.float(), precision), "entropy": own.entropy.float()}
-    if diagnostics:
-        out["pi_old_topk_index"], out["pi_old_topk_logp"] = own.topk_index.long(), own.topk_logp
-    if needs_sparse or (diagnostics and rollout is not None):
-        if rollout is None or isinstance(rollout, Head):
-            store = own if rollout is None else run(rollout, True)
-            sampler = store.topk_index.long(), store.topk_logp
-        else:  # a lower-precision sampling copy: its store from its own (rounded) logits
-            sampler = _sparse(rollout, responses, method.sparse)
-        _sampler_entries(out, sampler, needs_sparse=needs_sparse, separate=rollout is not None and diagnostics)
-    return out
-
-
-def _sampler_entries(out: dict, sampler: tuple[Tensor, Tensor], *, needs_sparse: bool, separate: bool) -> None:
-    """The sampling policy's top-K: ``old_topk_*`` for the method's loss; ``sampler_topk_*`` for the
-    post-update KL from the sampler when it is a separate copy (``separate``, diagnostics on)."""
-    if needs_sparse:
-        out["old_topk_index"], out["old_topk_logp"] = sampler
-    if separate:
-        out["sampler_topk_index"], out["sampler_topk_logp"] = sampler
 
 
 def old_entries(
@@ -130,7 +79,7 @@ def old_entries(
     ``chunked_head`` (within 1e-5 of the dense ones).
     """
     if isinstance(logits, Head):
-        return _head_entries(
+        return head_entries(
             logits, responses, method=method, precision=precision, diagnostics=diagnostics, rollout=rollout_logits
         )
     out = {
@@ -138,12 +87,12 @@ def old_entries(
         "entropy": pi_old_entropy(logits),
     }
     needs_sparse = method.requires("sparse_old")
-    own = _sparse(logits, responses, method.sparse) if (needs_sparse or diagnostics) else None
+    own = sparse_store(logits, responses, method.sparse) if (needs_sparse or diagnostics) else None
     if diagnostics:
         out["pi_old_topk_index"], out["pi_old_topk_logp"] = own
     if needs_sparse or (diagnostics and rollout_logits is not None):
-        sampler = own if rollout_logits is None else _sparse(rollout_logits, responses, method.sparse)
-        _sampler_entries(out, sampler, needs_sparse=needs_sparse, separate=rollout_logits is not None and diagnostics)
+        sampler = own if rollout_logits is None else sparse_store(rollout_logits, responses, method.sparse)
+        sampler_entries(out, sampler, needs_sparse=needs_sparse, separate=rollout_logits is not None and diagnostics)
     return out
 
 
@@ -198,10 +147,25 @@ class OldFromUpdate:
     diagnostics: bool  # also pi_old's own top-K (post-update KL)
 
 
-def _fill_old(fill: OldFromUpdate, old: dict, logits: Tensor, data: dict, rows: Tensor, settings, batch: int) -> dict:
+def _fill_old(
+    fill: OldFromUpdate, old: dict, logits: Tensor | Head, data: dict, rows: Tensor, settings, batch: int
+) -> dict:
     """Store micro-batch ``rows``' old-pass entries from its own logits; returns its differentiable log-probs
-    for the loss (one log-softmax serves both)."""
+    for the loss (one log-softmax serves both). From a ``Head``: the entries of a no-grad ``chunked_head``
+    pass over its detached hidden states (the loss's pass needs the stored top-K ids first)."""
     responses = data["responses"][rows]
+    if isinstance(logits, Head):
+        detached = Head(logits.hidden.detach(), logits.weight.detach(), logits.bias, logits.temperature)
+        with torch.no_grad():
+            entries = old_entries(
+                detached,
+                responses,
+                method=fill.method,
+                precision=settings.logprob_precision,
+                diagnostics=fill.diagnostics,
+            )
+        _store(old, rows, entries, batch)
+        return {}
     logp = token_logprobs(logits, responses, precision=settings.logprob_precision)
     with torch.no_grad():
         entries = old_entries(
@@ -226,7 +190,7 @@ def _store(old: dict[str, Tensor], rows: Tensor, entries: dict[str, Tensor], bat
 
 def micro_batch_loss(
     loss_fn: PolicyLoss,
-    logits: Tensor,
+    logits: Tensor | Head,
     data: dict,
     old: dict[str, Tensor],
     advantages: Tensor,
@@ -240,27 +204,31 @@ def micro_batch_loss(
     is_weights: Tensor | None = None,
     logp: Tensor | None = None,
 ) -> PolicyLossOutput:
-    """The policy loss of micro-batch ``rows`` from its current ``logits`` [rows,T,V] (differentiable).
+    """The policy loss of micro-batch ``rows`` from its current ``logits`` [rows,T,V] (differentiable), or
+    from a ``Head`` through ``chunked_head``.
 
     ``data``/``old``/``advantages``/``mask`` hold the whole batch ([B,...]); ``mask`` is the policy
     mask. ``num_tokens``/``num_seqs`` count the mini-batch. ``logp``: the log-probs already computed
     from ``logits`` (differentiable), else computed here.
     """
-    if logp is None:
-        logp = token_logprobs(logits, data["responses"][rows], precision=precision)
-    entropy = entropy_from_logits(logits) if loss_fn.needs_entropy else None
+    old_index = old["old_topk_index"][rows] if "old_topk_index" in old else None
+    if isinstance(logits, Head):
+        current = head_inputs(loss_fn, logits, data["responses"][rows], old_index, precision)
+    else:
+        if logp is None:
+            logp = token_logprobs(logits, data["responses"][rows], precision=precision)
+        entropy = entropy_from_logits(logits) if loss_fn.needs_entropy else None
+        current = {"logp": logp, "entropy": entropy, "logits": logits}
     inp = PolicyInputs(
-        logp=logp,
         logp_old=old["logp"][rows],
         advantages=advantages[rows],
         response_mask=mask[rows],
         rollout_logp=data["rollout_logp"][rows],
         responses=data["responses"][rows],
         group_index=data["group_index"][rows],
-        entropy=entropy,
-        logits=logits,
-        old_topk_index=old["old_topk_index"][rows] if "old_topk_index" in old else None,
+        old_topk_index=old_index,
         old_topk_logp=old["old_topk_logp"][rows] if "old_topk_logp" in old else None,
+        **current,
     )
     ref = old["ref_logp"][rows] if "ref_logp" in old else None
     weights = is_weights[rows] if is_weights is not None else None
@@ -336,4 +304,11 @@ def update_actor(
     return metrics, seq_masks
 
 
-__all__ = ["OldFromUpdate", "UpdateSettings", "micro_batch_loss", "old_entries", "old_pass", "update_actor"]
+__all__ = [
+    "OldFromUpdate",
+    "UpdateSettings",
+    "micro_batch_loss",
+    "old_entries",
+    "old_pass",
+    "update_actor",
+]

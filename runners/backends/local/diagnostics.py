@@ -24,8 +24,9 @@ import torch
 from torch import Tensor
 
 from runners import metric_names as names
-from runners.algorithms.diagnostics import coarse_reverse_kl, conflict_tokens, kl_exceedance
-from runners.algorithms.numerics import token_logprobs
+from runners.algorithms.diagnostics import coarse_reverse_kl, conflict_tokens, kept_reverse_kl, kl_exceedance
+from runners.algorithms.numerics import round_logprobs, token_logprobs
+from runners.backends.local.policy import Head
 
 _KL_NAMES = {
     "pi_old": (names.POST_UPDATE_KL, names.POST_UPDATE_KL_MAX),
@@ -33,8 +34,29 @@ _KL_NAMES = {
 }
 
 
+def _head_kls(head: Head, responses: Tensor, old: dict, rows: slice, stores: list, kls: dict, precision: str) -> Tensor:
+    """One chunk's log-probs [rows,T] from a ``Head`` through ``chunked_head``; appends its KLs to ``kls``
+    from the log-probs at every store's ids (one pass, float64 sums for the rest bin)."""
+    from runners.algorithms.chunked_head import chunked_head
+
+    index = [old[f"{store}_topk_index"][rows].long() for store in stores]
+    gather = torch.cat(index, -1) if index else None
+    out = chunked_head(
+        head.hidden, head.weight, responses, bias=head.bias, temperature=head.temperature, gather=gather, exact_sum=True
+    )
+    start = 0
+    for store, ids in zip(stores, index):
+        logq = out.gather_logp[..., start : start + ids.shape[-1]]
+        start += ids.shape[-1]
+        kls[store].append(
+            kept_reverse_kl(logq.reshape(-1, ids.shape[-1]), old[f"{store}_topk_logp"][rows].reshape(-1, ids.shape[-1]))
+        )
+    return round_logprobs(out.logp, precision)
+
+
 def post_update_metrics(forward, data: dict, old: dict, advantages: Tensor, *, chunk: int, precision: str) -> dict:
-    """The module's metrics from one no-grad forward of the updated model (``forward(data, rows)``)."""
+    """The module's metrics from one no-grad forward of the updated model (``forward(data, rows)``: logits,
+    or a ``Head`` for ``chunked_head``)."""
     mask = data["mask"]
     stores = [s for s in ("pi_old", "sampler") if f"{s}_topk_index" in old]
     kls: dict[str, list[Tensor]] = {s: [] for s in stores}
@@ -43,6 +65,9 @@ def post_update_metrics(forward, data: dict, old: dict, advantages: Tensor, *, c
         for s in range(0, mask.shape[0], chunk):
             rows = slice(s, s + chunk)
             logits = forward(data, rows)
+            if isinstance(logits, Head):
+                logps.append(_head_kls(logits, data["responses"][rows], old, rows, stores, kls, precision))
+                continue
             logps.append(token_logprobs(logits, data["responses"][rows], precision=precision))
             flat = logits.reshape(-1, logits.shape[-1])
             for store in stores:

@@ -59,15 +59,31 @@ def segment_head(
     return Head(segment_hidden(model, input_ids, attention_mask, context_length), out.weight, out.bias, temperature)
 
 
-def chunked_old_pass(model: nn.Module, sampler: nn.Module) -> tuple[bool, bool]:
-    """Whether the old pass of pi_old (``model``), and the sampling copy's store (``sampler``), go through
-    ``chunked_head``: from ``chunked_head.MIN_VOCAB`` tokens on, with a linear output layer; a sampling
-    copy in another dtype (bfloat16) keeps its own rounded logits, which are what it sampled from."""
+def chunkable(model: nn.Module) -> bool:
+    """Whether ``model``'s forwards can go through ``chunked_head``: from ``chunked_head.MIN_VOCAB`` tokens
+    on, with a linear output layer (every forward of the trainer then does: old, reference, update,
+    post-update)."""
     from runners.algorithms.chunked_head import MIN_VOCAB
 
     out = model.get_output_embeddings()
-    own = isinstance(out, nn.Linear) and out.weight.shape[0] >= MIN_VOCAB
-    return own, own and sampler.get_output_embeddings().weight.dtype == out.weight.dtype
+    return isinstance(out, nn.Linear) and out.weight.shape[0] >= MIN_VOCAB
+
+
+def chunked_old_pass(model: nn.Module, sampler: nn.Module) -> tuple[bool, bool]:
+    """Whether the old pass of pi_old (``model``), and the sampling copy's store (``sampler``), go through
+    ``chunked_head`` (``chunkable``); a sampling copy in another dtype (bfloat16) keeps its own rounded
+    logits, which are what it sampled from."""
+    own = chunkable(model)
+    same_dtype = sampler.get_output_embeddings().weight.dtype == model.get_output_embeddings().weight.dtype
+    return own, own and same_dtype
+
+
+def chunked_passes(model: nn.Module, method) -> tuple[bool, bool]:
+    """Whether (the old, reference and post-update passes, the update) go through ``chunked_head``: the
+    passes where ``chunkable``; the update too where the loss reads the logits at the old top-K ids only
+    (TROLL's sparse form, the exact-KL TRM masks) or not at all."""
+    passes = chunkable(model)
+    return passes, passes and (not method.requires("logits") or method.requires("sparse_old"))
 
 
 class ValueModel(nn.Module):

@@ -35,7 +35,6 @@ from omegaconf import DictConfig
 from runners import metric_names as names
 from runners.algorithms import ESTIMATORS, ROLLOUT_CORRECTIONS
 from runners.algorithms.method import Method
-from runners.algorithms.numerics import token_logprobs
 from runners.algorithms.policy_loss import PolicyLoss
 from runners.algorithms.rollout_correction import no_correction, offpolicy_metrics, prefixed
 from runners.algorithms.types import AdvantageInputs
@@ -45,9 +44,10 @@ from runners.backends.local.actor import OldFromUpdate, UpdateSettings, old_pass
 from runners.backends.local.batching import micro_rows, policy_mask, to_device
 from runners.backends.local.critic import CriticSettings, update_critic
 from runners.backends.local.diagnostics import post_update_metrics
+from runners.backends.local.heads import response_logprobs
 from runners.backends.local.packed import dropout_free, supports_packed
 from runners.backends.local.perf import model_shape, perf_metrics
-from runners.backends.local.policy import Head, chunked_old_pass, segment_head, segment_logits
+from runners.backends.local.policy import Head, chunked_old_pass, chunked_passes, segment_head, segment_logits
 from runners.backends.local.rollout_policy import RolloutPolicy
 from runners.backends.local.setup import Codec, build_data, build_models, resolve_device
 from runners.backends.local.step_metrics import (
@@ -88,6 +88,7 @@ class LocalTrainer:
         self._sampler = self.model
         self.estimator = ESTIMATORS.get(self.method.estimator)
         self.loss_fn = PolicyLoss(self.method)
+        self._chunked = chunked_passes(self.model, self.method)  # (old, reference, post-update passes; update)
         self.controller = self.loss_fn.controller
         self.h_ini: float | None = None
         self.update_settings = UpdateSettings(
@@ -123,6 +124,10 @@ class LocalTrainer:
     def _logits(self, model, data: dict, rows=None) -> torch.Tensor:
         """Temperature-scaled response logits [rows, T, V] of ``model`` (all rows when ``rows`` is None)."""
         return segment_logits(model, *self._rows(data, rows), data["context_length"], self.cfg.rollout.temperature)
+
+    def _forward(self, model, chunked: bool):
+        """``(data, rows) ->`` logits [rows,T,V], or where ``chunked`` a ``Head`` (``chunked_head``'s inputs)."""
+        return lambda d, rows: (self._head if chunked else self._logits)(model, d, rows)
 
     @staticmethod
     def _rows(data: dict, rows) -> tuple:
@@ -189,7 +194,7 @@ class LocalTrainer:
             metrics, seq_masks = update_actor(
                 self.model,
                 self.optimizer,
-                lambda d, rows: self._logits(self.model, d, rows),
+                self._forward(self.model, self._chunked[1]),
                 self.loss_fn,
                 data,
                 old,
@@ -248,14 +253,12 @@ class LocalTrainer:
         return segment_head(model, *self._rows(data, rows), data["context_length"], self.cfg.rollout.temperature)
 
     def _old_pass(self, data: dict) -> dict:
-        """log pi_old with the trained model; the sampling policy's sparse distribution with the copy it
-        sampled with; from the hidden states through ``chunked_head`` where ``chunked_old_pass`` says so."""
+        """log pi_old (trained model), the sampling policy's sparse store (its copy); ``chunked_old_pass``'s passes."""
         t = self.cfg.trainer
         own, sampler = chunked_old_pass(self.model, self._sampler)
-        forward = self._head if own else self._logits
         rollout = self._head if sampler else lambda model, d, rows: self._logits(model, d, rows).float()
         return old_pass(
-            lambda d, rows: forward(self.model, d, rows),
+            self._forward(self.model, own),
             data,
             method=self.method,
             micro_batch_size=t.micro_batch_size,
@@ -268,12 +271,10 @@ class LocalTrainer:
 
     def _advantages(self, timer: PhaseTimer, batch, data: dict, old: dict):
         """Reference log-probs (KL term), critic values and the estimator's advantages and returns."""
-        t = self.cfg.trainer
         if self.ref_model is not None:
-            with timer("ref"), torch.no_grad():
-                old["ref_logp"] = token_logprobs(
-                    self._logits(self.ref_model, data), data["responses"], precision=t.logprob_precision
-                )
+            with timer("ref"):
+                forward, chunked = self._forward(self.ref_model, self._chunked[0]), self._chunked[0]
+                old["ref_logp"] = response_logprobs(forward, data, chunked=chunked, settings=self.update_settings)
         values = None
         if self.critic is not None:
             with timer("values"), torch.no_grad():
@@ -288,7 +289,7 @@ class LocalTrainer:
     def _post_update(self, data: dict, old: dict, advantages) -> dict[str, float]:
         self.model.eval()
         return post_update_metrics(
-            lambda d, rows: self._logits(self.model, d, rows),
+            self._forward(self.model, self._chunked[0]),
             data,
             old,
             advantages,

@@ -1,0 +1,127 @@
+"""The built-in trainer's passes for large vocabularies: from a ``Head`` (hidden states and the output
+layer) through ``runners.algorithms.chunked_head``, so no [rows,T,V] tensor exists, and the sparse
+top-K stores of the old pass.
+
+- ``head_entries``: the old pass's entries (``actor.old_entries``) chunk by chunk;
+- ``head_inputs``: the update's ``PolicyInputs`` fields: log-probs, entropies and the current log-probs
+  at the old top-K ids (``topk_logp``: TROLL's kept set, the exact-KL TRM masks' support), with float64
+  sums where a mask reads the sparse KL's rest bin;
+- ``response_logprobs``: the reference model's log-probs, chunked over rows.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from runners.algorithms import MASKS
+from runners.algorithms.numerics import round_logprobs, token_logprobs
+from runners.algorithms.policy_loss import PolicyLoss
+from runners.backends.local.batching import micro_rows
+from runners.backends.local.policy import Head
+
+
+def sparse_store(logits: Tensor, responses: Tensor, sparse: dict) -> tuple[Tensor, Tensor]:
+    """Top-K form [rows,T,K+1] of ``logits`` [rows,T,V]: the kept tokens' true log-probs (TRM adds a rest bin)."""
+    from runners.algorithms.troll import sparsify
+
+    flat = logits.reshape(-1, logits.shape[-1])
+    idx, lp = sparsify(
+        flat, responses.reshape(-1), **{**sparse, "k": min(sparse["k"], logits.shape[-1])}, renormalize=False
+    )
+    shape = (*logits.shape[:2], idx.shape[-1])
+    return idx.reshape(shape).long(), lp.reshape(shape)
+
+
+def head_entries(
+    head: Head, responses: Tensor, *, method, precision: str, diagnostics: bool, rollout: Head | Tensor | None
+):
+    """``old_entries`` from ``Head``s: the same entries, computed chunk by chunk from the hidden states."""
+    from runners.algorithms.chunked_head import chunked_head
+
+    needs_sparse = method.requires("sparse_old")
+    vocab = head.weight.shape[0]
+    sparse = {
+        "k": min(method.sparse["k"], vocab),
+        "delta": method.sparse["delta"],
+        "p_default": method.sparse["p_default"],
+    }
+
+    def run(h: Head, store: bool):
+        return chunked_head(
+            h.hidden, h.weight, responses, bias=h.bias, temperature=h.temperature, sparse=sparse if store else None
+        )
+
+    own = run(head, needs_sparse or diagnostics)
+    out = {"logp": round_logprobs(own.logp.float(), precision), "entropy": own.entropy.float()}
+    if diagnostics:
+        out["pi_old_topk_index"], out["pi_old_topk_logp"] = own.topk_index.long(), own.topk_logp
+    if needs_sparse or (diagnostics and rollout is not None):
+        if rollout is None or isinstance(rollout, Head):
+            store = own if rollout is None else run(rollout, True)
+            sampler = store.topk_index.long(), store.topk_logp
+        else:  # a lower-precision sampling copy: its store from its own (rounded) logits
+            sampler = sparse_store(rollout, responses, method.sparse)
+        sampler_entries(out, sampler, needs_sparse=needs_sparse, separate=rollout is not None and diagnostics)
+    return out
+
+
+def sampler_entries(out: dict, sampler: tuple[Tensor, Tensor], *, needs_sparse: bool, separate: bool) -> None:
+    """The sampling policy's top-K: ``old_topk_*`` for the method's loss; ``sampler_topk_*`` for the
+    post-update KL from the sampler when it is a separate copy (``separate``, diagnostics on)."""
+    if needs_sparse:
+        out["old_topk_index"], out["old_topk_logp"] = sampler
+    if separate:
+        out["sampler_topk_index"], out["sampler_topk_logp"] = sampler
+
+
+def head_inputs(loss_fn: PolicyLoss, head: Head, responses: Tensor, old_index: Tensor | None, precision: str):
+    """``PolicyInputs`` fields from ``chunked_head``: log-probs, entropies and the log-probs at the old top-K
+    ids (float64 sums where an exact-KL mask reads them: its rest bin can hold ~1e-7)."""
+    from runners.algorithms.chunked_head import chunked_head
+
+    exact = "sparse_old" in MASKS.entry(loss_fn.method.mask).needs  # a mask reads the sparse KL's rest bin
+    out = chunked_head(
+        head.hidden,
+        head.weight,
+        responses,
+        bias=head.bias,
+        temperature=head.temperature,
+        gather=old_index,
+        exact_sum=exact and old_index is not None,
+    )
+    return {
+        "logp": round_logprobs(out.logp, precision),
+        "entropy": out.entropy if loss_fn.needs_entropy else None,
+        "topk_logp": out.gather_logp,
+        "vocab_size": head.weight.shape[0],
+        "logits": None,
+    }
+
+
+def response_logprobs(forward, data: dict, *, chunked: bool, settings) -> Tensor:
+    """log-probs [B,T] of the sampled tokens under ``forward(data, rows)`` without grad (the reference
+    model's pass): where ``chunked``, ``Head``s through ``chunked_head`` ``settings.micro_batch_size`` rows
+    at a time; else one forward of all rows (logits [B,T,V]), as small vocabularies always did; rounded to
+    ``settings.logprob_precision``."""
+    precision = settings.logprob_precision
+    if not chunked:
+        with torch.no_grad():
+            return token_logprobs(forward(data, None), data["responses"], precision=precision)
+    from runners.algorithms.chunked_head import chunked_head
+
+    batch = data["input_ids"].shape[0]
+    chunk = micro_rows(batch, settings.micro_batch_size)
+    parts = []
+    with torch.no_grad():
+        for s in range(0, batch, chunk):
+            out, responses = forward(data, slice(s, s + chunk)), data["responses"][s : s + chunk]
+            if isinstance(out, Head):
+                logp = chunked_head(out.hidden, out.weight, responses, bias=out.bias, temperature=out.temperature).logp
+                parts.append(round_logprobs(logp.float(), precision))
+            else:
+                parts.append(token_logprobs(out, responses, precision=precision))
+    return torch.cat(parts)
+
+
+__all__ = ["head_entries", "head_inputs", "response_logprobs", "sampler_entries", "sparse_store"]
