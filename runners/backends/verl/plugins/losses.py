@@ -62,8 +62,12 @@ class TrustbenchInputs:
     group_index: Any = None
     # [B,T] current token entropy, differentiable (GTPO, adaptive entropy bonus)
     entropy: Tensor | None = None
-    # [B,T,V] current temperature-scaled logits, differentiable (TROLL, exact-KL TRM)
+    # [B,T,V] current temperature-scaled logits, differentiable (a method that needs them without the
+    # sparse old distribution)
     logits: Tensor | None = None
+    # [B,T,K+1] current log-probs at old_topk_index, and V (TROLL, exact-KL TRM: ``sparse_old.response_topk_logp``)
+    topk_logp: Tensor | None = None
+    vocab_size: int | None = None
     # [B,T,K+1] sparse old distribution: vocabulary ids and log-probs (-inf marks unused slots)
     old_topk_index: Tensor | None = None
     old_topk_logp: Tensor | None = None
@@ -149,6 +153,8 @@ def compute_trustbench_policy_loss(
         group_index=group,
         entropy=inputs.entropy,
         logits=inputs.logits,
+        topk_logp=inputs.topk_logp,
+        vocab_size=inputs.vocab_size,
         old_topk_index=inputs.old_topk_index,
         old_topk_logp=inputs.old_topk_logp,
     )

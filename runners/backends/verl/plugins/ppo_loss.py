@@ -9,9 +9,10 @@ makes them current (``plugins_losses.using_inputs``) for the duration of the cal
 
 - ``responses`` [B,T] and the prompt groups (``uid``) from the batch;
 - ``entropy`` [B,T] from the model outputs when the engine computed it (``calculate_entropy``);
-- ``logits`` [B,T,V] gathered from the engine's logits (``sparse_old.LOGITS_OUTPUT``, set in the
-  update pass by the trustbench trainer) and ``old_topk_index/logp`` [B,T,K+1] stored by the
-  old-log-prob pass;
+- ``old_topk_index/logp`` [B,T,K+1] stored by the old-log-prob pass and ``topk_logp`` [B,T,K+1], the
+  current log-probs at those ids, from the engine's logits (``sparse_old.LOGITS_OUTPUT``, set in the
+  update pass by the trustbench trainer; ``sparse_old.response_topk_logp``); without a stored
+  distribution, the [B,T,V] ``logits`` themselves;
 - ``rollout_logp`` [B,T], the rollout engine's log-probs (``rollout_log_probs``): required by the
   methods that declare ``rollout_logp`` (the sample-based TRM masks), an error when missing;
 - the per-iteration ``runtime`` values (controller state, H_ini) the trainer put on the batch.
@@ -19,11 +20,10 @@ makes them current (``plugins_losses.using_inputs``) for the duration of the cal
 Any other loss mode goes to verl's ``ppo_loss`` untouched. ``plugins_workers`` installs this
 function as the actor's loss.
 
-Memory: the library's TROLL objective and exact-KL masks take dense [B,T,V] logits, so the update
-pass of those methods holds one gathered copy of the micro-batch's response logits (and, in the
-backward, its gradient) on top of the engine's own logits; bound it with verl's token budget
-(``ppo_max_token_len_per_gpu``). A library entry point taking the logits at the stored indices
-would remove the copy (the objective only reads them there, plus a no-grad logsumexp).
+Memory: TROLL and the exact-KL masks read the current policy at the stored ids only, so the update
+pass gathers [B,T,K+1] entries of the engine's logits (plus a no-grad float64 logsumexp in row
+slices) and holds no [B,T,V] copy beyond the engine's own logits; their gradient goes into the
+engine's logits gradient, which verl's own log-prob backward writes anyway.
 
 Tests: ``pytest tests/verl/test_plugins_engine.py``.
 """
@@ -51,6 +51,7 @@ from runners.backends.verl.plugins.sparse_old import (
     padded_from_nested,
     prompt_response_lengths,
     response_logits,
+    response_topk_logp,
 )
 
 # verl's batch fields: the rollout engine's log-probs of the sampled tokens, the reference policy's
@@ -87,17 +88,22 @@ def build_inputs(config: Any, model_output: dict, data: TensorDict) -> Trustbenc
     )
     if model_output.get("entropy") is not None:
         inputs.entropy = no_padding_2_padding(model_output["entropy"], data)
+    if OLD_TOPK_INDEX in data.keys():
+        inputs.old_topk_index = padded_from_nested(data[OLD_TOPK_INDEX], width, 0).long()
+        inputs.old_topk_logp = padded_from_nested(data[OLD_TOPK_LOGP], width, float("-inf"))
     if LOGITS_OUTPUT in model_output:
-        inputs.logits = response_logits(model_output[LOGITS_OUTPUT], model_output[LOGIT_STARTS_OUTPUT], lengths, width)
+        logits, starts = model_output[LOGITS_OUTPUT], model_output[LOGIT_STARTS_OUTPUT]
+        if inputs.old_topk_index is not None:  # the logits at the stored ids only: no [B,T,V] copy
+            inputs.topk_logp = response_topk_logp(logits, starts, lengths, width, inputs.old_topk_index)
+            inputs.vocab_size = int(logits.shape[-1])
+        else:
+            inputs.logits = response_logits(logits, starts, lengths, width)
     elif settings.needs_sparse_old:
         raise ValueError(
             f"policy loss {settings.loss_mode!r} with mask {settings.mask!r} needs the logits in the update pass: "
             "run verl with trainer.v1.trainer_mode=trustbench_sync (runners.backends.verl.plugins.trainer)"
         )
-    if OLD_TOPK_INDEX in data.keys():
-        inputs.old_topk_index = padded_from_nested(data[OLD_TOPK_INDEX], width, 0).long()
-        inputs.old_topk_logp = padded_from_nested(data[OLD_TOPK_LOGP], width, float("-inf"))
-    elif settings.needs_sparse_old:
+    if inputs.old_topk_index is None and settings.needs_sparse_old:
         raise ValueError(
             f"policy loss {settings.loss_mode!r} with mask {settings.mask!r} needs the sparse old distribution "
             f"({OLD_TOPK_INDEX}/{OLD_TOPK_LOGP}) from the old-log-prob pass: run verl with "

@@ -142,11 +142,34 @@ def response_logits(logits: Tensor, starts: Tensor, lengths: Tensor, width: int)
     Row ``starts[i] + t`` for ``t < lengths[i]``; padding positions repeat a real row and must stay
     outside the response mask (every objective and mask ignores them).
     """
+    rows = _response_rows(logits, starts, lengths, width)
+    return logits.index_select(0, rows.reshape(-1)).view(starts.numel(), width, logits.shape[-1])
+
+
+def _response_rows(logits: Tensor, starts: Tensor, lengths: Tensor, width: int) -> Tensor:
+    """[B, width] row of ``logits`` for each response position (padding repeats the response's first row)."""
     steps = torch.arange(width, device=logits.device)
     rows = starts.to(logits.device)[:, None] + steps[None, :]
     rows = torch.where(steps[None, :] < lengths.to(logits.device)[:, None], rows, starts.to(logits.device)[:, None])
-    rows = rows.clamp(0, logits.shape[0] - 1)
-    return logits.index_select(0, rows.reshape(-1)).view(starts.numel(), width, logits.shape[-1])
+    return rows.clamp(0, logits.shape[0] - 1)
+
+
+def response_topk_logp(logits: Tensor, starts: Tensor, lengths: Tensor, width: int, index: Tensor) -> Tensor:
+    """[B, width, K] float64 log-probs of the engine's rows at the stored ids ``index`` [B, width, K]
+    (``PolicyInputs.topk_logp``), without a [B, width, V] copy of the logits.
+
+    The gathered logits carry the gradient; the rows' logsumexp (float64, in slices of 2**24 values, by
+    ``troll_sparse.chunked_logsumexp``) does not: exact for TROLL, whose loss renormalises on the kept
+    set (a per-row shift changes nothing, so the logsumexp's gradient term sums to zero), and for the
+    exact-KL TRM masks, which read no gradient. Padding positions repeat a real row (as ``response_logits``).
+    """
+    from runners.algorithms.troll_sparse import chunked_logsumexp
+
+    rows = _response_rows(logits, starts, lengths, width).reshape(-1)
+    picked = logits[rows[:, None], index.to(logits.device).reshape(rows.numel(), -1).long()]
+    slice_rows = max(1, (1 << 24) // logits.shape[-1])  # 2**24 values per float64 slice (128 MiB): 110 rows at Qwen's V
+    lse = chunked_logsumexp(logits.detach(), rows, chunk_size=slice_rows, dtype=torch.float64)
+    return (picked.double() - lse[:, None]).view(*index.shape)
 
 
 def post_update_kl_rows(logits: Tensor, rows: Tensor, micro_batch: TensorDict, chunk_size: int) -> Tensor:
@@ -254,6 +277,7 @@ __all__ = [
     "post_update_kl_rows",
     "prompt_response_lengths",
     "response_logits",
+    "response_topk_logp",
     "response_starts",
     "sparsify_rows",
 ]
