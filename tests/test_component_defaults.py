@@ -91,10 +91,10 @@ def _inputs(group):
     g = torch.Generator().manual_seed(0)
     b, t = 4, 3
     logp = torch.log(torch.rand(b, t, generator=g) * 0.8 + 0.1)
-    logp_old = logp + 0.05 * torch.randn(b, t, generator=g)
+    old_logp = logp + 0.05 * torch.randn(b, t, generator=g)
     return (PolicyInputs(
-        logp=logp, logp_old=logp_old, advantages=torch.tensor([1.0, -1, 0.5, -0.5]).unsqueeze(-1).expand(b, t),
-        response_mask=torch.ones(b, t), rollout_logp=logp_old,
+        logp=logp, old_logp=old_logp, advantages=torch.tensor([1.0, -1, 0.5, -0.5]).unsqueeze(-1).expand(b, t),
+        response_mask=torch.ones(b, t), rollout_logp=old_logp,
     ),)  # fmt: skip
 
 

@@ -57,7 +57,7 @@ def conflict_tokens(data: dict, advantages: Tensor, mask: Tensor) -> Tensor:
     from runners.algorithms.loss_agg import masked_mean
 
     seq_adv = masked_mean(advantages.detach(), mask.to(advantages.dtype), dim=-1)
-    forward, backward = conflict_spans(data["responses"], data["mask"], data["group_index"], seq_adv)
+    forward, backward = conflict_spans(data["responses"], data["response_mask"], data["group_index"], seq_adv)
     return (forward | backward) & (mask > 0)
 
 

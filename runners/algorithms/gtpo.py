@@ -201,7 +201,7 @@ def gtpo_objective(
 ) -> ObjectiveOutput:
     """GTPO per-token loss [B,T]; aggregate with ``seq-mean-token-mean``.
 
-    ``entropy_term="penalty"`` (paper, GTPO (arXiv 2508.03772) eq. 7), with r = exp(logp - logp_old):
+    ``entropy_term="penalty"`` (paper, GTPO (arXiv 2508.03772) eq. 7), with r = exp(logp - old_logp):
         J = (1/G) sum_i [ delta_i A_i / |o_i| sum_t lambda_it r_it - gamma <H>_i ]
     loss_mat[i,t] = -delta_i A_it lambda_it r_it + gamma H_it, with H the differentiable
     ``inp.entropy``; its seq-mean-token-mean is exactly -J (the penalty applies to every response,
@@ -246,7 +246,7 @@ def gtpo_objective(
     else:
         h_seq, delta = None, torch.ones(mask.shape[0], dtype=dtype, device=mask.device)
 
-    ratio = torch.exp(inp.logp - inp.logp_old)
+    ratio = torch.exp(inp.logp - inp.old_logp)
     in_span = (forward | backward) & valid
     if entropy_term == "penalty":
         loss = -(delta[:, None] * inp.advantages * lam * ratio)

@@ -9,7 +9,7 @@ Design decisions:
 - ``precision="bf16"`` (or ``"fp16"``) rounds the float32 log-probs to that type and back, the regime
   of stacks that cast model outputs to the training dtype (Entropy-preserving RL, arXiv 2603.11682, s4.1, App. B.1): ratios from
   such log-probs are biased upward (Theorem 3). The result stays a float32 tensor holding the rounded
-  values, so ``logp - logp_old`` downstream is exact on the rounded numbers, as in the theorem.
+  values, so ``logp - old_logp`` downstream is exact on the rounded numbers, as in the theorem.
   Backward through the rounding is the cast's: gradients pass, rounded to that type.
 - Entropy is ``-sum_v p log p`` with ``p log p := 0`` where ``p = 0``, written so that ``-inf``
   logits (masked vocabulary) give neither NaN values nor NaN gradients.
@@ -48,7 +48,7 @@ def token_logprobs(
         logits: [B,T,V] (any float dtype), ``logits[b,t]`` scores the token at ``tokens[b,t]``.
         tokens: [B,T] long, sampled token ids.
         precision: ``"fp32"`` (default), ``"bf16"`` or ``"fp16"``: round the result to that type
-            (Entropy-preserving RL, arXiv 2603.11682, s4.1, ``r_observed = exp(bf16(logp) - bf16(logp_old))``).
+            (Entropy-preserving RL, arXiv 2603.11682, s4.1, ``r_observed = exp(bf16(logp) - bf16(old_logp))``).
         temperature: the sampling temperature (> 0); logits are divided by it, as verl does.
         chunk_size: process this many of the B*T positions at a time (None: all at once).
 

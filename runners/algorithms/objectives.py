@@ -7,7 +7,7 @@ response mask, so one objective works with every aggregation mode and with TRM s
 
 Design decisions:
 
-- Ratios come from ``logp - logp_old`` computed in float32 whatever the input dtype (bf16 log-probs
+- Ratios come from ``logp - old_logp`` computed in float32 whatever the input dtype (bf16 log-probs
   are upcast first, Entropy-preserving RL (arXiv 2603.11682) section 4), and the log-ratio is clamped to [-20, 20] like verl, so a
   huge log-ratio cannot overflow ``exp``. The loss matrix is float32.
 - Clip semantics follow verl 0.9.1 (``compute_policy_loss_vanilla``, ``_gspo``, ``_gpg``), which the
@@ -36,10 +36,10 @@ GSPO_LOG_RATIO_MAX = 10.0  # verl clamps GSPO's log sequence ratio from above at
 
 
 def log_ratio(inp: PolicyInputs) -> Tensor:
-    """[B,T] float32 ``logp - logp_old`` clamped to [-20, 20] (gradient flows to ``inp.logp``)."""
-    if inp.logp.shape != inp.logp_old.shape:
-        raise ValueError(f"logp {tuple(inp.logp.shape)} and logp_old {tuple(inp.logp_old.shape)} differ in shape")
-    diff = inp.logp.to(torch.float32) - inp.logp_old.detach().to(torch.float32)
+    """[B,T] float32 ``logp - old_logp`` clamped to [-20, 20] (gradient flows to ``inp.logp``)."""
+    if inp.logp.shape != inp.old_logp.shape:
+        raise ValueError(f"logp {tuple(inp.logp.shape)} and old_logp {tuple(inp.old_logp.shape)} differ in shape")
+    diff = inp.logp.to(torch.float32) - inp.old_logp.detach().to(torch.float32)
     return diff.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
 
 
@@ -97,7 +97,7 @@ def clip_objective(
 
     Symmetric PPO: eps_low = eps_high = 0.2. DAPO: 0.2 / 0.28. T-PPO: 0.2 / 0.28 (T-PPO, arXiv 2506.15050, s3).
     ``clip_ratio_c`` > 1 enables dual clip as in verl. Metrics: ``actor/pg_clipfrac``,
-    ``actor/pg_clipfrac_lower``, ``actor/ppo_kl`` (masked mean of ``logp_old - logp``).
+    ``actor/pg_clipfrac_lower``, ``actor/ppo_kl`` (masked mean of ``old_logp - logp``).
     """
     check_objective_arguments(
         "clip", clip_ratio_low=clip_ratio_low, clip_ratio_high=clip_ratio_high, clip_ratio_c=clip_ratio_c
@@ -127,7 +127,7 @@ def gpg_objective(inp: PolicyInputs) -> ObjectiveOutput:
 def gspo_objective(
     inp: PolicyInputs, *, clip_ratio_low: float = 3e-4, clip_ratio_high: float = 4e-4
 ) -> ObjectiveOutput:
-    """GSPO: sequence ratio ``s_i = exp(mean_t (logp - logp_old))`` clipped to [1 - eps_low, 1 + eps_high].
+    """GSPO: sequence ratio ``s_i = exp(mean_t (logp - old_logp))`` clipped to [1 - eps_low, 1 + eps_high].
 
     Token form of verl's ``compute_policy_loss_gspo``: ``log s_{i,t} = sg[log s_i] + logp_t - sg[logp_t]``
     (value s_i on every token, gradient of token t through its own log-prob), clamped at 10 from above.
@@ -136,7 +136,7 @@ def gspo_objective(
     check_objective_arguments("gspo", clip_ratio_low=clip_ratio_low, clip_ratio_high=clip_ratio_high)
     mask = _mask(inp)
     logp = inp.logp.to(torch.float32)
-    diff = logp - inp.logp_old.detach().to(torch.float32)
+    diff = logp - inp.old_logp.detach().to(torch.float32)
     seq_log_ratio = (diff * mask).sum(-1) / mask.sum(-1).clamp(min=1)
     token_log_ratio = logp - logp.detach() + seq_log_ratio.detach().unsqueeze(-1)
     ratio = token_log_ratio.clamp(max=GSPO_LOG_RATIO_MAX).exp()

@@ -20,7 +20,7 @@ Semantics every backend shares:
   ``PolicyInputs.rollout_logp``, the log-probs the sampler returned with the tokens (the TRM paper's
   pi_roll). The exact-KL masks and TROLL read the sampling policy's sparse distribution
   (``old_topk_index`` / ``old_topk_logp``), which both backends compute in their old-log-prob pass
-  with the training engine; ``rollout_logp`` None falls back to ``logp_old`` (the two are the same
+  with the training engine; ``rollout_logp`` None falls back to ``old_logp`` (the two are the same
   policy on-policy, and differ under a stale or lower-precision rollout).
 - The KL-to-reference term is k3 = exp(ref - logp) - (ref - logp) - 1 with the log-ratio clamped to
   [-20, 20] and k3 to [-10, 10], verl's ``low_var_kl``.

@@ -18,7 +18,7 @@ mass after projection (for eta* > 0), and a row whose new and old supports are d
 feasible projection; it is returned as the old distribution and flagged as not converged.
 
     from runners.algorithms.troll_solver import project
-    lp = project(torch.log_softmax(logits, -1), logp_old, 0.05)   # [..., V] -> [..., V]
+    lp = project(torch.log_softmax(logits, -1), old_logp, 0.05)   # [..., V] -> [..., V]
 
 Tests: ``pytest tests/algorithms/test_troll.py``.
 """
@@ -244,23 +244,23 @@ class ImplicitEta(torch.autograd.Function):
 
 
 def project_with_info(
-    logp_new: Tensor,
-    logp_old: Tensor,
+    new_logp: Tensor,
+    old_logp: Tensor,
     eps: float,
     **solver_options,
 ) -> tuple[Tensor, ProjectionInfo]:
     """Project q_new onto {p : KL(p || q_old) <= eps} per row (TROLL, arXiv 2510.03817, eq. 3, 4, 13).
 
-    logp_new [..., V] (differentiable), logp_old [..., V] (treated as a constant: it is detached).
-    Returns projected log-probs [..., V] (dtype of ``logp_new``; rows inside the trust region are
-    ``logp_new`` itself) and a ``ProjectionInfo`` over the flattened rows. ``solver_options`` go to
+    new_logp [..., V] (differentiable), old_logp [..., V] (treated as a constant: it is detached).
+    Returns projected log-probs [..., V] (dtype of ``new_logp``; rows inside the trust region are
+    ``new_logp`` itself) and a ``ProjectionInfo`` over the flattened rows. ``solver_options`` go to
     ``solve_dual``.
     """
-    if logp_new.shape != logp_old.shape:
-        raise ValueError(f"logp_new {tuple(logp_new.shape)} and logp_old {tuple(logp_old.shape)} differ in shape")
-    shape = logp_new.shape
-    lq = logp_new.reshape(-1, shape[-1])
-    lo = logp_old.detach().reshape(-1, shape[-1])
+    if new_logp.shape != old_logp.shape:
+        raise ValueError(f"new_logp {tuple(new_logp.shape)} and old_logp {tuple(old_logp.shape)} differ in shape")
+    shape = new_logp.shape
+    lq = new_logp.reshape(-1, shape[-1])
+    lo = old_logp.detach().reshape(-1, shape[-1])
     n = lq.shape[0]
     with torch.no_grad():  # float64 in row chunks of at most 2^22 values
         step = max(1, (1 << 22) // max(1, shape[-1]))
@@ -274,7 +274,7 @@ def project_with_info(
     kl_after = kl_before.clone()
     rows = projected.nonzero().squeeze(-1)
     if rows.numel() == 0:
-        return logp_new, ProjectionInfo(projected, eta_all, converged, 0, kl_before, kl_after)
+        return new_logp, ProjectionInfo(projected, eta_all, converged, 0, kl_before, kl_after)
     lq_p = lq.index_select(0, rows).double()
     lo_p = lo.index_select(0, rows).double()
     # rows whose supports are disjoint have no feasible projection: they fall back to the old
@@ -295,11 +295,11 @@ def project_with_info(
     return out.reshape(shape), info
 
 
-def project(logp_new: Tensor, logp_old: Tensor, eps: float, **solver_options) -> Tensor:
+def project(new_logp: Tensor, old_logp: Tensor, eps: float, **solver_options) -> Tensor:
     """Projected log-probs [..., V]: the stable entry point (see ``project_with_info``).
 
-    Dense, last dim = vocabulary, any leading shape; differentiable in ``logp_new`` with the
+    Dense, last dim = vocabulary, any leading shape; differentiable in ``new_logp`` with the
     implicit gradient through eta* (TROLL, arXiv 2510.03817, appendix A.3). Tokens with
     KL(q_new || q_old) <= eps are returned unchanged.
     """
-    return project_with_info(logp_new, logp_old, eps, **solver_options)[0]
+    return project_with_info(new_logp, old_logp, eps, **solver_options)[0]

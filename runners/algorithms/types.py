@@ -44,13 +44,13 @@ class PolicyInputs:
     # [B,T] log pi_theta(y_t | c_t), differentiable
     logp: Tensor
     # [B,T] log pi_old(y_t | c_t) of the policy the update is anchored to (no grad)
-    logp_old: Tensor
+    old_logp: Tensor
     # [B,T] advantages
     advantages: Tensor
     # [B,T] 1 on real response tokens
     response_mask: Tensor
     # [B,T] log-probs of the sampled tokens under the rollout (sampling) policy, as the sampler
-    # returned them: the reference of the sample-based TRM masks; None means logp_old
+    # returned them: the reference of the sample-based TRM masks; None means old_logp
     rollout_logp: Tensor | None = None
     # [B,T] long, sampled token ids (GTPO conflict detection)
     responses: Tensor | None = None
@@ -69,8 +69,8 @@ class PolicyInputs:
     vocab_size: int | None = None
 
     def rollout_or_old_logp(self) -> Tensor:
-        """``rollout_logp``, or ``logp_old`` where the batch has no rollout log-probs."""
-        return self.rollout_logp if self.rollout_logp is not None else self.logp_old
+        """``rollout_logp``, or ``old_logp`` where the batch has no rollout log-probs."""
+        return self.rollout_logp if self.rollout_logp is not None else self.old_logp
 
 
 @dataclass

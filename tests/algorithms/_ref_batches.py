@@ -44,10 +44,10 @@ def outcome_batch(seed: int, *, group_sizes=(4, 4, 3, 1, 5), length: int = 7, bi
 
 
 def policy_batch(seed: int, *, batch: int = 8, length: int = 9, spread: float = 0.3, dtype=torch.float32):
-    """``(logp [B,T] leaf with grad, logp_old [B,T], advantages [B,T], mask [B,T])``."""
+    """``(logp [B,T] leaf with grad, old_logp [B,T], advantages [B,T], mask [B,T])``."""
     gen = torch.Generator().manual_seed(seed)
-    logp_old = -torch.rand(batch, length, generator=gen) * 3
-    logp = (logp_old + spread * torch.randn(batch, length, generator=gen)).clamp(max=0)
+    old_logp = -torch.rand(batch, length, generator=gen) * 3
+    logp = (old_logp + spread * torch.randn(batch, length, generator=gen)).clamp(max=0)
     adv = torch.randn(batch, 1, generator=gen).expand(batch, length) + 0.1 * torch.randn(batch, length, generator=gen)
     mask = random_mask(gen, batch, length)
-    return logp.to(dtype).requires_grad_(True), logp_old.to(dtype), adv.contiguous(), mask
+    return logp.to(dtype).requires_grad_(True), old_logp.to(dtype), adv.contiguous(), mask

@@ -12,18 +12,18 @@ from runners.algorithms.types import PolicyInputs
 
 def _batch(seed: int = 0):
     gen = torch.Generator().manual_seed(seed)
-    logp_old = -torch.rand(5, 7, generator=gen, dtype=torch.float64) * 3
-    logp = (logp_old + torch.randn(5, 7, generator=gen, dtype=torch.float64)).requires_grad_(True)
+    old_logp = -torch.rand(5, 7, generator=gen, dtype=torch.float64) * 3
+    logp = (old_logp + torch.randn(5, 7, generator=gen, dtype=torch.float64)).requires_grad_(True)
     adv = torch.randn(5, 7, generator=gen, dtype=torch.float64)
     mask = (torch.arange(7) < torch.tensor([7, 5, 3, 6, 2]).unsqueeze(1)).double()
-    return logp, logp_old, adv, mask
+    return logp, old_logp, adv, mask
 
 
 def test_gradient_is_the_clipped_weight_times_the_advantage_on_every_token():
-    logp, logp_old, adv, mask = _batch()
-    out = OBJECTIVES.get("cispo")(PolicyInputs(logp, logp_old, adv, mask), clip_ratio_low=0.2, clip_ratio_high=0.28)
+    logp, old_logp, adv, mask = _batch()
+    out = OBJECTIVES.get("cispo")(PolicyInputs(logp, old_logp, adv, mask), clip_ratio_low=0.2, clip_ratio_high=0.28)
     out.loss_mat.sum().backward()
-    ratio = (logp.detach() - logp_old).exp()
+    ratio = (logp.detach() - old_logp).exp()
     weight = ratio.clamp(0.8, 1.28)
     torch.testing.assert_close(logp.grad, (-weight * adv).float().double(), rtol=1e-6, atol=1e-7)
     clipped = (ratio != weight).double()
@@ -36,14 +36,14 @@ def test_equals_verls_cispo_loss():
     from verl.trainer.ppo.core_algos import get_policy_loss_fn
     from verl.workers.config.actor import ActorConfig
 
-    logp, logp_old, adv, mask = _batch(seed=1)
+    logp, old_logp, adv, mask = _batch(seed=1)
     config = ActorConfig(
         strategy="fsdp", rollout_n=1, ppo_micro_batch_size_per_gpu=1, clip_ratio_low=0.3, clip_ratio_high=0.2
     )
     theirs_logp = logp.detach().clone().requires_grad_(True)
-    theirs, metrics = get_policy_loss_fn("cispo")(logp_old, theirs_logp, adv, mask, "token-mean", config)
+    theirs, metrics = get_policy_loss_fn("cispo")(old_logp, theirs_logp, adv, mask, "token-mean", config)
     theirs.backward()
-    out = OBJECTIVES.get("cispo")(PolicyInputs(logp, logp_old, adv, mask), clip_ratio_low=0.3, clip_ratio_high=0.2)
+    out = OBJECTIVES.get("cispo")(PolicyInputs(logp, old_logp, adv, mask), clip_ratio_low=0.3, clip_ratio_high=0.2)
     ours = LOSS_AGGS.get("token-mean")(out.loss_mat, mask)
     ours.backward()
     assert float(ours.detach()) == pytest.approx(float(theirs.detach()), rel=1e-6)

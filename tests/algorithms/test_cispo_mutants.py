@@ -22,9 +22,9 @@ from .test_ref_objectives import RTOL, ref_cispo, token_batch
 
 
 def _inputs(batch, dtype=torch.float64):
-    logp, logp_old, adv, mask = batch.tensors()
+    logp, old_logp, adv, mask = batch.tensors()
     logp = logp.detach().to(dtype).requires_grad_(True)
-    return logp, PolicyInputs(logp, logp_old.to(dtype), adv.to(dtype), mask)
+    return logp, PolicyInputs(logp, old_logp.to(dtype), adv.to(dtype), mask)
 
 
 def test_defaults_are_the_paper_bounds_and_the_loss_is_float32():
@@ -32,14 +32,14 @@ def test_defaults_are_the_paper_bounds_and_the_loss_is_float32():
     float64 inputs still give a float32 loss matrix; the gradient is -w A on every token."""
     batch = token_batch(5)
     real = batch.mask > 0
-    r = np.exp(batch.logp - batch.logp_old)
+    r = np.exp(batch.logp - batch.old_logp)
     assert (real & (r > 1.28)).any() and (real & (r < 0.5)).any()
     assert np.abs(r[real] - 1.28).min() > 1e-4
     logp, inp = _inputs(batch)
     out = cispo_objective(inp)
     assert out.loss_mat.dtype == torch.float32
     ref_loss, ref_dloss, clipped = ref_cispo(
-        batch.logp, batch.logp_old, batch.adv, batch.mask, clip_ratio_low=1.0, clip_ratio_high=0.28
+        batch.logp, batch.old_logp, batch.adv, batch.mask, clip_ratio_low=1.0, clip_ratio_high=0.28
     )
     np.testing.assert_allclose(out.loss_mat.detach().double().numpy()[real], ref_loss[real], rtol=RTOL, atol=1e-6)
     (out.loss_mat * inp.response_mask).sum().backward()
@@ -57,7 +57,7 @@ def test_ppo_kl_is_the_masked_mean_of_old_minus_new_log_probs():
     _, inp = _inputs(batch)
     out = OBJECTIVES.get("cispo")(inp, clip_ratio_low=0.2, clip_ratio_high=0.28)
     real = batch.mask > 0
-    expected = float(np.mean((batch.logp_old - batch.logp)[real]))
+    expected = float(np.mean((batch.old_logp - batch.logp)[real]))
     assert expected < -0.2
     assert out.metrics[metric_names.PPO_KL] == pytest.approx(expected, rel=1e-5)
 

@@ -135,7 +135,7 @@ def _group_batch():
     advantages = torch.tensor(
         [[0.5, 1.0, 0.2, 0.1], [-1.0, -0.3, -0.2, -0.4], [1.0, -1.0, 0.0, 5.0], [2.0, 0.1, 0.0, 0.0], [-0.1] * 4]
     )
-    data = {"responses": responses, "mask": mask, "group_index": torch.tensor([7, 7, 7, 3, 3])}
+    data = {"responses": responses, "response_mask": mask, "group_index": torch.tensor([7, 7, 7, 3, 3])}
     return data, advantages, mask
 
 

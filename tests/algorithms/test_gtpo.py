@@ -230,12 +230,12 @@ def objective_inputs(seed=0, dtype=torch.float64):
     responses, mask, group_index, adv = batch(rows, advs, groups)
     gen = torch.Generator().manual_seed(seed)
     shape = responses.shape
-    logp_old = -torch.rand(shape, generator=gen, dtype=dtype) * 2
-    logp = (logp_old + 0.1 * torch.randn(shape, generator=gen, dtype=dtype)).requires_grad_(True)
+    old_logp = -torch.rand(shape, generator=gen, dtype=dtype) * 2
+    logp = (old_logp + 0.1 * torch.randn(shape, generator=gen, dtype=dtype)).requires_grad_(True)
     entropy = (torch.rand(shape, generator=gen, dtype=dtype) * 1.4).requires_grad_(True)
     inp = PolicyInputs(
         logp=logp,
-        logp_old=logp_old,
+        old_logp=old_logp,
         advantages=adv[:, None].expand(shape).to(dtype),
         response_mask=mask,
         responses=responses,
@@ -253,7 +253,7 @@ def eq7_loop(inp, rows, advs, groups, *, gamma, h_ini, combine="or"):
         n = len(r)
         h_i = sum(inp.entropy[i, t].item() for t in range(n)) / n
         delta = 0.0 if (h_ini is not None and h_ini < LN2 and h_i > LN2) else 1.0
-        ratio = [math.exp(inp.logp[i, t].item() - inp.logp_old[i, t].item()) for t in range(n)]
+        ratio = [math.exp(inp.logp[i, t].item() - inp.old_logp[i, t].item()) for t in range(n)]
         total += delta * advs[i] / n * sum(lam[i][t] * ratio[t] for t in range(n)) - gamma * h_i
     return -total / len(rows)
 
@@ -269,7 +269,7 @@ def authors_loop(inp, rows, advs, groups, *, gamma, h_ini, combine="product"):
         keep = not (h_ini is not None and h_ini < LN2 and h_i > LN2)
         a = (advs[i] - gamma * h_i) if keep else 0.0
         n_conflict = max(1, sum(f or b for f, b in zip(fwd[i], bwd[i])))
-        ratio = [math.exp(inp.logp[i, t].item() - inp.logp_old[i, t].item()) for t in range(n)]
+        ratio = [math.exp(inp.logp[i, t].item() - inp.old_logp[i, t].item()) for t in range(n)]
         total += -sum(ratio[t] * a * lam[i][t] for t in range(n)) / n / n_conflict
     return total / len(rows)
 

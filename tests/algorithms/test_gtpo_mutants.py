@@ -122,7 +122,7 @@ def test_filter_without_entropies_is_an_error_and_ln2_is_no_filter():
     with pytest.raises(ValueError, match=r"PolicyInputs\.entropy for gamma=0.0 / h_ini=0.5"):
         gtpo_objective(inp, gamma=0.0, h_ini=0.5)
     want = ref_gtpo_loss(
-        logp, case.logp_old, entropy, case.rows, case.advs, case.groups, h_ini=1.0, gamma=0.0
+        logp, case.old_logp, entropy, case.rows, case.advs, case.groups, h_ini=1.0, gamma=0.0
     )  # h_ini above ln 2: no response dropped
     for h_ini in (LN2, 0.9, None):
         out = gtpo_objective(inp, gamma=0.0, h_ini=h_ini)
@@ -163,7 +163,7 @@ def test_gtpo_objective_defaults_are_eq7():
     case = make_gtpo_case()
     logp, entropy = _leaves(case)
     out = gtpo_objective(make_inputs(case, logp, entropy))
-    want = ref_gtpo_loss(logp, case.logp_old, entropy, case.rows, case.advs, case.groups, h_ini=1.0, gamma=0.1)
+    want = ref_gtpo_loss(logp, case.old_logp, entropy, case.rows, case.advs, case.groups, h_ini=1.0, gamma=0.1)
     torch.testing.assert_close(seq_mean_token_mean(out.loss_mat, case.mask), want, **TOL)
     lam = ref_lambda(case.rows, case.advs, case.groups, "or")
     width = case.mask.shape[1]
@@ -205,7 +205,7 @@ def test_objective_extras_follow_the_log_prob_dtype():
     assert out.extra["gtpo_delta"].tolist() == delta
     want = 0.0
     for i, row in enumerate(case.rows):  # eq. 7 with gamma = 0, one response at a time
-        ratio = [math.exp(float(logp[i, t].detach() - case.logp_old[i, t])) for t in range(len(row))]
+        ratio = [math.exp(float(logp[i, t].detach() - case.old_logp[i, t])) for t in range(len(row))]
         want -= delta[i] * case.advs[i] * sum(lam[i][t] * ratio[t] for t in range(len(row))) / len(row)
     got = seq_mean_token_mean(out.loss_mat, case.mask)
     assert got.dtype == torch.float64
@@ -234,7 +234,7 @@ def test_advantage_shift_without_entropies():
     out = gtpo_objective(make_inputs(case, logp, None), gamma=0.0, combine="product", entropy_term="advantage_shift")
     want = ref_gtpo_loss(
         logp,
-        case.logp_old,
+        case.old_logp,
         entropy,
         case.rows,
         case.advs,
@@ -254,7 +254,7 @@ def test_filtered_fraction_counts_only_responses_with_tokens():
     logp = torch.full((2, 3), -1.0, dtype=torch.float64)
     inp = PolicyInputs(
         logp=logp,
-        logp_old=logp - 0.2,
+        old_logp=logp - 0.2,
         advantages=torch.tensor([[1.0] * 3, [0.0] * 3], dtype=torch.float64),
         response_mask=mask,
         responses=torch.tensor([[4, 5, 6], [0, 0, 0]]),

@@ -59,24 +59,24 @@ def _actor_config(mode: str, low: float, high: float, c: float):
 
 
 def _batch(seed: int):
-    logp, logp_old, adv, mask = policy_batch(seed, batch=10, length=9, spread=0.4)
+    logp, old_logp, adv, mask = policy_batch(seed, batch=10, length=9, spread=0.4)
     with torch.no_grad():  # a few large ratios so that the dual clip (r > 3 with A < 0) is exercised
-        logp_old[:2, :4] -= 2.5
+        old_logp[:2, :4] -= 2.5
         adv[0] = -adv[0].abs()
-    return logp, logp_old, adv, mask
+    return logp, old_logp, adv, mask
 
 
-def _ours_and_grad(fn, mode, logp, logp_old, adv, mask, **params):
+def _ours_and_grad(fn, mode, logp, old_logp, adv, mask, **params):
     logp = logp.detach().clone().requires_grad_(True)
-    out = fn(PolicyInputs(logp, logp_old, adv, mask), **params)
+    out = fn(PolicyInputs(logp, old_logp, adv, mask), **params)
     loss = LOSS_AGGS.get(mode)(out.loss_mat, mask)
     loss.backward()
     return loss.detach(), logp.grad, out.metrics
 
 
-def _verl_and_grad(verl_fn, mode, config, logp, logp_old, adv, mask):
+def _verl_and_grad(verl_fn, mode, config, logp, old_logp, adv, mask):
     logp = logp.detach().clone().requires_grad_(True)
-    loss, metrics = verl_fn(logp_old, logp, adv, mask, mode, config)
+    loss, metrics = verl_fn(old_logp, logp, adv, mask, mode, config)
     loss.backward()
     return loss.detach(), logp.grad, metrics
 
@@ -161,9 +161,9 @@ def test_value_loss_matches_verl_when_symmetric(core_algos, clip):
 
 
 # -- hand-computed cases -----------------------------------------------------------------------
-def _one(logp: float, logp_old: float, adv: float) -> PolicyInputs:
+def _one(logp: float, old_logp: float, adv: float) -> PolicyInputs:
     return PolicyInputs(
-        torch.tensor([[logp]], requires_grad=True), torch.tensor([[logp_old]]), torch.tensor([[adv]]), torch.ones(1, 1)
+        torch.tensor([[logp]], requires_grad=True), torch.tensor([[old_logp]]), torch.tensor([[adv]]), torch.ones(1, 1)
     )
 
 
@@ -187,12 +187,12 @@ def test_clip_hand_cases():
 
 def test_token_is_equals_unclipped_ppo_and_bf16_inputs_upcast():
     """Token-IS = r A is PPO clip with bounds that never bind; bf16 log-probs are subtracted in fp32."""
-    logp, logp_old, adv, mask = policy_batch(6, spread=0.5)
-    inp = PolicyInputs(logp, logp_old, adv, mask)
+    logp, old_logp, adv, mask = policy_batch(6, spread=0.5)
+    inp = PolicyInputs(logp, old_logp, adv, mask)
     wide = clip_objective(inp, clip_ratio_low=1 - 1e-12, clip_ratio_high=1e9)
     torch.testing.assert_close(token_is_objective(inp).loss_mat, wide.loss_mat)
-    bf16 = PolicyInputs(logp.detach().bfloat16(), logp_old.bfloat16(), adv, mask)
-    upcast = PolicyInputs(bf16.logp.float(), bf16.logp_old.float(), adv, mask)
+    bf16 = PolicyInputs(logp.detach().bfloat16(), old_logp.bfloat16(), adv, mask)
+    upcast = PolicyInputs(bf16.logp.float(), bf16.old_logp.float(), adv, mask)
     out = clip_objective(bf16)
     assert out.loss_mat.dtype == torch.float32
     torch.testing.assert_close(out.loss_mat, clip_objective(upcast).loss_mat, rtol=0, atol=0)
@@ -200,12 +200,12 @@ def test_token_is_equals_unclipped_ppo_and_bf16_inputs_upcast():
 
 def test_gspo_gradient_equals_sequence_level_gradient():
     """Unclipped, GSPO's token form with seq-mean-token-mean has the gradient of the sequence-level
-    objective mean_i s_i A_i with s_i = exp(mean_t (logp - logp_old)) (GSPO's definition)."""
-    logp, logp_old, _, mask = policy_batch(7, spread=0.05)
+    objective mean_i s_i A_i with s_i = exp(mean_t (logp - old_logp)) (GSPO's definition)."""
+    logp, old_logp, _, mask = policy_batch(7, spread=0.05)
     adv = torch.randn(logp.shape[0], 1).expand_as(logp).contiguous()
-    out = gspo_objective(PolicyInputs(logp, logp_old, adv, mask), clip_ratio_low=0.9, clip_ratio_high=1e3)
+    out = gspo_objective(PolicyInputs(logp, old_logp, adv, mask), clip_ratio_low=0.9, clip_ratio_high=1e3)
     (grad,) = torch.autograd.grad(seq_mean_token_mean(out.loss_mat, mask), logp)
-    seq_ratio = (((logp - logp_old) * mask).sum(-1) / mask.sum(-1)).exp()
+    seq_ratio = (((logp - old_logp) * mask).sum(-1) / mask.sum(-1)).exp()
     (ref,) = torch.autograd.grad(-(seq_ratio * adv[:, 0]).mean(), logp)
     torch.testing.assert_close(grad, ref)
 
@@ -259,9 +259,9 @@ def _share_by_loop(ratio, adv, mask, lower, upper, rule):
 
 
 def _negative_heavy(seed: int, spread: float = 0.6):
-    logp, logp_old, adv, mask = policy_batch(seed, batch=12, length=10, spread=spread)
+    logp, old_logp, adv, mask = policy_batch(seed, batch=12, length=10, spread=spread)
     adv = adv - 0.8  # most tokens negative
-    return PolicyInputs(logp, logp_old, adv, mask)
+    return PolicyInputs(logp, old_logp, adv, mask)
 
 
 def _tunable(seed: int) -> PolicyInputs:
@@ -271,16 +271,16 @@ def _tunable(seed: int) -> PolicyInputs:
     ratio = torch.cat([1 + 1.5 * torch.rand(40, generator=gen), 0.5 + 0.7 * torch.rand(80, generator=gen)])
     adv = torch.cat([torch.ones(40), -torch.ones(80)])
     order = torch.randperm(120, generator=gen)
-    logp_old = torch.full((12, 10), -1.0)
-    logp = (logp_old + ratio[order].log().reshape(12, 10)).requires_grad_(True)
-    return PolicyInputs(logp, logp_old, adv[order].reshape(12, 10), torch.ones(12, 10))
+    old_logp = torch.full((12, 10), -1.0)
+    logp = (old_logp + ratio[order].log().reshape(12, 10)).requires_grad_(True)
+    return PolicyInputs(logp, old_logp, adv[order].reshape(12, 10), torch.ones(12, 10))
 
 
 @pytest.mark.parametrize("rule", ["paper", "recipe"])
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_bapo_share_matches_token_loop(rule, seed):
     inp = _negative_heavy(seed)
-    ratio = (inp.logp - inp.logp_old).detach().exp()
+    ratio = (inp.logp - inp.old_logp).detach().exp()
     for lower, upper in [(0.6, 1.2), (0.75, 1.6), (0.9, 3.0)]:
         ours = bapo_positive_share(ratio, inp.advantages, inp.response_mask, lower, upper, rule)
         assert ours == pytest.approx(_share_by_loop(ratio, inp.advantages, inp.response_mask, lower, upper, rule))
@@ -293,7 +293,7 @@ def test_bapo_paper_rule_stops_at_first_bounds_reaching_target(seed):
     rho = 0.5
     out = bapo_objective(inp, rho=rho)
     lower, upper = out.metrics[BAPO_CLIP_LOW], out.metrics[BAPO_CLIP_HIGH]
-    ratio = (inp.logp - inp.logp_old).detach().exp()
+    ratio = (inp.logp - inp.old_logp).detach().exp()
 
     def share(lo, hi):
         return _share_by_loop(ratio, inp.advantages, inp.response_mask, lo, hi, "paper")
@@ -309,10 +309,10 @@ def test_bapo_paper_rule_stops_at_first_bounds_reaching_target(seed):
 
 
 def test_bapo_keeps_start_bounds_when_balanced_and_maxes_out_when_hopeless():
-    logp, logp_old, adv, mask = policy_batch(8)
-    positive = bapo_objective(PolicyInputs(logp, logp_old, adv.abs(), mask))
+    logp, old_logp, adv, mask = policy_batch(8)
+    positive = bapo_objective(PolicyInputs(logp, old_logp, adv.abs(), mask))
     assert (positive.metrics[BAPO_CLIP_LOW], positive.metrics[BAPO_CLIP_HIGH]) == (0.6, 1.2)
-    negative = bapo_objective(PolicyInputs(logp, logp_old, -adv.abs(), mask))
+    negative = bapo_objective(PolicyInputs(logp, old_logp, -adv.abs(), mask))
     assert (negative.metrics[BAPO_CLIP_LOW], negative.metrics[BAPO_CLIP_HIGH]) == (0.9, 3.0)
     assert negative.metrics[BAPO_POS_SHARE] == 0.0
 
@@ -322,7 +322,7 @@ def test_bapo_recipe_rule_raises_lower_bound_first(seed):
     """The authors' recipe raises c_low to its maximum before moving c_high, then stops c_high at
     the first step whose share (clipped surrogate values of all tokens) reaches rho."""
     inp = _tunable(seed)
-    ratio = (inp.logp - inp.logp_old).detach().exp()
+    ratio = (inp.logp - inp.old_logp).detach().exp()
     rho = 0.45
     out = bapo_objective(inp, rho=rho, rule="recipe")
     lower, upper = out.metrics[BAPO_CLIP_LOW], out.metrics[BAPO_CLIP_HIGH]
@@ -346,10 +346,10 @@ def test_bapo_recipe_rule_raises_lower_bound_first(seed):
 def test_objectives_finite_for_huge_log_ratios(name, log_ratio, adv, length):
     """Log-ratios up to +-1e4, length-1 responses: finite loss and finite gradient."""
     lr = torch.tensor(log_ratio).reshape(2, 3)
-    logp_old = torch.full((2, 3), -5.0)
-    logp = (logp_old + lr).requires_grad_(True)
+    old_logp = torch.full((2, 3), -5.0)
+    logp = (old_logp + lr).requires_grad_(True)
     mask = (torch.arange(3)[None] < length).float().expand(2, 3)
-    out = OBJECTIVES.get(name)(PolicyInputs(logp, logp_old, torch.full((2, 3), adv), mask))
+    out = OBJECTIVES.get(name)(PolicyInputs(logp, old_logp, torch.full((2, 3), adv), mask))
     (grad,) = torch.autograd.grad(token_mean(out.loss_mat, mask), logp)
     assert torch.isfinite(out.loss_mat).all() and torch.isfinite(grad).all()
     assert all(math.isfinite(v) for v in out.metrics.values())

@@ -137,8 +137,8 @@ def test_value_loss_defaults_are_t_ppos():
 
 # -- float32 losses for float64 inputs, defaults ---------------------------------------------------------
 def _float64_inputs(batch: Batch):
-    logp, logp_old, adv, mask = batch.tensors()
-    return logp, PolicyInputs(logp, logp_old, adv, mask)
+    logp, old_logp, adv, mask = batch.tensors()
+    return logp, PolicyInputs(logp, old_logp, adv, mask)
 
 
 def _assert_loss(out, logp, ref_loss, ref_dloss, batch: Batch):
@@ -152,7 +152,7 @@ def _assert_loss(out, logp, ref_loss, ref_dloss, batch: Batch):
 
 def _ppo_kl(batch: Batch) -> float:
     """verl's ``ppo_kl``: mean over real tokens of log pi_old - log pi."""
-    value = float(np.mean((batch.logp_old - batch.logp)[batch.mask > 0]))
+    value = float(np.mean((batch.old_logp - batch.logp)[batch.mask > 0]))
     assert abs(value) > 1e-4  # a sign flip is far outside the tolerance
     return value
 
@@ -160,12 +160,12 @@ def _ppo_kl(batch: Batch) -> float:
 def test_clip_defaults_and_float64_inputs():
     """clip_objective() is PPO's 0.2 / 0.2 without dual clip; float64 inputs give a float32 loss."""
     batch = token_batch(0)
-    r = np.exp(batch.logp - batch.logp_old)[batch.mask > 0]
+    r = np.exp(batch.logp - batch.old_logp)[batch.mask > 0]
     assert ((r > 1.2) & (r < 2.2)).any() and (r < 0.8).any()
     logp, inp = _float64_inputs(batch)
     out = clip_objective(inp)
     ref_loss, ref_dloss, clipped, _ = ref_clip(
-        batch.logp, batch.logp_old, batch.adv, batch.mask, clip_ratio_low=0.2, clip_ratio_high=0.2
+        batch.logp, batch.old_logp, batch.adv, batch.mask, clip_ratio_low=0.2, clip_ratio_high=0.2
     )
     _assert_loss(out, logp, ref_loss, ref_dloss, batch)
     assert out.metrics[metric_names.PG_CLIPFRAC] == pytest.approx(clipped[batch.mask > 0].mean(), abs=1e-7)
@@ -176,7 +176,7 @@ def test_clip_defaults_and_float64_inputs():
 def test_token_is_and_gpg_float64_inputs():
     batch = token_batch(1)
     logp, inp = _float64_inputs(batch)
-    _assert_loss(token_is_objective(inp), logp, *ref_token_is(batch.logp, batch.logp_old, batch.adv, batch.mask), batch)
+    _assert_loss(token_is_objective(inp), logp, *ref_token_is(batch.logp, batch.old_logp, batch.adv, batch.mask), batch)
     logp, inp = _float64_inputs(batch)
     _assert_loss(OBJECTIVES.get("gpg")(inp), logp, *ref_gpg_loss(batch.logp, batch.adv, batch.mask), batch)
 
@@ -188,7 +188,7 @@ def test_gspo_defaults_and_float64_inputs():
     logp, inp = _float64_inputs(batch)
     out = gspo_objective(inp)
     ref_loss, ref_dloss, clipped = ref_gspo(
-        batch.logp, batch.logp_old, batch.adv, batch.mask, clip_ratio_low=3e-4, clip_ratio_high=4e-4
+        batch.logp, batch.old_logp, batch.adv, batch.mask, clip_ratio_low=3e-4, clip_ratio_high=4e-4
     )
     _assert_loss(out, logp, ref_loss, ref_dloss, batch)
     real = batch.mask > 0
@@ -201,11 +201,11 @@ def test_gspo_sequence_log_ratio_is_capped_at_ten():
     """verl caps GSPO's token log-ratio sg[log s_i] + logp - sg[logp] at 10 from above. A = -1 on both rows, so
     the unclipped term -A s is the max: row 0 (mean log-ratio 12) has loss e^10 per token and no gradient
     (capped); row 1 (mean log-ratio 5, below the cap) has loss e^5 and gradient -A s = e^5 per token."""
-    logp_old = np.full((2, 3), -2.0)
-    logp = logp_old + np.array([[12.0, 11.0, 13.0], [5.5, 4.0, 5.5]])
+    old_logp = np.full((2, 3), -2.0)
+    logp = old_logp + np.array([[12.0, 11.0, 13.0], [5.5, 4.0, 5.5]])
     adv = np.full((2, 3), -1.0)
     lp = torch.tensor(logp, requires_grad=True)
-    out = gspo_objective(PolicyInputs(lp, torch.tensor(logp_old), torch.tensor(adv), torch.ones(2, 3)))
+    out = gspo_objective(PolicyInputs(lp, torch.tensor(old_logp), torch.tensor(adv), torch.ones(2, 3)))
     out.loss_mat.sum().backward()
     expected = np.array([[np.exp(10.0)] * 3, [np.exp(5.0)] * 3])
     np.testing.assert_allclose(out.loss_mat.detach().double().numpy(), expected, rtol=1e-6)
@@ -215,11 +215,11 @@ def test_gspo_sequence_log_ratio_is_capped_at_ten():
 def test_log_ratio_is_clamped_to_plus_minus_twenty():
     """Token-level objectives clamp log(pi / pi_old) to [-20, 20] (verl): r = e^20 and e^-20 at log-ratios 30
     and -25; ``actor/ppo_kl`` averages the clamped values; clamped tokens get no gradient."""
-    logp_old = np.array([[-1.0, -1.0, -1.0]])
-    logp = logp_old + np.array([[30.0, -25.0, 0.5]])
+    old_logp = np.array([[-1.0, -1.0, -1.0]])
+    logp = old_logp + np.array([[30.0, -25.0, 0.5]])
     adv = np.array([[1.0, -1.0, 2.0]])
     lp = torch.tensor(logp, requires_grad=True)
-    out = token_is_objective(PolicyInputs(lp, torch.tensor(logp_old), torch.tensor(adv), torch.ones(1, 3)))
+    out = token_is_objective(PolicyInputs(lp, torch.tensor(old_logp), torch.tensor(adv), torch.ones(1, 3)))
     out.loss_mat.sum().backward()
     expected = np.array([[-np.exp(20.0), np.exp(-20.0), -2.0 * np.exp(0.5)]])
     np.testing.assert_allclose(out.loss_mat.detach().double().numpy(), expected, rtol=1e-6, atol=0)
@@ -235,7 +235,7 @@ def test_bapo_defaults_and_float64_inputs():
     logp, inp = _float64_inputs(batch)
     out = bapo_objective(inp)
     ref_loss, ref_dloss, _, _, (c_low, c_high, share, trace) = ref_bapo(
-        batch.logp, batch.logp_old, batch.adv, batch.mask
+        batch.logp, batch.old_logp, batch.adv, batch.mask
     )
     assert len(trace) >= 3 and c_high < 3.0
     _assert_loss(out, logp, ref_loss, ref_dloss, batch)
@@ -244,7 +244,7 @@ def test_bapo_defaults_and_float64_inputs():
     assert out.metrics[BAPO_POS_SHARE] == pytest.approx(share, abs=1e-6)
     assert out.metrics[metric_names.PPO_KL] == pytest.approx(_ppo_kl(batch), rel=1e-5)
 
-    hopeless = Batch(batch.logp, batch.logp_old, -np.abs(batch.adv), batch.mask)
+    hopeless = Batch(batch.logp, batch.old_logp, -np.abs(batch.adv), batch.mask)
     logp, inp = _float64_inputs(hopeless)
     out = bapo_objective(inp)
     assert (out.metrics[BAPO_CLIP_LOW], out.metrics[BAPO_CLIP_HIGH]) == pytest.approx((0.9, 3.0), abs=1e-12)
@@ -303,7 +303,7 @@ def test_bapo_recipe_keeps_start_bounds_when_the_share_is_reached():
     batch = bapo_batch(6)
     _, inp = _float64_inputs(batch)
     out = bapo_objective(inp, rule="recipe", rho=0.45)
-    ref = ref_bapo(batch.logp, batch.logp_old, batch.adv, batch.mask, rule="recipe", rho=0.45)[4]
+    ref = ref_bapo(batch.logp, batch.old_logp, batch.adv, batch.mask, rule="recipe", rho=0.45)[4]
     assert (ref[0], ref[1]) == (0.6, 1.2) and ref[2] >= 0.45 + 1e-3
     assert (out.metrics[BAPO_CLIP_LOW], out.metrics[BAPO_CLIP_HIGH]) == (0.6, 1.2)
 
@@ -336,6 +336,6 @@ def test_invalid_parameters_name_the_objective_and_the_key(name, params, field):
     """Refused before any computation. The advantages are all positive, so BAPO's search would stop at once
     (share 1) and a missed check shows as a missing error rather than a search that never ends."""
     batch = token_batch(0)
-    _, inp = _float64_inputs(Batch(batch.logp, batch.logp_old, np.abs(batch.adv), batch.mask))
+    _, inp = _float64_inputs(Batch(batch.logp, batch.old_logp, np.abs(batch.adv), batch.mask))
     with pytest.raises(ValueError, match=rf"objective '{name}': {field}"):
         OBJECTIVES.get(name)(inp, **params)

@@ -53,10 +53,10 @@ def _ref_logp(batch, seed=11):
 
 
 def _inputs(batch, adv=None, entropy=None):
-    logp, logp_old, adv_t, mask = batch.tensors()
+    logp, old_logp, adv_t, mask = batch.tensors()
     if adv is not None:
         adv_t = torch.tensor(adv)
-    return logp, PolicyInputs(logp, logp_old, adv_t, mask, entropy=entropy)
+    return logp, PolicyInputs(logp, old_logp, adv_t, mask, entropy=entropy)
 
 
 def test_reference_kl_matches_the_k3_loop():
@@ -86,7 +86,7 @@ def test_clip_with_kl_and_importance_weights_matches_reference(mode, counts):
     out = PolicyLoss(method)(inp, ref_logp=torch.tensor(ref), is_weights=torch.tensor(weights), **counts)
     out.loss.backward()
 
-    clip_loss, clip_dloss, clipped, _ = ref_clip(batch.logp, batch.logp_old, batch.adv, batch.mask, **CLIP)
+    clip_loss, clip_dloss, clipped, _ = ref_clip(batch.logp, batch.old_logp, batch.adv, batch.mask, **CLIP)
     k3, dk3 = ref_k3(batch.logp, ref, batch.mask)
     token_loss = (clip_loss + 0.3 * k3) * weights
     token_dloss = (clip_dloss + 0.3 * dk3) * weights
@@ -111,7 +111,7 @@ def test_float64_inputs_give_a_float32_loss_and_no_kl_without_reference():
     _, inp = _inputs(batch)
     out = PolicyLoss(method)(inp)
     assert out.loss.dtype == torch.float32
-    clip_loss = ref_clip(batch.logp, batch.logp_old, batch.adv, batch.mask, **CLIP)[0]
+    clip_loss = ref_clip(batch.logp, batch.old_logp, batch.adv, batch.mask, **CLIP)[0]
     expected = ref_aggregate(clip_loss, batch.mask, "seq-mean-token-mean")
     assert float(out.loss.detach()) == pytest.approx(expected, rel=RTOL, abs=1e-6)
 
@@ -119,7 +119,7 @@ def test_float64_inputs_give_a_float32_loss_and_no_kl_without_reference():
 def test_norm_len_argument_overrides_the_methods():
     """seq-mean-token-sum-norm divides by the call's norm_len, else by method.norm_len, else by T = 9."""
     batch = token_batch(2)
-    clip_loss = ref_clip(batch.logp, batch.logp_old, batch.adv, batch.mask, **CLIP)[0]
+    clip_loss = ref_clip(batch.logp, batch.old_logp, batch.adv, batch.mask, **CLIP)[0]
     for method_norm, call_norm, divisor in [(6, None, 6), (6, 8.0, 8), (None, 8.0, 8), (None, None, 9)]:
         method = Method(objective="clip", objective_kw=CLIP, loss_agg="seq-mean-token-sum-norm", norm_len=method_norm)
         _, inp = _inputs(batch)
@@ -139,11 +139,11 @@ def test_a_controller_passed_in_is_used_with_its_state():
     out = PolicyLoss(method, controller)(inp)
     out.loss.backward()
     adv = np.where(batch.mask > 0, batch.adv - 0.5 * batch.logp, batch.adv)
-    clip_loss, clip_dloss, _, _ = ref_clip(batch.logp, batch.logp_old, adv, batch.mask, **CLIP)
+    clip_loss, clip_dloss, _, _ = ref_clip(batch.logp, batch.old_logp, adv, batch.mask, **CLIP)
     assert float(out.loss.detach()) == pytest.approx(ref_aggregate(clip_loss, batch.mask, "token-mean"), rel=RTOL)
     grad = ref_agg_weights(batch.mask, "token-mean") * clip_dloss
     np.testing.assert_allclose(logp.grad.numpy(), grad, rtol=RTOL, atol=1e-6)
-    plain = ref_clip(batch.logp, batch.logp_old, batch.adv, batch.mask, **CLIP)[0]
+    plain = ref_clip(batch.logp, batch.old_logp, batch.adv, batch.mask, **CLIP)[0]
     assert abs(ref_aggregate(plain, batch.mask, "token-mean") - float(out.loss.detach())) > 1e-2
 
 
@@ -163,7 +163,7 @@ def test_entropy_bonus_term_is_added_and_its_gradient_reaches_the_entropy():
     _, inp = _inputs(batch, entropy=entropy)
     out = PolicyLoss(method)(inp)
     out.loss.backward()
-    clip_loss = ref_clip(batch.logp, batch.logp_old, batch.adv, batch.mask, **CLIP)[0]
+    clip_loss = ref_clip(batch.logp, batch.old_logp, batch.adv, batch.mask, **CLIP)[0]
     expected = ref_aggregate(clip_loss - 0.4 * entropy_np, batch.mask, "seq-mean-token-mean")
     assert float(out.loss.detach()) == pytest.approx(expected, rel=RTOL, abs=1e-6)
     np.testing.assert_allclose(

@@ -127,7 +127,7 @@ def ref_repo_d_advantage(a, logp, zeta):
     return a - zeta * logp
 
 
-def ref_controlled_loss(logp, logp_old, entropy, adv, lengths, control, coef):
+def ref_controlled_loss(logp, old_logp, entropy, adv, lengths, control, coef):
     """Token-mean loss of the DAPO clip objective under the controller with coefficient ``coef`` (torch
     scalar, differentiable in ``logp`` / ``entropy`` [B,T]; ``adv`` [B,T] values; ``lengths`` per row):
 
@@ -148,7 +148,7 @@ def ref_controlled_loss(logp, logp_old, entropy, adv, lengths, control, coef):
                 a = ref_repo_r_advantage(a, lp, coef)
             elif control == "repo_d":
                 a = ref_repo_d_advantage(a, lp, coef)
-            ratio = torch.exp(logp[i, t] - logp_old[i, t])
+            ratio = torch.exp(logp[i, t] - old_logp[i, t])
             clipped = torch.clamp(ratio, 1 - eps_low, 1 + eps_high)
             total = total - torch.minimum(ratio * a, clipped * a)
             if control == "bonus":
@@ -179,8 +179,8 @@ def make_control_case(seed=25):
     # ratios 0.5 .. 1.6 in a fixed shuffled order, none within 0.002 of a clip bound (checked below)
     grid = torch.linspace(0.5, 1.6, batch * width, dtype=torch.float64) + 0.0048
     ratios = grid[torch.randperm(batch * width, generator=gen)].reshape(batch, width)
-    logp_old = ref_token_logp(logits, responses) - ratios.log()
-    return SimpleNamespace(logits=logits, responses=responses, mask=mask, advantages=advantages, logp_old=logp_old)
+    old_logp = ref_token_logp(logits, responses) - ratios.log()
+    return SimpleNamespace(logits=logits, responses=responses, mask=mask, advantages=advantages, old_logp=old_logp)
 
 
 def entropies_for(control):
@@ -208,7 +208,7 @@ def trainer_loss(case, control, controller):
     logits = case.logits.clone().requires_grad_(True)
     inp = PolicyInputs(
         logp=ref_token_logp(logits, case.responses),
-        logp_old=case.logp_old,
+        old_logp=case.old_logp,
         advantages=case.advantages,
         response_mask=case.mask,
         responses=case.responses,
@@ -224,7 +224,7 @@ def reference_loss(case, control, coef):
     logits = case.logits.clone().requires_grad_(True)
     loss = ref_controlled_loss(
         ref_token_logp(logits, case.responses),
-        case.logp_old,
+        case.old_logp,
         ref_token_entropy(logits),
         case.advantages,
         LENGTHS,
@@ -258,7 +258,7 @@ def assert_trajectory_acts(control, coefs):
 def test_case_is_not_trivial():
     """Ratios on both sides of every clip bound the controllers use; the unlikely tokens are unlikely."""
     case = make_control_case()
-    ratio = (ref_token_logp(case.logits, case.responses) - case.logp_old).exp()[case.mask > 0]
+    ratio = (ref_token_logp(case.logits, case.responses) - case.old_logp).exp()[case.mask > 0]
     adv = case.advantages[case.mask > 0]
     bounds = [0.8] + [1 + e for e in ref_coefficients("adapo", entropies_for("adapo"))] + [1.28]
     assert min(abs(float(r) - b) for r in ratio for b in bounds) > 2e-3

@@ -129,7 +129,7 @@ def ref_mean_entropies(entropy, rows):
     return [sum(float(entropy[i, t].detach()) for t in range(len(row))) / len(row) for i, row in enumerate(rows)]
 
 
-def ref_gtpo_loss(logp, logp_old, entropy, rows, advs, groups, *, h_ini, gamma, combine="or", entropy_term="penalty"):
+def ref_gtpo_loss(logp, old_logp, entropy, rows, advs, groups, *, h_ini, gamma, combine="or", entropy_term="penalty"):
     """-J_GTPO as a torch scalar built token by token (differentiable in ``logp`` and ``entropy`` [B,T]).
 
     ``"penalty"`` (GTPO, arXiv 2508.03772, eq. 7, per group of G completions, averaged over the groups):
@@ -146,7 +146,7 @@ def ref_gtpo_loss(logp, logp_old, entropy, rows, advs, groups, *, h_ini, gamma, 
     forward, backward = ref_conflict_spans(rows, advs, groups)
     per_completion = []
     for i, row in enumerate(rows):
-        ratio = [torch.exp(logp[i, t] - logp_old[i, t]) for t in range(len(row))]
+        ratio = [torch.exp(logp[i, t] - old_logp[i, t]) for t in range(len(row))]
         if entropy_term == "penalty":
             surrogate = sum(lam[i][t] * ratio[t] for t in range(len(row))) * delta[i] * advs[i] / len(row)
             mean_h = sum(entropy[i, t] for t in range(len(row))) / len(row)
@@ -204,7 +204,7 @@ def make_gtpo_case(seed=0):
             for r, h in zip(ROWS, MEAN_ENTROPY)
         ]
     )
-    logp_old = ref_token_logp(logits, responses) + 0.3 * torch.randn(
+    old_logp = ref_token_logp(logits, responses) + 0.3 * torch.randn(
         responses.shape, generator=gen, dtype=torch.float64
     )
     advantages = torch.tensor(ADVS, dtype=torch.float64)[:, None].expand(-1, width).contiguous()
@@ -217,15 +217,15 @@ def make_gtpo_case(seed=0):
         group_index=torch.tensor(GROUPS),
         uids=[f"prompt-{g}" for g in GROUPS],
         logits=logits,
-        logp_old=logp_old,
+        old_logp=old_logp,
         advantages=advantages,
     )
 
 
-def make_inputs(case, logp, entropy, logp_old=None):
+def make_inputs(case, logp, entropy, old_logp=None):
     return PolicyInputs(
         logp=logp,
-        logp_old=case.logp_old if logp_old is None else logp_old,
+        old_logp=case.old_logp if old_logp is None else old_logp,
         advantages=case.advantages,
         response_mask=case.mask,
         responses=case.responses,
@@ -381,7 +381,7 @@ def ref_gtpo_case_loss(case, logp, entropy, h_ini, *, entropy_term="penalty", co
     """``ref_gtpo_loss`` of the case's completions, groups and advantages for the given log-probs and entropies."""
     return ref_gtpo_loss(
         logp,
-        case.logp_old,
+        case.old_logp,
         entropy,
         case.rows,
         case.advs,

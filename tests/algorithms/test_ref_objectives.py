@@ -63,7 +63,7 @@ def _real(mask: np.ndarray):
                 yield i, t
 
 
-def ref_ppo_clip(logp, logp_old, adv, mask, *, lower, upper, dual_c=None):
+def ref_ppo_clip(logp, old_logp, adv, mask, *, lower, upper, dual_c=None):
     """PPO clipped surrogate per token with explicit ratio bounds ``[lower, upper]``, optional dual clip.
 
     Objective (PPO, arXiv 1707.06347, eq. 7): ``min(r A, clip(r, lower, upper) A)``, ``r = pi / pi_old``;
@@ -81,7 +81,7 @@ def ref_ppo_clip(logp, logp_old, adv, mask, *, lower, upper, dual_c=None):
     dual = np.zeros(mask.shape, dtype=bool)
     for i, t in _real(mask):
         a = float(adv[i, t])
-        r = math.exp(float(logp[i, t]) - float(logp_old[i, t]))
+        r = math.exp(float(logp[i, t]) - float(old_logp[i, t]))
         r_clip = min(max(r, lower), upper)
         if r_clip * a < r * a:  # the clipped term is the minimum: a constant bound times A
             objective, derivative = r_clip * a, 0.0
@@ -95,14 +95,14 @@ def ref_ppo_clip(logp, logp_old, adv, mask, *, lower, upper, dual_c=None):
     return loss, dloss, clipped, dual
 
 
-def ref_clip(logp, logp_old, adv, mask, *, clip_ratio_low, clip_ratio_high, clip_ratio_c=None):
+def ref_clip(logp, old_logp, adv, mask, *, clip_ratio_low, clip_ratio_high, clip_ratio_c=None):
     """:func:`ref_ppo_clip` with PPO's / DAPO's epsilons: bounds ``1 - eps_low`` and ``1 + eps_high``."""
     return ref_ppo_clip(
-        logp, logp_old, adv, mask, lower=1.0 - clip_ratio_low, upper=1.0 + clip_ratio_high, dual_c=clip_ratio_c
+        logp, old_logp, adv, mask, lower=1.0 - clip_ratio_low, upper=1.0 + clip_ratio_high, dual_c=clip_ratio_c
     )
 
 
-def ref_token_is(logp, logp_old, adv, mask):
+def ref_token_is(logp, old_logp, adv, mask):
     """Unclipped importance-sampled surrogate ``r A`` (PPO, arXiv 1707.06347, eq. 6, L^CPI); loss -r A.
 
     Returns ``(loss, dloss)`` [B,T]; ``d(-r A)/d log pi = -r A``.
@@ -110,7 +110,7 @@ def ref_token_is(logp, logp_old, adv, mask):
     loss = np.zeros(mask.shape)
     dloss = np.zeros(mask.shape)
     for i, t in _real(mask):
-        r = math.exp(float(logp[i, t]) - float(logp_old[i, t]))
+        r = math.exp(float(logp[i, t]) - float(old_logp[i, t]))
         loss[i, t] = dloss[i, t] = -r * float(adv[i, t])
     return loss, dloss
 
@@ -128,7 +128,7 @@ def ref_gpg_loss(logp, adv, mask):
     return loss, dloss
 
 
-def ref_gspo_sequence_ratios(logp, logp_old, mask):
+def ref_gspo_sequence_ratios(logp, old_logp, mask):
     """GSPO's sequence ratio ``s_i = (pi(y_i) / pi_old(y_i))^(1/|y_i|) = exp(mean_t log r_t)`` (GSPO,
     arXiv 2507.18071, sec. 4.1), [B]."""
     ratios = []
@@ -136,20 +136,20 @@ def ref_gspo_sequence_ratios(logp, logp_old, mask):
         total, count = 0.0, 0
         for t in range(mask.shape[1]):
             if mask[i, t] > 0:
-                total += float(logp[i, t]) - float(logp_old[i, t])
+                total += float(logp[i, t]) - float(old_logp[i, t])
                 count += 1
         ratios.append(math.exp(total / max(count, 1)))
     return np.array(ratios)
 
 
-def ref_gspo(logp, logp_old, adv, mask, *, clip_ratio_low, clip_ratio_high):
+def ref_gspo(logp, old_logp, adv, mask, *, clip_ratio_low, clip_ratio_high):
     """GSPO-token (GSPO, arXiv 2507.18071, sec. 4.3): ``s_{i,t} = sg[s_i] pi(y_t) / sg[pi(y_t)]``, objective
     ``min(s_{i,t} A_{i,t}, clip(s_{i,t}, 1 - eps_low, 1 + eps_high) A_{i,t})``.
 
     The value of ``s_{i,t}`` is ``s_i`` on every token; its derivative w.r.t. token t's own log-prob is
     ``s_i`` (the stop-gradients remove every other path). Returns ``(loss, dloss, clipped)`` [B,T].
     """
-    s = ref_gspo_sequence_ratios(logp, logp_old, mask)
+    s = ref_gspo_sequence_ratios(logp, old_logp, mask)
     lower, upper = 1.0 - clip_ratio_low, 1.0 + clip_ratio_high
     loss = np.zeros(mask.shape)
     dloss = np.zeros(mask.shape)
@@ -165,11 +165,11 @@ def ref_gspo(logp, logp_old, adv, mask, *, clip_ratio_low, clip_ratio_high):
     return loss, dloss, clipped
 
 
-def ref_gspo_sequence_loss(logp, logp_old, seq_adv, mask, *, clip_ratio_low, clip_ratio_high):
+def ref_gspo_sequence_loss(logp, old_logp, seq_adv, mask, *, clip_ratio_low, clip_ratio_high):
     """GSPO's sequence-level loss ``-(1/G) sum_i min(s_i A_i, clip(s_i, 1 - eps_low, 1 + eps_high) A_i)``
     (GSPO, arXiv 2507.18071, sec. 4.1), a scalar; ``seq_adv`` [B]. With ``A_{i,t} = A_i`` its gradient equals
     the token form's under seq-mean-token-mean aggregation (the paper's sec. 4.3 remark)."""
-    s = ref_gspo_sequence_ratios(logp, logp_old, mask)
+    s = ref_gspo_sequence_ratios(logp, old_logp, mask)
     lower, upper = 1.0 - clip_ratio_low, 1.0 + clip_ratio_high
     total = 0.0
     for i in range(mask.shape[0]):
@@ -178,7 +178,7 @@ def ref_gspo_sequence_loss(logp, logp_old, seq_adv, mask, *, clip_ratio_low, cli
     return -total / mask.shape[0]
 
 
-def ref_cispo(logp, logp_old, adv, mask, *, clip_ratio_low, clip_ratio_high):
+def ref_cispo(logp, old_logp, adv, mask, *, clip_ratio_low, clip_ratio_high):
     """CISPO (MiniMax-M1, arXiv 2506.13585, sec. 3.1): REINFORCE with a clipped, detached IS weight,
     objective ``sg(clip(r, 1 - eps_low, 1 + eps_high)) A log pi``.
 
@@ -190,7 +190,7 @@ def ref_cispo(logp, logp_old, adv, mask, *, clip_ratio_low, clip_ratio_high):
     clipped = np.zeros(mask.shape, dtype=bool)
     lower, upper = 1.0 - clip_ratio_low, 1.0 + clip_ratio_high
     for i, t in _real(mask):
-        r = math.exp(float(logp[i, t]) - float(logp_old[i, t]))
+        r = math.exp(float(logp[i, t]) - float(old_logp[i, t]))
         w = min(max(r, lower), upper)
         clipped[i, t] = w != r
         a = float(adv[i, t])
@@ -266,7 +266,7 @@ def ref_bapo_bounds_recipe(ratio, adv, mask, *, rho, a_low, b_low, a_high, b_hig
 
 def ref_bapo(
     logp,
-    logp_old,
+    old_logp,
     adv,
     mask,
     *,
@@ -285,7 +285,7 @@ def ref_bapo(
 
     Returns ``(loss, dloss, clipped, dual, (c_low, c_high, share, trace))``.
     """
-    ratio = np.exp(np.asarray(logp, dtype=np.float64) - np.asarray(logp_old, dtype=np.float64))
+    ratio = np.exp(np.asarray(logp, dtype=np.float64) - np.asarray(old_logp, dtype=np.float64))
     search = ref_bapo_bounds_paper if rule == "paper" else ref_bapo_bounds_recipe
     bounds = search(
         ratio,
@@ -300,7 +300,7 @@ def ref_bapo(
         step_high=ratio_high_step,
     )
     loss, dloss, clipped, dual = ref_ppo_clip(
-        logp, logp_old, adv, mask, lower=bounds[0], upper=bounds[1], dual_c=clip_ratio_c
+        logp, old_logp, adv, mask, lower=bounds[0], upper=bounds[1], dual_c=clip_ratio_c
     )
     return loss, dloss, clipped, dual, bounds
 
@@ -357,17 +357,17 @@ def ref_agg_weights(mask, mode, *, norm_len=None, num_tokens=None, num_seqs=None
 # -- batches --------------------------------------------------------------------------------------------
 @dataclass
 class Batch:
-    """float64 arrays whose values are float32-representable: logp, logp_old, adv, mask [B,T]."""
+    """float64 arrays whose values are float32-representable: logp, old_logp, adv, mask [B,T]."""
 
     logp: np.ndarray
-    logp_old: np.ndarray
+    old_logp: np.ndarray
     adv: np.ndarray
     mask: np.ndarray
 
     def tensors(self):
-        """``(logp leaf with grad, logp_old, adv, mask)`` as float64 tensors."""
+        """``(logp leaf with grad, old_logp, adv, mask)`` as float64 tensors."""
         logp = torch.tensor(self.logp, dtype=torch.float64, requires_grad=True)
-        return logp, *(torch.tensor(x, dtype=torch.float64) for x in (self.logp_old, self.adv, self.mask))
+        return logp, *(torch.tensor(x, dtype=torch.float64) for x in (self.old_logp, self.adv, self.mask))
 
 
 def _f32(x: np.ndarray) -> np.ndarray:
@@ -383,12 +383,12 @@ def token_batch(seed: int, *, spread: float = 1.6) -> Batch:
     rng = np.random.default_rng(seed)
     batch, length = len(LENGTHS), max(LENGTHS)
     mask = (np.arange(length)[None, :] < np.array(LENGTHS)[:, None]).astype(np.float64)
-    logp_old = -rng.uniform(2.0, 6.0, (batch, length))
-    logp = logp_old + rng.uniform(-spread, spread, (batch, length))
+    old_logp = -rng.uniform(2.0, 6.0, (batch, length))
+    logp = old_logp + rng.uniform(-spread, spread, (batch, length))
     sign = np.where(np.arange(batch) % 2 == 0, 1.0, -1.0)
     adv = sign[:, None] * rng.uniform(0.2, 2.0, (batch, length))
     adv[3, 1] = 0.0
-    return Batch(_f32(logp), _f32(logp_old), _f32(adv), mask)
+    return Batch(_f32(logp), _f32(old_logp), _f32(adv), mask)
 
 
 def gspo_batch(seed: int, clip_ratio_low: float, clip_ratio_high: float, *, token_adv: bool = False) -> Batch:
@@ -412,7 +412,7 @@ def gspo_batch(seed: int, clip_ratio_low: float, clip_ratio_high: float, *, toke
     ]
     batch, length = len(LENGTHS), max(LENGTHS)
     mask = (np.arange(length)[None, :] < np.array(LENGTHS)[:, None]).astype(np.float64)
-    logp_old = -rng.uniform(1.0, 4.0, (batch, length))
+    old_logp = -rng.uniform(1.0, 4.0, (batch, length))
     delta = np.zeros((batch, length))
     for i, (target, _) in enumerate(rows):
         noise = rng.normal(0.0, 0.05, LENGTHS[i])
@@ -420,7 +420,7 @@ def gspo_batch(seed: int, clip_ratio_low: float, clip_ratio_high: float, *, toke
     sign = np.array([s for _, s in rows])
     magnitude = rng.uniform(0.2, 2.0, (batch, length)) if token_adv else rng.uniform(0.2, 2.0, (batch, 1))
     adv = sign[:, None] * np.broadcast_to(magnitude, (batch, length))
-    return Batch(_f32(logp_old + delta), _f32(logp_old), _f32(adv), mask)
+    return Batch(_f32(old_logp + delta), _f32(old_logp), _f32(adv), mask)
 
 
 def bapo_batch(seed: int) -> Batch:
@@ -435,9 +435,9 @@ def bapo_batch(seed: int) -> Batch:
     grid_pos = rng.integers(20, 44, (batch, length)) * 0.05
     grid_neg = rng.integers(8, 24, (batch, length)) * 0.05
     grid = np.where(sign[:, None] > 0, grid_pos, grid_neg) + rng.uniform(0.01, 0.04, (batch, length))
-    logp_old = -rng.uniform(1.0, 4.0, (batch, length))
+    old_logp = -rng.uniform(1.0, 4.0, (batch, length))
     adv = sign[:, None] * rng.uniform(0.5, 1.5, (batch, length)) * np.where(sign[:, None] > 0, 0.8, 1.0)
-    return Batch(_f32(logp_old + np.log(grid)), _f32(logp_old), _f32(adv), mask)
+    return Batch(_f32(old_logp + np.log(grid)), _f32(old_logp), _f32(adv), mask)
 
 
 # -- helpers ---------------------------------------------------------------------------------------------
@@ -450,8 +450,8 @@ def preset(name: str) -> tuple[str, dict]:
 
 def run_objective(objective: str, params: dict, batch: Batch, mode: str, *, norm_len=None):
     """The library objective reduced by the library aggregation; ``(output, loss, d loss / d logp)``."""
-    logp, logp_old, adv, mask = batch.tensors()
-    out = OBJECTIVES.get(objective)(PolicyInputs(logp, logp_old, adv, mask), **params)
+    logp, old_logp, adv, mask = batch.tensors()
+    out = OBJECTIVES.get(objective)(PolicyInputs(logp, old_logp, adv, mask), **params)
     loss = LOSS_AGGS.get(mode)(out.loss_mat, mask, norm_len=norm_len)
     loss.backward()
     return out, float(loss.detach()), logp.grad.numpy()
@@ -469,7 +469,7 @@ def assert_matches(ref_loss, ref_dloss, batch: Batch, out, loss, grad, mode, *, 
 
 def ratio_margin(batch: Batch, bounds) -> float:
     """Smallest |r - b| over real tokens and the given ratio bounds."""
-    r = np.exp(batch.logp - batch.logp_old)[batch.mask > 0]
+    r = np.exp(batch.logp - batch.old_logp)[batch.mask > 0]
     return min(float(np.abs(r - b).min()) for b in bounds)
 
 
@@ -494,7 +494,7 @@ def test_presets_are_the_documented_methods():
 def _clip_case_acts(batch: Batch, params: dict) -> None:
     lower, upper = 1 - params["clip_ratio_low"], 1 + params["clip_ratio_high"]
     c = params.get("clip_ratio_c")
-    r = np.exp(batch.logp - batch.logp_old)
+    r = np.exp(batch.logp - batch.old_logp)
     real = batch.mask > 0
     pos, neg = real & (batch.adv > 0), real & (batch.adv < 0)
     assert (pos & (r > upper)).any() and (neg & (r < lower)).any()  # clipped on both sides
@@ -513,7 +513,7 @@ def test_clip_matches_reference(case, mode):
     batch = token_batch(0)
     _clip_case_acts(batch, params)
     out, loss, grad = run_objective(objective, params, batch, mode, norm_len=7.0)
-    ref_loss, ref_dloss, clipped, dual = ref_clip(batch.logp, batch.logp_old, batch.adv, batch.mask, **params)
+    ref_loss, ref_dloss, clipped, dual = ref_clip(batch.logp, batch.old_logp, batch.adv, batch.mask, **params)
     assert_matches(ref_loss, ref_dloss, batch, out, loss, grad, mode, norm_len=7.0)
     real = batch.mask > 0
     assert 0 < clipped[real].mean() < 1
@@ -526,9 +526,9 @@ def test_token_is_matches_reference():
     batch = token_batch(1)
     for mode in MODES:
         out, loss, grad = run_objective("token_is", {}, batch, mode)
-        ref_loss, ref_dloss = ref_token_is(batch.logp, batch.logp_old, batch.adv, batch.mask)
+        ref_loss, ref_dloss = ref_token_is(batch.logp, batch.old_logp, batch.adv, batch.mask)
         assert_matches(ref_loss, ref_dloss, batch, out, loss, grad, mode)
-    r = np.exp(batch.logp - batch.logp_old)[batch.mask > 0]
+    r = np.exp(batch.logp - batch.old_logp)[batch.mask > 0]
     assert r.min() < 0.5 and r.max() > 2.0  # far outside any clip range: nothing is clipped
 
 
@@ -545,7 +545,7 @@ GSPO_CASES = {"preset": preset("gspo")[1], "wide": {"clip_ratio_low": 0.2, "clip
 
 
 def _gspo_case_acts(batch: Batch, params: dict) -> None:
-    s = ref_gspo_sequence_ratios(batch.logp, batch.logp_old, batch.mask)
+    s = ref_gspo_sequence_ratios(batch.logp, batch.old_logp, batch.mask)
     lower, upper = 1 - params["clip_ratio_low"], 1 + params["clip_ratio_high"]
     sign = np.sign(batch.adv[:, 0])
     assert ((sign > 0) & (s > upper)).any() and ((sign < 0) & (s < lower)).any()
@@ -565,7 +565,7 @@ def test_gspo_matches_reference(case, mode, token_adv):
     batch = gspo_batch(3, **params, token_adv=token_adv)
     _gspo_case_acts(batch, params)
     out, loss, grad = run_objective("gspo", params, batch, mode, norm_len=6.0)
-    ref_loss, ref_dloss, clipped = ref_gspo(batch.logp, batch.logp_old, batch.adv, batch.mask, **params)
+    ref_loss, ref_dloss, clipped = ref_gspo(batch.logp, batch.old_logp, batch.adv, batch.mask, **params)
     assert_matches(ref_loss, ref_dloss, batch, out, loss, grad, mode, norm_len=6.0)
     real = batch.mask > 0
     assert 0 < clipped[real].mean() < 1
@@ -581,7 +581,7 @@ def test_gspo_gradient_is_the_sequence_objectives(case):
     _gspo_case_acts(batch, params)
     _, loss, grad = run_objective("gspo", params, batch, "seq-mean-token-mean")
     seq_adv = batch.adv[:, 0]
-    value = ref_gspo_sequence_loss(batch.logp, batch.logp_old, seq_adv, batch.mask, **params)
+    value = ref_gspo_sequence_loss(batch.logp, batch.old_logp, seq_adv, batch.mask, **params)
     assert loss == pytest.approx(value, rel=RTOL, abs=ATOL)
     step = 1e-7
     fd = np.zeros(batch.mask.shape)
@@ -590,8 +590,8 @@ def test_gspo_gradient_is_the_sequence_objectives(case):
         up[i, t] += step
         down[i, t] -= step
         fd[i, t] = (
-            ref_gspo_sequence_loss(up, batch.logp_old, seq_adv, batch.mask, **params)
-            - ref_gspo_sequence_loss(down, batch.logp_old, seq_adv, batch.mask, **params)
+            ref_gspo_sequence_loss(up, batch.old_logp, seq_adv, batch.mask, **params)
+            - ref_gspo_sequence_loss(down, batch.old_logp, seq_adv, batch.mask, **params)
         ) / (2 * step)
     np.testing.assert_allclose(grad, fd, rtol=1e-5, atol=1e-7)
     assert (np.abs(fd[batch.mask > 0]) > 0).any() and (fd[batch.mask > 0] == 0).any()
@@ -608,14 +608,14 @@ def test_cispo_matches_reference(case, mode):
     params = CISPO_CASES[case]
     batch = token_batch(5)
     lower, upper = 1 - params["clip_ratio_low"], 1 + params["clip_ratio_high"]
-    r = np.exp(batch.logp - batch.logp_old)
+    r = np.exp(batch.logp - batch.old_logp)
     real = batch.mask > 0
     assert ratio_margin(batch, [lower, upper]) > MARGIN
     assert (real & (r > upper) & (batch.adv > 0)).any() and (real & (r > upper) & (batch.adv < 0)).any()
     if lower > 0:
         assert (real & (r < lower)).any()
     out, loss, grad = run_objective("cispo", params, batch, mode, norm_len=7.0)
-    ref_loss, ref_dloss, clipped = ref_cispo(batch.logp, batch.logp_old, batch.adv, batch.mask, **params)
+    ref_loss, ref_dloss, clipped = ref_cispo(batch.logp, batch.old_logp, batch.adv, batch.mask, **params)
     assert_matches(ref_loss, ref_dloss, batch, out, loss, grad, mode, norm_len=7.0)
     assert 0 < clipped[real].mean() < 1
     assert out.metrics[metric_names.PG_CLIPFRAC] == pytest.approx(clipped[real].mean(), abs=1e-7)
@@ -644,7 +644,7 @@ def test_bapo_matches_reference(case, mode):
     batch = bapo_batch(6)
     out, loss, grad = run_objective("bapo", params, batch, mode, norm_len=7.0)
     ref_loss, ref_dloss, clipped, dual, (c_low, c_high, share, trace) = ref_bapo(
-        batch.logp, batch.logp_old, batch.adv, batch.mask, **params
+        batch.logp, batch.old_logp, batch.adv, batch.mask, **params
     )
     assert_matches(ref_loss, ref_dloss, batch, out, loss, grad, mode, norm_len=7.0)
     assert out.metrics["bapo/clip_low"] == pytest.approx(c_low, abs=1e-9)
@@ -671,8 +671,8 @@ def test_bapo_matches_reference(case, mode):
 def test_bapo_rules_differ_on_this_batch():
     """The two readings of the bound rule pick different bounds here (so each test above pins its own)."""
     batch = bapo_batch(6)
-    paper = ref_bapo(batch.logp, batch.logp_old, batch.adv, batch.mask, rule="paper")[4]
-    recipe = ref_bapo(batch.logp, batch.logp_old, batch.adv, batch.mask, rule="recipe")[4]
+    paper = ref_bapo(batch.logp, batch.old_logp, batch.adv, batch.mask, rule="paper")[4]
+    recipe = ref_bapo(batch.logp, batch.old_logp, batch.adv, batch.mask, rule="recipe")[4]
     assert (paper[0], paper[1]) != pytest.approx((recipe[0], recipe[1]))
 
 
@@ -684,11 +684,11 @@ def test_reference_derivatives_match_finite_differences():
     step = 1e-6
     up, down = batch.logp + step, batch.logp - step
     refs = {
-        "clip": lambda lp: ref_clip(lp, batch.logp_old, batch.adv, batch.mask, **CLIP_PRESETS["dapo_clip"][1]),
-        "dual": lambda lp: ref_clip(lp, batch.logp_old, batch.adv, batch.mask, **CLIP_PRESETS["dual_clip"][1]),
-        "token_is": lambda lp: ref_token_is(lp, batch.logp_old, batch.adv, batch.mask),
+        "clip": lambda lp: ref_clip(lp, batch.old_logp, batch.adv, batch.mask, **CLIP_PRESETS["dapo_clip"][1]),
+        "dual": lambda lp: ref_clip(lp, batch.old_logp, batch.adv, batch.mask, **CLIP_PRESETS["dual_clip"][1]),
+        "token_is": lambda lp: ref_token_is(lp, batch.old_logp, batch.adv, batch.mask),
         "gpg": lambda lp: ref_gpg_loss(lp, batch.adv, batch.mask),
-        "bapo": lambda lp: ref_ppo_clip(lp, batch.logp_old, batch.adv, batch.mask, lower=0.75, upper=1.65, dual_c=2.5),
+        "bapo": lambda lp: ref_ppo_clip(lp, batch.old_logp, batch.adv, batch.mask, lower=0.75, upper=1.65, dual_c=2.5),
     }
     for name, ref in refs.items():
         fd = (ref(up)[0] - ref(down)[0]) / (2 * step)

@@ -69,7 +69,7 @@ KL_RTOL = 1e-9
 class Case:
     """A float64 batch (numpy, [B,T] / [B,T,V] / [B,T,K]); ``logits`` is None for a sample-based batch."""
 
-    logp_old: np.ndarray  # log-prob of the sampled token under the policy the ratio is anchored to
+    old_logp: np.ndarray  # log-prob of the sampled token under the policy the ratio is anchored to
     rollout_logp: np.ndarray  # ... under the rollout (sampling) policy: the sample masks' reference
     advantages: np.ndarray
     mask: np.ndarray
@@ -120,13 +120,13 @@ def exact_case(seed: int = 0, *, V: int = 300, K: int = 6) -> Case:
     outside = (order != responses[..., None]).all(-1)  # the sampled id joins the support
     index[..., K] = np.where(outside, responses, 0)
     topk_logp[..., K] = np.where(outside, np.take_along_axis(roll_lp, responses[..., None], -1)[..., 0], -np.inf)
-    logp_old = np.take_along_axis(roll_lp, responses[..., None], -1)[..., 0]
+    old_logp = np.take_along_axis(roll_lp, responses[..., None], -1)[..., 0]
     mask = (np.arange(T)[None, :] < np.array(lengths)[:, None]).astype(np.float64)
     sign = np.array([1, -1, -1, 1, 1, -1, 1, -1, 1, -1], dtype=np.float64)
     adv = sign[:, None] * (0.5 + rng.random((B, 1))) + 0.1 * rng.standard_normal((B, T))
     return Case(
-        logp_old=logp_old,
-        rollout_logp=logp_old,
+        old_logp=old_logp,
+        rollout_logp=old_logp,
         advantages=adv,
         mask=mask,
         logp=np.take_along_axis(_log_softmax(logits), responses[..., None], -1)[..., 0],
@@ -142,7 +142,7 @@ def sample_case(seed: int = 0) -> Case:
 
     Patterns: calm, a positive or a negative spike early or on the last token (LN-TRM gives the
     last token weight 0), and uniform drift of either sign. The rollout log-probs differ from
-    ``logp_old`` (a stale rollout), padding log-ratios are +-4.
+    ``old_logp`` (a stale rollout), padding log-ratios are +-4.
     """
     rng = np.random.default_rng(seed)
     lengths = [8, 8, 8, 8, 8, 7, 6, 5, 4, 1, 3, 8]
@@ -157,11 +157,11 @@ def sample_case(seed: int = 0) -> Case:
     mask = (np.arange(T)[None, :] < np.array(lengths)[:, None]).astype(np.float64)
     log_ratio = np.where(mask > 0, log_ratio, 4.0 * np.sign(rng.standard_normal((B, T))))
     rollout_logp = -0.3 - 3.0 * rng.random((B, T))
-    logp_old = rollout_logp + 0.05 * rng.standard_normal((B, T))
+    old_logp = rollout_logp + 0.05 * rng.standard_normal((B, T))
     sign = np.array([1, -1, 1, -1, 1, 1, -1, -1, 1, -1, 1, -1], dtype=np.float64)
     adv = sign[:, None] * (0.5 + rng.random((B, 1))) + 0.1 * rng.standard_normal((B, T))
     return Case(
-        logp_old=logp_old,
+        old_logp=old_logp,
         rollout_logp=rollout_logp,
         advantages=adv,
         mask=mask,
@@ -317,7 +317,7 @@ def ref_masked_loss(case: Case, keep: list[float], objective: str, agg: str) -> 
     number of sequences (``seq-mean-token-sum``, eq. 50 as printed), or, for the other aggregations,
     their own denominator over the whole batch: all real tokens (``token-mean``) or the sequences
     after a per-sequence token mean (``seq-mean-token-mean``). ``l_it`` is the objective's token loss
-    with ratio ``exp(logp - logp_old)``.
+    with ratio ``exp(logp - old_logp)``.
     """
     lengths = case.lengths
     n_seq = sum(1 for n in lengths if n > 0)
@@ -333,7 +333,7 @@ def ref_masked_loss(case: Case, keep: list[float], objective: str, agg: str) -> 
         else:
             raise ValueError(agg)
         for t in range(n):
-            loss, dloss = _ref_token_loss(objective, case.logp[i, t] - case.logp_old[i, t], case.advantages[i, t])
+            loss, dloss = _ref_token_loss(objective, case.logp[i, t] - case.old_logp[i, t], case.advantages[i, t])
             total += keep[i] * scale * loss
             grad[i, t] = keep[i] * scale * dloss
     return total, grad
@@ -399,7 +399,7 @@ def run_policy_loss(mask_name: str, params: dict, case: Case, objective: str, ag
         logp = leaf
     inp = PolicyInputs(
         logp=logp,
-        logp_old=_tensor(case.logp_old),
+        old_logp=_tensor(case.old_logp),
         advantages=_tensor(case.advantages),
         response_mask=_tensor(case.mask),
         rollout_logp=None if case.logits is not None else _tensor(case.rollout_logp),
@@ -532,7 +532,7 @@ def test_clip_objective_acts_on_kept_sequences():
         low = high = 0
         for i, n in enumerate(case.lengths):
             for t in range(n):
-                r = math.exp(case.logp[i, t] - case.logp_old[i, t])
+                r = math.exp(case.logp[i, t] - case.old_logp[i, t])
                 if keep[i] and r < 1 - CLIP["clip_ratio_low"] and case.advantages[i, t] < 0:
                     low += 1
                 if keep[i] and r > 1 + CLIP["clip_ratio_high"] and case.advantages[i, t] > 0:
@@ -576,7 +576,7 @@ def test_ln_trm_normaliser_spec_values(T, expected):
     assert implied_z == pytest.approx(ref_ln_trm_normaliser(T, delta), rel=1e-9)
     expected_score = ref_ln_trm_score([0.3] + [0.0] * (T - 1), delta)
     inp = PolicyInputs(
-        logp=log_ratio.float(), logp_old=torch.zeros(1, T), advantages=torch.zeros(1, T), response_mask=mask.float()
+        logp=log_ratio.float(), old_logp=torch.zeros(1, T), advantages=torch.zeros(1, T), response_mask=mask.float()
     )
     for factor, kept in ((1.001, 1.0), (0.999, 0.0)):
         out = MASKS.get("ln_trm")(inp, delta=delta, delta_w=expected_score * factor, monitor=False)

@@ -243,7 +243,7 @@ def _objective(new, old_index, old_logp, responses, adv, mask, *, sequence: bool
     logits = torch.tensor(new, dtype=torch.float64, requires_grad=True)
     inp = PolicyInputs(
         logp=torch.zeros(mask.shape, dtype=torch.float64),
-        logp_old=torch.zeros(mask.shape, dtype=torch.float64),
+        old_logp=torch.zeros(mask.shape, dtype=torch.float64),
         advantages=torch.from_numpy(adv),
         response_mask=torch.from_numpy(mask),
         logits=logits,

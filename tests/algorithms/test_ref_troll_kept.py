@@ -24,7 +24,7 @@ def _kept_objective(new, index, old_logp, responses, adv, mask, *, sequence: boo
     logits = torch.tensor(new, dtype=torch.float64, requires_grad=True)
     inp = PolicyInputs(
         logp=torch.zeros(mask.shape, dtype=torch.float64),
-        logp_old=torch.zeros(mask.shape, dtype=torch.float64),
+        old_logp=torch.zeros(mask.shape, dtype=torch.float64),
         advantages=torch.from_numpy(adv),
         response_mask=torch.from_numpy(mask),
         old_topk_index=index,
@@ -75,7 +75,7 @@ def test_missing_vocab_size_or_topk_logp_is_named():
     _, index, logp = _sparse_store(old, responses, 4, cover=1 - 1e-3)
     base = dict(
         logp=torch.zeros(mask.shape),
-        logp_old=torch.zeros(mask.shape),
+        old_logp=torch.zeros(mask.shape),
         advantages=torch.from_numpy(adv),
         response_mask=torch.from_numpy(mask),
         old_topk_index=index,

@@ -125,7 +125,7 @@ def test_built_in_backend_stores_and_masks_an_unchanged_policy_without_rejection
     old = old_pass(forward, data, method=method, micro_batch_size=0, precision="fp32")
     mass = old["old_topk_logp"].double().exp().sum(-1)
     assert float(mass.min()) < 0.9  # a random model with V = 4096: top-64 keeps little
-    data["rollout_logp"] = old["logp"]
+    data["rollout_logp"] = old["old_logp"]
     mask = torch.ones(4, 8)
     out = micro_batch_loss(
         PolicyLoss(method),

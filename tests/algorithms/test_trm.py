@@ -41,7 +41,7 @@ def _batch(B=6, T=9, V=11, K=None, scale=0.3, seed=0, lengths=None):
     order = torch.argsort(roll_full, dim=-1, descending=True)[..., :K]  # top-K support
     inp = PolicyInputs(
         logp=logp,
-        logp_old=rollout_logp,
+        old_logp=rollout_logp,
         advantages=torch.zeros(B, T, dtype=torch.float64),
         response_mask=mask,
         logits=logits,
@@ -177,7 +177,7 @@ def test_exact_mask_without_distributions_names_missing_fields():
 
 def test_threshold_is_inclusive_and_validated():
     inp, _ = _batch(lengths=[9] * 6)
-    k2_max = _seq_reduce(trm.k2_estimator(trm.sample_log_ratio(inp.logp, inp.logp_old)), inp.response_mask, "max")
+    k2_max = _seq_reduce(trm.k2_estimator(trm.sample_log_ratio(inp.logp, inp.old_logp)), inp.response_mask, "max")
     out = trm.trm_max_k2_mask(inp, delta=float(k2_max[0]))
     assert out.seq_mask[0] == 1
     with pytest.raises(ValueError, match="delta_ser"):
@@ -198,10 +198,10 @@ def test_sample_masks_agree_with_verl(seed):
     from verl.trainer.ppo.rollout_corr_helper import compute_rollout_rejection_mask
 
     inp, _ = _batch(B=64, T=16, V=8, scale=0.4, seed=seed)
-    inp.logp[0, 0] = inp.logp_old[0, 0] + 30.0  # beyond verl's safety clamp
-    inp.logp[1, 0] = inp.logp_old[1, 0] - 30.0
-    log_ratio = inp.logp - inp.logp_old
-    stats = trm.sample_log_ratio(inp.logp, inp.logp_old)
+    inp.logp[0, 0] = inp.old_logp[0, 0] + 30.0  # beyond verl's safety clamp
+    inp.logp[1, 0] = inp.old_logp[1, 0] - 30.0
+    log_ratio = inp.logp - inp.old_logp
+    stats = trm.sample_log_ratio(inp.logp, inp.old_logp)
     mask = inp.response_mask
     k2_max = _seq_reduce(trm.k2_estimator(stats), mask, "max")
     k3_mean = _seq_reduce(trm.k3_estimator(stats), mask, "mean")
@@ -233,7 +233,7 @@ def _ln_score_loop(log_ratio_row, length, delta):
 @pytest.mark.parametrize("delta", [1e-4, 0.05, 3.0])
 def test_ln_trm_scores_match_loop(delta):
     inp, _ = _batch(B=10, T=20, scale=0.5, seed=7, lengths=[1, 2, 3, 5, 8, 13, 20, 20, 1, 7])
-    log_ratio = trm.sample_log_ratio(inp.logp, inp.logp_old)
+    log_ratio = trm.sample_log_ratio(inp.logp, inp.old_logp)
     scores = trm.ln_trm_scores(log_ratio, inp.response_mask, delta)
     lengths = inp.response_mask.sum(-1).long().tolist()
     expected = [_ln_score_loop(log_ratio[i].tolist(), n, delta) for i, n in enumerate(lengths)]
@@ -269,14 +269,14 @@ def test_masked_gradient_normalised_by_batch_size():
     """grad of (1/N) sum_i M_i A_i sum_t r_t equals the hand-computed -M_i A_i r_t / N (eq. 50)."""
     torch.manual_seed(0)
     B, T = 5, 4
-    logp_old = torch.randn(B, T, dtype=torch.float64)
-    logp = (logp_old + 0.1 * torch.randn(B, T, dtype=torch.float64)).requires_grad_()
+    old_logp = torch.randn(B, T, dtype=torch.float64)
+    logp = (old_logp + 0.1 * torch.randn(B, T, dtype=torch.float64)).requires_grad_()
     adv = torch.randn(B, 1, dtype=torch.float64).expand(B, T)
     mask = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0], [1, 0, 0, 0], [1, 1, 1, 0], [1, 1, 1, 1]], dtype=torch.float64)
     seq_mask = torch.tensor([1.0, 0.0, 1.0, 0.0, 1.0], dtype=torch.float64)
 
     def ratio():
-        return torch.exp(logp - logp_old)
+        return torch.exp(logp - old_logp)
 
     loss = loss_agg.seq_mean_token_sum(trm.apply_sequence_mask(-adv * ratio(), seq_mask), mask)
     (grad,) = torch.autograd.grad(loss, logp)
@@ -333,7 +333,7 @@ def test_sample_mask_monitors_exact_kl_when_distributions_are_stored():
     assert with_dist[metric_names.TRM_MAX_KL] == pytest.approx(float(kl[inp.response_mask > 0].max()))
     inp.logits = None
     without = trm.trm_max_k2_mask(inp).metrics
-    k2 = trm.k2_estimator(trm.sample_log_ratio(inp.logp, inp.logp_old))
+    k2 = trm.k2_estimator(trm.sample_log_ratio(inp.logp, inp.old_logp))
     assert without[metric_names.TRM_MAX_KL] == pytest.approx(float(k2[inp.response_mask > 0].max()))
     assert not any(k.startswith("trm/tv/") for k in without)
     assert trm.trm_max_k2_mask(inp, monitor=False).metrics == {}
@@ -363,7 +363,7 @@ def test_no_nan_on_degenerate_batches(lengths, seed, neg_inf_logits, neg_inf_log
         inp.logits[-1, :, 1] = float("-inf")  # a masked vocabulary entry
     if neg_inf_logp:
         inp.logp[0, 0] = float("-inf")
-        inp.logp_old[-1, -1] = float("-inf")
+        inp.old_logp[-1, -1] = float("-inf")
         inp.logp[-1, -1] = float("-inf")
     for name in MASKS.names():
         out = MASKS.get(name)(inp)

@@ -167,7 +167,7 @@ def _inputs(logp, roll, mask, *, old=None, with_rollout=True) -> PolicyInputs:
     logp_t = _t(logp)
     return PolicyInputs(
         logp=logp_t,
-        logp_old=_t(old if old is not None else roll),
+        old_logp=_t(old if old is not None else roll),
         advantages=torch.zeros_like(logp_t),
         response_mask=_t(mask),
         rollout_logp=_t(roll) if with_rollout else None,
@@ -314,7 +314,7 @@ def test_metrics_from_the_exact_kl_without_tv():
 
 def test_metrics_read_the_old_log_probs_without_rollout_log_probs():
     inp = _inputs(LOGP, ROLL, MASK, old=OLD, with_rollout=False)
-    assert inp.rollout_or_old_logp() is inp.logp_old
+    assert inp.rollout_or_old_logp() is inp.old_logp
     got = tm.compute_trm_metrics(inp, torch.tensor(KEEP), length_edges=EDGES)
     _close(got, ref_trm_metrics(LOGP, OLD, MASK, KEEP, EDGES))
     with_roll = _inputs(LOGP, ROLL, MASK, old=OLD)

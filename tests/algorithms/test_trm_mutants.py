@@ -76,7 +76,7 @@ def sample_inputs(rows: list[list[float]], *, seed: int = 0, T: int | None = Non
     rollout = -0.5 - 2.0 * rng.random((B, T))
     return PolicyInputs(
         logp=torch.from_numpy(rollout + log_ratio),
-        logp_old=torch.from_numpy(rollout + 0.05 * rng.standard_normal((B, T))),
+        old_logp=torch.from_numpy(rollout + 0.05 * rng.standard_normal((B, T))),
         advantages=torch.zeros(B, T, dtype=torch.float64),
         response_mask=torch.from_numpy(mask),
         rollout_logp=torch.from_numpy(rollout),
@@ -200,7 +200,7 @@ def _exact_from(rows, roll_lp, support, seed):
     rollout_logp = np.take_along_axis(roll_lp, responses[..., None], -1)[..., 0]
     inp = PolicyInputs(
         logp=torch.from_numpy(logp),
-        logp_old=torch.from_numpy(rollout_logp),
+        old_logp=torch.from_numpy(rollout_logp),
         advantages=torch.zeros(B, T, dtype=torch.float64),
         response_mask=torch.from_numpy(mask),
         logits=torch.from_numpy(logits),
@@ -568,7 +568,7 @@ def test_exact_thresholds_are_inclusive_at_zero():
     mask[2] = 0.0
     inp = PolicyInputs(
         logp=torch.full((3, T), -math.log(V), dtype=torch.float64),
-        logp_old=torch.full((3, T), -math.log(V), dtype=torch.float64),
+        old_logp=torch.full((3, T), -math.log(V), dtype=torch.float64),
         advantages=torch.zeros(3, T, dtype=torch.float64),
         response_mask=mask,
         logits=logits,

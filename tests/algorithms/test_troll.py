@@ -69,7 +69,7 @@ def _inputs(logits, old_index, old_logp, responses, mask=None, adv=None, with_re
         adv = torch.linspace(-1.0, 1.5, batch, dtype=torch.float64).unsqueeze(-1).expand(batch, length)
     return PolicyInputs(
         logp=torch.zeros(batch, length),
-        logp_old=torch.zeros(batch, length),
+        old_logp=torch.zeros(batch, length),
         advantages=adv,
         response_mask=torch.ones(batch, length) if mask is None else mask,
         logits=logits,

@@ -509,7 +509,7 @@ def test_project_with_info_on_an_empty_batch():
 
 
 def test_project_with_info_rejects_different_shapes():
-    with pytest.raises(ValueError, match=r"logp_new \(2, 3\) and logp_old \(2, 4\) differ in shape"):
+    with pytest.raises(ValueError, match=r"new_logp \(2, 3\) and old_logp \(2, 4\) differ in shape"):
         project_with_info(torch.zeros(2, 3), torch.zeros(2, 4), EPS)
 
 

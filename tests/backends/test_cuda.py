@@ -65,7 +65,7 @@ def _troll_loss(device: str, new, sampled, adv, index, logp, polish_steps: int =
     out = troll_objective(
         PolicyInputs(
             logp=None,
-            logp_old=None,
+            old_logp=None,
             advantages=adv.to(device),
             response_mask=mask,
             logits=leaf,
@@ -120,7 +120,7 @@ def test_troll_update_reads_the_device_once_per_solver_step_and_four_times_besid
     leaf = new.cuda().requires_grad_(True)
     mask = torch.ones(adv.shape, device="cuda")
     inp = PolicyInputs(
-        logp=None, logp_old=None, advantages=adv.cuda(), response_mask=mask, logits=leaf,
+        logp=None, old_logp=None, advantages=adv.cuda(), response_mask=mask, logits=leaf,
         old_topk_index=index, old_topk_logp=logp, responses=sampled.cuda(),
     )  # fmt: skip
     out = troll_objective(inp)

@@ -79,13 +79,13 @@ def test_the_chunked_old_pass_equals_the_dense_one():
     assert method.requires("sparse_old")
     data = _data()
     dense, chunked = _passes(model, sampler, data, method, sampler_dense=True)
-    assert dense.keys() == chunked.keys() >= {"logp", "entropy", "old_topk_index", "pi_old_topk_index"}
+    assert dense.keys() == chunked.keys() >= {"old_logp", "entropy", "old_topk_index", "pi_old_topk_index"}
     with torch.no_grad():  # the float64 reference of log pi_old
         h = segment_hidden(model, data["input_ids"], data["attention_mask"], data["context_length"]).double()
         ref = torch.log_softmax(h @ model.get_output_embeddings().weight.double().T / TEMPERATURE, -1)
         ref_logp = ref.gather(-1, data["responses"].unsqueeze(-1)).squeeze(-1)
         ref_entropy = -(ref.exp() * ref).sum(-1)
-    for key, reference in (("logp", ref_logp), ("entropy", ref_entropy)):
+    for key, reference in (("old_logp", ref_logp), ("entropy", ref_entropy)):
         torch.testing.assert_close(chunked[key].double(), reference, rtol=0, atol=1e-5)
         torch.testing.assert_close(chunked[key], dense[key], rtol=0, atol=1e-5)
     _same_store(

@@ -30,7 +30,7 @@ def _case():
     responses = torch.randint(0, V, (B, T), generator=g)
     mask = torch.ones(B, T)
     mask[0, 3:] = 0  # a short response: its padding is not counted
-    data = {"input_ids": torch.zeros(B, 1), "responses": responses, "mask": mask, "group_index": None}
+    data = {"input_ids": torch.zeros(B, 1), "responses": responses, "response_mask": mask, "group_index": None}
     return sampler, old, new, data
 
 
@@ -68,7 +68,7 @@ def test_the_kl_from_the_sampler_is_the_dense_kl_from_the_sampler(objective):
         (sampler, names.POST_UPDATE_KL_SAMPLER, names.POST_UPDATE_KL_SAMPLER_MAX, True),
         (old_logits, names.POST_UPDATE_KL, names.POST_UPDATE_KL_MAX, False),
     ):
-        kl = _dense_kl(new, centre, data["mask"])
+        kl = _dense_kl(new, centre, data["response_mask"])
         assert metrics[mean_name] == pytest.approx(float(kl.mean()), abs=1e-5)
         assert metrics[max_name] == pytest.approx(float(kl.max()), abs=1e-5)
         shares = [

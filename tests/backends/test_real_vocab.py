@@ -178,14 +178,14 @@ class OnPolicyUpdates:
             responses = data["responses"][rows]
             logp = torch.log_softmax(dense, -1).gather(-1, responses[..., None])[..., 0]
             real = mask[rows] > 0
-            if real.any() and float((logp - old["logp"][rows].double())[real].abs().max()) < 1e-5:
+            if real.any() and float((logp - old["old_logp"][rows].double())[real].abs().max()) < 1e-5:
                 call = {
                     "logits": dense,
                     "responses": responses,
                     "groups": data["group_index"][rows],
                     "mask": mask[rows].double(),
                     "advantages": advantages[rows].double(),
-                    "old_logp": old["logp"][rows].double(),
+                    "old_logp": old["old_logp"][rows].double(),
                     "ref": "ref_logp" in old,
                     "method": loss_fn.method,
                     "kw": dict(kw),
@@ -224,10 +224,10 @@ def _dense_reference_loss(call: dict, logits: torch.Tensor) -> torch.Tensor:
     """The preset's loss of the recorded micro-batch, from the dense distributions over the whole
     vocabulary (float64 log_softmax, gathered at the sampled tokens), written from the papers:
 
-    - ratio r = exp(logp - logp_old); PPO clip, DAPO / BAPO / ADAPO bounds and Token-IS give the
+    - ratio r = exp(logp - old_logp); PPO clip, DAPO / BAPO / ADAPO bounds and Token-IS give the
       per-token loss -r A at r = 1 (every bound is inactive there: calls are recorded only where
-      |logp - logp_old| < 1e-5); GSPO
-      -s A with s = exp(mean_t(logp - logp_old)) (sequence ratio); GPG -logp A;
+      |logp - old_logp| < 1e-5); GSPO
+      -s A with s = exp(mean_t(logp - old_logp)) (sequence ratio); GPG -logp A;
     - GTPO (arXiv 2508.03772) eq. 7: -delta_i A lambda r + gamma H (the penalty form), H the token
       entropy over the whole vocabulary, delta_i the entropy filter of eq. 6;
     - REPO-R / REPO-D (Entropy-preserving RL, arXiv 2603.11682, section 5): A(1 - zeta logp) clamped

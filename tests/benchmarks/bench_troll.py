@@ -46,10 +46,10 @@ def make_batch(tokens: int, vocab: int, noise: float, device: str, seed: int = 0
     return old.to(device), new.to(device), sampled.to(device), adv.to(device)
 
 
-def ppo_step(logits: torch.Tensor, logp_old: torch.Tensor, sampled, adv, mask, clip: float = 0.2) -> None:
+def ppo_step(logits: torch.Tensor, old_logp: torch.Tensor, sampled, adv, mask, clip: float = 0.2) -> None:
     """log_softmax + gather + PPO clipped loss + token-mean + backward."""
     logp = torch.log_softmax(logits, -1).gather(-1, sampled.unsqueeze(-1)).squeeze(-1)
-    ratio = torch.exp(logp - logp_old)
+    ratio = torch.exp(logp - old_logp)
     loss = -torch.min(ratio * adv, ratio.clamp(1 - clip, 1 + clip) * adv)
     token_mean(loss, mask).backward()
 
@@ -58,7 +58,7 @@ def troll_step(logits: torch.Tensor, old_logits, sampled, adv, mask) -> dict[str
     """sparsify(old) + troll_objective + token-mean + backward; returns the objective's metrics."""
     index, logp = sparsify(old_logits, sampled)
     inp = PolicyInputs(
-        logp=None, logp_old=None, advantages=adv, response_mask=mask, logits=logits,
+        logp=None, old_logp=None, advantages=adv, response_mask=mask, logits=logits,
         old_topk_index=index, old_topk_logp=logp, responses=sampled,
     )  # fmt: skip
     out = troll_objective(inp)
@@ -148,10 +148,10 @@ def main() -> None:
     mask = torch.ones_like(adv)
     leaf = new.clone().requires_grad_()
     with torch.no_grad():
-        logp_old = torch.log_softmax(old, -1).gather(-1, sampled.unsqueeze(-1)).squeeze(-1)
+        old_logp = torch.log_softmax(old, -1).gather(-1, sampled.unsqueeze(-1)).squeeze(-1)
     index, logp = sparsify(old, sampled)
     inp = PolicyInputs(
-        logp=None, logp_old=None, advantages=adv, response_mask=mask, logits=leaf,
+        logp=None, old_logp=None, advantages=adv, response_mask=mask, logits=leaf,
         old_topk_index=index, old_topk_logp=logp, responses=sampled,
     )  # fmt: skip
     metrics: dict[str, float] = {}
@@ -166,7 +166,7 @@ def main() -> None:
             return sparsify(old, sampled, renormalize=False)
 
     fns = {
-        "ppo_update": lambda: ppo_step(leaf, logp_old, sampled, adv, mask),
+        "ppo_update": lambda: ppo_step(leaf, old_logp, sampled, adv, mask),
         "troll_update": lambda: token_mean(troll_objective(inp).loss_mat, mask).backward(),
         "troll_step": lambda: metrics.update(troll_step(leaf, old, sampled, adv, mask)),
         "sparsify": lambda: sparsify(old, sampled),

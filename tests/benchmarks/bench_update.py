@@ -80,7 +80,7 @@ def make_data(rows: int, tokens: int, seed: int = 0) -> dict:
         "context_length": CONTEXT,
         "group_index": torch.arange(rows) // 4,
         "rollout_logp": torch.full((rows, tokens), -11.0),
-        "mask": mask,
+        "response_mask": mask,
         "advantages": torch.randn(rows, 1, generator=g).expand(rows, tokens).contiguous(),
     }
 
@@ -107,7 +107,7 @@ def run_variant(model, optimizer, method: Method, data: dict, chunked: bool, row
         data,
         old,
         data["advantages"],
-        data["mask"],
+        data["response_mask"],
         settings=settings,
         shuffle=torch.Generator().manual_seed(0),
     )

@@ -112,6 +112,7 @@ class Recorder:
         self.command = shlex.join(["python", f"tests/benchmarks/{benchmark}", *argv])
         self.started = datetime.now(UTC)
         self.load_start = load_average()
+        self.commit = git_commit()  # the code measured: at the start, a checkout changed during a run does not count
 
     def record(self, figures: list[dict], results: dict, gpu: str | None = None, notes: str = "") -> dict:
         return {
@@ -119,7 +120,7 @@ class Recorder:
             "section": self.section,
             "command": self.command,
             "date": self.started.strftime("%Y-%m-%dT%H:%M:%SZ"),
-            "commit": git_commit(),
+            "commit": self.commit,
             "provenance": "measured",
             "machine": machine(gpu),
             "load_average": {"start": self.load_start, "end": load_average()},

@@ -164,7 +164,7 @@ def local_update(
     settings = actor.UpdateSettings(
         ppo_epochs=1, mini_batch_share=1.0, micro_batch_size=0, grad_clip=0.0, logprob_precision="fp32"
     )
-    old = {"logp": prob.old_logp}
+    old = {"old_logp": prob.old_logp}
     if prob.old_topk_index is not None:
         old["old_topk_index"] = prob.old_topk_index
         old["old_topk_logp"] = prob.old_topk_logp

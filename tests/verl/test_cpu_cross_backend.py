@@ -67,7 +67,7 @@ def local_layout(fields: dict, pad_id: int) -> dict:
     )
     out = {"input_ids": ids, "attention_mask": attention, "context": context, "width": width}
     out["responses"] = _pad(responses, width, pad_id).long()
-    out["mask"] = _pad([m.float() for m in fields["response_mask"]], width, 0.0)
+    out["response_mask"] = _pad([m.float() for m in fields["response_mask"]], width, 0.0)
     for key in ("old_log_probs", "advantages", "rollout_log_probs"):
         if key in fields:
             out[key] = _pad([v.float() for v in fields[key]], width, 0.0)
@@ -109,7 +109,7 @@ def builtin_recompute(cell) -> tuple[float, float, float, int]:
             "rollout_logp": batch.get("rollout_log_probs", batch["old_log_probs"]),
             "group_index": torch.zeros(logits.shape[0], dtype=torch.long),
         }
-        old = {"logp": batch["old_log_probs"]}
+        old = {"old_logp": batch["old_log_probs"]}
         if "old_topk_index" in batch:
             old.update(old_topk_index=batch["old_topk_index"], old_topk_logp=batch["old_topk_logp"])
         out = micro_batch_loss(
@@ -118,7 +118,7 @@ def builtin_recompute(cell) -> tuple[float, float, float, int]:
             data,
             old,
             batch["advantages"],
-            batch["mask"],
+            batch["response_mask"],
             rows,
             num_tokens=torch.tensor(float(meta["batch_num_tokens"]) / dp),
             num_seqs=torch.tensor(float(meta["global_batch_size"]) / dp),
@@ -189,7 +189,7 @@ def test_post_update_diagnostics_equal_builtin(cpu_stage, name):
     groups = torch.tensor([list(dict.fromkeys(uids)).index(u) for u in uids])
     data = {**batch, "group_index": groups}
     old = {
-        "logp": batch["old_log_probs"],
+        "old_logp": batch["old_log_probs"],
         "pi_old_topk_index": batch["old_topk_index"],
         "pi_old_topk_logp": batch["old_topk_logp"],
     }

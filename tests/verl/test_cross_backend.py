@@ -162,7 +162,7 @@ def test_both_backends_compute_the_same_loss_and_gradients(verl_config, cell):
     groups = torch.tensor([0, 0, 1, 1])
     adv, _ = ESTIMATORS.get("grpo")(AdvantageInputs(rewards, mask, group_index=groups))
     adv = adv.double()
-    old = {"logp": torch.nested.to_padded_tensor(old_logp_nt, 0.0)}
+    old = {"old_logp": torch.nested.to_padded_tensor(old_logp_nt, 0.0)}
     if sparse:
         old["old_topk_index"] = torch.nested.to_padded_tensor(old_out[OLD_TOPK_INDEX], 0).long()
         old["old_topk_logp"] = torch.nested.to_padded_tensor(old_out[OLD_TOPK_LOGP], float("-inf"))

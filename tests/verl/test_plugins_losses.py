@@ -174,7 +174,7 @@ def test_cases_are_not_trivial():
         if method.mask != "none":
             inp = PolicyInputs(
                 logp=token_logprobs(prob.logits, prob.responses),
-                logp_old=prob.old_logp,
+                old_logp=prob.old_logp,
                 advantages=prob.advantages,
                 response_mask=prob.mask,
                 logits=prob.logits,

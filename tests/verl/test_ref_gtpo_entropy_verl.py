@@ -77,7 +77,7 @@ def _actor_config(policy_loss, loss_agg, global_info=None):
 
 
 def _verl_loss(
-    policy_loss, loss_agg, logits, responses, logp_old, advantages, mask, *, uids=None, runtime=None, info=None
+    policy_loss, loss_agg, logits, responses, old_logp, advantages, mask, *, uids=None, runtime=None, info=None
 ):
     """The registered verl loss of ``policy_loss`` called as verl's ppo_loss does; (loss, d loss / d logits)."""
     from runners.backends.verl.plugins import register  # noqa: F401  (registers the trustbench losses)
@@ -91,7 +91,7 @@ def _verl_loss(
         runtime=dict(runtime or {}),
     )
     loss, _ = core_algos.get_policy_loss_fn(policy_loss["loss_mode"])(
-        logp_old,
+        old_logp,
         ref_token_logp(logits, responses),
         advantages,
         mask,
@@ -115,7 +115,7 @@ def _gtpo_verl(case, policy_loss, runtime, info=None):
         "seq-mean-token-mean",
         case.logits,
         case.responses,
-        case.logp_old,
+        case.old_logp,
         case.advantages,
         case.mask,
         uids=case.uids,
@@ -234,7 +234,7 @@ def test_trustbench_clip_with_entropy_control_follows_reference(control):
             "token-mean",
             case.logits,
             case.responses,
-            case.logp_old,
+            case.old_logp,
             case.advantages,
             case.mask,
             runtime=driver.runtime(),

@@ -100,7 +100,7 @@ def _objective_cases():
 
 
 def _arrays(batch):
-    return batch.logp, batch.logp_old, batch.adv, batch.mask
+    return batch.logp, batch.old_logp, batch.adv, batch.mask
 
 
 OBJECTIVE_CASES = _objective_cases()
@@ -128,10 +128,10 @@ def _verl_loss(loss_mode, params, batch, mode, *, norm_len, global_info=None, we
     """The plugin through verl's registry with verl's signature; ``(loss, metrics, d loss / d log_prob)``."""
     from runners.backends.verl.plugins import register  # noqa: F401  (registers the plugins)
 
-    logp, logp_old, adv, mask = batch.tensors()
+    logp, old_logp, adv, mask = batch.tensors()
     config = _actor_config(loss_mode, params, mode, norm_len=norm_len, global_info=global_info)
     loss_fn = core_algos.get_policy_loss_fn(loss_mode)
-    loss, metrics = loss_fn(logp_old, logp, adv, mask, mode, config, weights)
+    loss, metrics = loss_fn(old_logp, logp, adv, mask, mode, config, weights)
     loss.backward()
     return float(loss.detach()), metrics, logp.grad.numpy()
 

@@ -83,7 +83,7 @@ def plugin_loss(mask_name: str, params: dict, case: Case, agg: str, global_info:
     )
     loss_fn = core_algos.get_policy_loss_fn(LOSS_MODE)
     loss, metrics = loss_fn(
-        torch.from_numpy(case.logp_old),
+        torch.from_numpy(case.old_logp),
         log_prob,
         torch.from_numpy(case.advantages),
         torch.from_numpy(case.mask),
@@ -99,7 +99,7 @@ def plugin_loss(mask_name: str, params: dict, case: Case, agg: str, global_info:
 def _rows(case: Case, rows: slice) -> Case:
     """The sequences ``rows`` of a batch (a micro-batch)."""
     fields = (
-        "logp_old",
+        "old_logp",
         "rollout_logp",
         "advantages",
         "mask",

@@ -311,16 +311,16 @@ def test_builtin_loss_equals_trustbench_objective(verl_config, objective, extra)
     _, actor = verl_accepts(vc)
     gen = torch.Generator().manual_seed(0)
     B, T = 6, 9
-    logp_old = -torch.rand(B, T, generator=gen, dtype=torch.float64) * 3
+    old_logp = -torch.rand(B, T, generator=gen, dtype=torch.float64) * 3
     shift = torch.randn(B, T, generator=gen, dtype=torch.float64) * 4  # ratios from e^-12 to e^12
     mask = (torch.arange(T) < torch.tensor([9, 7, 5, 9, 3, 8]).unsqueeze(1)).double()
     adv = torch.randn(B, 1, generator=gen, dtype=torch.float64).expand(B, T).contiguous()
     params = {k: v for k, v in OmegaConf.to_container(cfg.objective).items() if k != "name"}
     norm_len = cfg.loss_agg.norm_len or cfg.rollout.max_response_length
 
-    logp_v = (logp_old + shift).requires_grad_(True)
+    logp_v = (old_logp + shift).requires_grad_(True)
     loss_v, _ = get_policy_loss_fn(actor.policy_loss.loss_mode)(
-        old_log_prob=logp_old,
+        old_log_prob=old_logp,
         log_prob=logp_v,
         advantages=adv,
         response_mask=mask,
@@ -328,8 +328,8 @@ def test_builtin_loss_equals_trustbench_objective(verl_config, objective, extra)
         config=_with_batch_info(actor),
     )
     loss_v.backward()
-    logp_t = (logp_old + shift).requires_grad_(True)
-    inp = PolicyInputs(logp=logp_t, logp_old=logp_old, advantages=adv, response_mask=mask)
+    logp_t = (old_logp + shift).requires_grad_(True)
+    inp = PolicyInputs(logp=logp_t, old_logp=old_logp, advantages=adv, response_mask=mask)
     out = OBJECTIVES.get(cfg.objective.name)(inp, **params)
     loss_t = LOSS_AGGS.get(cfg.loss_agg.name)(out.loss_mat.double(), mask, norm_len=norm_len)
     loss_t.backward()

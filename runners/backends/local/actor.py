@@ -71,7 +71,7 @@ def old_entries(
 ) -> dict[str, Tensor]:
     """The old pass's entries for one chunk of rows from pi_old's logits [rows,T,V] (call without grad).
 
-    ``logp`` (given: already computed from these logits) and ``entropy`` [rows,T]; ``pi_old_topk_index/logp``
+    ``old_logp`` (``logp`` given: already computed from these logits) and ``entropy`` [rows,T]; ``pi_old_topk_index/logp``
     (``diagnostics``) and, when the method needs them, ``old_topk_index/logp``: the sampling policy's
     top-K, from ``rollout_logits`` when it is a separate copy, else from ``logits``. With ``diagnostics``
     and a separate sampling copy, also ``sampler_topk_index/logp`` (the same store, for every method: the
@@ -83,7 +83,7 @@ def old_entries(
             logits, responses, method=method, precision=precision, diagnostics=diagnostics, rollout=rollout_logits
         )
     out = {
-        "logp": token_logprobs(logits, responses, precision=precision) if logp is None else logp,
+        "old_logp": token_logprobs(logits, responses, precision=precision) if logp is None else logp,
         "entropy": pi_old_entropy(logits),
     }
     needs_sparse = method.requires("sparse_old")
@@ -220,7 +220,7 @@ def micro_batch_loss(
         entropy = entropy_from_logits(logits) if loss_fn.needs_entropy else None
         current = {"logp": logp, "entropy": entropy, "logits": logits}
     inp = PolicyInputs(
-        logp_old=old["logp"][rows],
+        old_logp=old["old_logp"][rows],
         advantages=advantages[rows],
         response_mask=mask[rows],
         rollout_logp=data["rollout_logp"][rows],

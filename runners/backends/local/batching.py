@@ -24,7 +24,7 @@ def to_device(batch: RolloutBatch, device: torch.device) -> dict[str, Tensor | i
         "input_ids": batch.input_ids.to(device),
         "attention_mask": batch.attention_mask.to(device),
         "responses": batch.responses.to(device),
-        "mask": batch.response_mask.to(device),
+        "response_mask": batch.response_mask.to(device),
         "group_index": batch.group_index.to(device),
         "finished": batch.finished.to(device),
         "token_rewards": batch.token_rewards.to(device),

@@ -68,12 +68,12 @@ def finished_sequences(critic, batch: RolloutBatch, *, pad_id: int, gamma: float
     data = {
         "input_ids": ids.to(device),
         "attention_mask": attn.to(device),
-        "mask": mask.to(device),
+        "response_mask": mask.to(device),
         "returns": returns.to(device),
         "context_length": P,
     }
     with torch.no_grad():
-        data["values_old"] = critic(data["input_ids"], data["attention_mask"], P) * data["mask"]
+        data["values_old"] = critic(data["input_ids"], data["attention_mask"], P) * data["response_mask"]
     return data
 
 
@@ -106,13 +106,13 @@ def update_critic(
     clip = settings.grad_clip if settings.grad_clip > 0 else float("inf")
     for _epoch in range(settings.ppo_epochs):
         optimizer.zero_grad(set_to_none=True)
-        total_tokens = critic_data["mask"].sum().clamp(min=1)
+        total_tokens = critic_data["response_mask"].sum().clamp(min=1)
         for s in range(0, len(rows_all), chunk):
             rows = rows_all[s : s + chunk]
             v = critic(
                 critic_data["input_ids"][rows], critic_data["attention_mask"][rows], critic_data["context_length"]
             )
-            mask = critic_data["mask"][rows]
+            mask = critic_data["response_mask"][rows]
             out = value_loss(
                 v,
                 critic_data["values_old"][rows],

@@ -57,7 +57,7 @@ def _head_kls(head: Head, responses: Tensor, old: dict, rows: slice, stores: lis
 def post_update_metrics(forward, data: dict, old: dict, advantages: Tensor, *, chunk: int, precision: str) -> dict:
     """The module's metrics from one no-grad forward of the updated model (``forward(data, rows)``: logits,
     or a ``Head`` for ``chunked_head``)."""
-    mask = data["mask"]
+    mask = data["response_mask"]
     stores = [s for s in ("pi_old", "sampler") if f"{s}_topk_index" in old]
     kls: dict[str, list[Tensor]] = {s: [] for s in stores}
     logps = []
@@ -84,7 +84,7 @@ def post_update_metrics(forward, data: dict, old: dict, advantages: Tensor, *, c
     if data["group_index"] is not None and data["group_index"].unique().numel() < mask.shape[0]:
         conflicts = conflict_tokens(data, advantages, mask)
         if bool(conflicts.any()):
-            delta = torch.cat(logps) - old["logp"]
+            delta = torch.cat(logps) - old["old_logp"]
             out[names.GTPO_CONFLICT_PROB_DELTA] = float(delta[conflicts].double().mean())
     return out
 

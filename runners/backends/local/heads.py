@@ -53,7 +53,7 @@ def head_entries(
         )
 
     own = run(head, needs_sparse or diagnostics)
-    out = {"logp": round_logprobs(own.logp.float(), precision), "entropy": own.entropy.float()}
+    out = {"old_logp": round_logprobs(own.logp.float(), precision), "entropy": own.entropy.float()}
     if diagnostics:
         out["pi_old_topk_index"], out["pi_old_topk_logp"] = own.topk_index.long(), own.topk_logp
     if needs_sparse or (diagnostics and rollout is not None):

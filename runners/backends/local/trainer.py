@@ -181,7 +181,7 @@ class LocalTrainer:
             old = {} if fused else self._old_pass(data)
         values, advantages, returns = self._advantages(timer, batch, data, old)
         correction = ROLLOUT_CORRECTIONS.get(self.method.rollout_correction)(
-            old.get("logp"), data["rollout_logp"], data["mask"], **self.method.rollout_correction_kw
+            old.get("old_logp"), data["rollout_logp"], data["response_mask"], **self.method.rollout_correction_kw
         )
         mask = policy_mask(
             correction.response_mask,
@@ -215,30 +215,28 @@ class LocalTrainer:
         if self.critic is not None:
             with timer("update_critic"):
                 metrics.update(self._update_critic(batch, data, values, returns))
+        old_logp, response_mask = old["old_logp"], data["response_mask"]  # old_logp: from the update if fused
         metrics.update(acceptance_metrics(batch, seq_masks, t.length_buckets))
         metrics.update(controller_metrics)
         metrics.update(
-            prefixed({**offpolicy_metrics(old["logp"], data["rollout_logp"], data["mask"]), **correction.metrics})
+            prefixed({**offpolicy_metrics(old_logp, data["rollout_logp"], response_mask), **correction.metrics})
         )
         metrics.update(
             batch_metrics(
-                batch, data["mask"], old["logp"], advantages, returns, values, entropy, cfg.rollout.max_response_length
+                batch, response_mask, old_logp, advantages, returns, values, entropy, cfg.rollout.max_response_length
             )
         )
         return self._finish_step(metrics, timer, batch, old_pass=not fused)
 
     def _update_controller(self, old: dict, data: dict) -> tuple[float, dict[str, float]]:
         """The batch's token-mean entropy under pi_old and the entropy controller's update from it."""
-        entropy = float(masked_mean(old["entropy"], data["mask"]))
+        entropy = float(masked_mean(old["entropy"], data["response_mask"]))
         return entropy, self.controller.update(entropy)
 
     def _old_from_update(self) -> OldFromUpdate | None:
-        """What the update fills in for the old-log-prob pass, when that pass would repeat its first forward.
-
-        pi_old is then the policy of the update's forward of every row: the trained model sampled the batch
-        (``rollout.staleness=0``, the model's dtype), one epoch of one mini-batch, no dropout in training mode.
-        Its consumers before the update must not need it: no batch-entropy controller, no rollout correction.
-        """
+        """What the update fills in for the old-log-prob pass where that pass would repeat its first forward
+        (pi_old is the policy of every row's first forward): the trained model sampled the batch (staleness 0,
+        its dtype), one epoch of one mini-batch, no dropout, no batch-entropy controller or rollout correction."""
         t, method = self.cfg.trainer, self.method
         on_policy = self._sampler is self.model and t.ppo_epochs == 1 and self.update_settings.mini_batch_share >= 1
         before_update = (
@@ -278,10 +276,11 @@ class LocalTrainer:
         values = None
         if self.critic is not None:
             with timer("values"), torch.no_grad():
-                values = self.critic(data["input_ids"], data["attention_mask"], batch.context_length) * data["mask"]
+                values = self.critic(data["input_ids"], data["attention_mask"], batch.context_length)
+                values *= data["response_mask"]
         with timer("adv"):
             adv_inputs = AdvantageInputs(
-                data["token_rewards"], data["mask"], data["group_index"], values, data["finished"]
+                data["token_rewards"], data["response_mask"], data["group_index"], values, data["finished"]
             )
             advantages, returns = self.estimator(adv_inputs, **self.method.estimator_kw)
         return values, advantages, returns

@@ -145,7 +145,7 @@ def compute_trustbench_policy_loss(
     )
     inp = PolicyInputs(
         logp=log_prob,
-        logp_old=old_log_prob,
+        old_logp=old_log_prob,
         advantages=advantages,
         response_mask=response_mask.to(log_prob.dtype),
         rollout_logp=inputs.rollout_logp,

@@ -67,7 +67,7 @@ def iteration_metrics(
 
         inp = PolicyInputs(
             logp=old_logp,
-            logp_old=old_logp,
+            old_logp=old_logp,
             advantages=advantages,
             response_mask=mask,
             rollout_logp=rollout_logp,

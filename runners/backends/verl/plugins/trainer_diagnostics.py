@@ -99,10 +99,10 @@ def _group_ids(uids: list) -> Any:
 
 def post_update_metrics(data: dict) -> dict[str, float]:
     """The post-update metrics from [B,T] tensors of the real rows: ``kl`` (per token), ``new_logp``,
-    ``old_logp``, ``advantages``, ``mask``, ``responses`` and the prompt ``uids`` (list)."""
+    ``old_logp``, ``advantages``, ``response_mask``, ``responses`` and the prompt ``uids`` (list)."""
     from runners.algorithms.diagnostics import conflict_tokens, kl_exceedance
 
-    mask = data["mask"]
+    mask = data["response_mask"]
     real = mask > 0
     out: dict[str, float] = {}
     if bool(real.any()):
@@ -112,7 +112,7 @@ def post_update_metrics(data: dict) -> dict[str, float]:
         out.update(kl_exceedance(kl))
     groups = _group_ids(data["uids"])
     if groups.unique().numel() < mask.shape[0]:
-        spans = {"responses": data["responses"], "mask": mask, "group_index": groups}
+        spans = {"responses": data["responses"], "response_mask": mask, "group_index": groups}
         conflicts = conflict_tokens(spans, data["advantages"], mask)
         if bool(conflicts.any()):
             delta = (data["new_logp"] - data["old_logp"])[conflicts]
@@ -156,7 +156,7 @@ def post_update_pass(trainer: Any, batch: Any, chunk_size: int) -> dict[str, flo
             "new_logp": pad["log_probs"].float(),
             "old_logp": pad["old_log_probs"].float(),
             "advantages": pad["advantages"].float(),
-            "mask": pad["response_mask"].float(),
+            "response_mask": pad["response_mask"].float(),
             "responses": pad["responses"].long(),
             "uids": [uids[i] for i in real],
         }
