@@ -336,6 +336,44 @@ def test_alpha_zero_leaves_only_the_projected_ratio():
 # -- sparse (section 3.2), V >> K ---------------------------------------------------------------------
 
 
+def _peaked_sparse_case(k: int = 6, vocab: int = 400):
+    """``_case`` with peaked rows (fewer than k tokens cover 1 - 1e-3 in some) and its stored sparse old
+    distribution: (old, new, responses, adv, mask, weights, kept, index, logp)."""
+    old, new, responses, adv, mask, weights = _case(21, vocab=vocab, shift=1.2)
+    peak = np.array([1.0, 6.0, 1.0, 6.0])[None, :, None]
+    new, old = old * peak + (new - old), old * peak
+    kept, index, logp = _sparse_store(old, responses, k, cover=1 - 1e-3)
+    return old, new, responses, adv, mask, weights, kept, index, logp
+
+
+def _acting_reference(case, options) -> tuple[np.ndarray, np.ndarray]:
+    """The reference loss and projected flags of ``case``, checked to act (``_assert_acts``)."""
+    old, new, responses, adv, mask = case[:5]
+    ref, projected = ref_loss(new, old, responses, adv, mask, eps=EPS, **options)
+    unprojected, _ = ref_loss(new, old, responses, adv, mask, eps=1e9, **options)
+    _assert_acts(projected, mask, ref, unprojected)
+    return ref, projected
+
+
+def check_sparse_gradient(got: np.ndarray, case, options, zero_atol: float = 0.0) -> None:
+    """The logits' gradient ``got`` [B,T,V] against ``ref_gradient``'s finite differences on every kept
+    logit and 3 dropped ones per token; every dropped logit's gradient within ``zero_atol`` of 0 (eq. 21
+    puts p_d there whatever the logits)."""
+    old, new, responses, adv, mask, weights, kept = case[:7]
+    vocab = new.shape[-1]
+    rng = np.random.default_rng(0)
+    columns = {}
+    for b in range(new.shape[0]):
+        for t in range(new.shape[1]):
+            dropped = np.setdiff1d(np.arange(vocab), kept[b][t][0])
+            columns[(b, t)] = [*kept[b][t][0].tolist(), *rng.choice(dropped, 3, replace=False).tolist()]
+    grad = ref_gradient(new, old, responses, adv, mask, weights, eps=EPS, columns=columns, **options)
+    for (b, t), cols in columns.items():
+        np.testing.assert_allclose(got[b, t, cols], grad[b, t, cols], rtol=1e-6, atol=1e-8, err_msg=f"token {b},{t}")
+        others = np.setdiff1d(np.arange(vocab), kept[b][t][0])
+        np.testing.assert_allclose(got[b, t, others], 0.0, rtol=0, atol=zero_atol, err_msg="only the kept logits")
+
+
 @pytest.mark.parametrize(
     ("sequence", "p_d"), [(False, P_D), (True, P_D), (False, 1e-4)], ids=["token", "gspo", "token-heavy-tail"]
 )
@@ -344,31 +382,15 @@ def test_sparse_loss_and_gradient_match_the_reference_over_the_whole_vocabulary(
     code projects |S| + 1 dimensions. Gradients on the kept logits by finite differences, and on a few
     dropped ones (where eq. 21 puts p_d whatever the logits: zero). ``p_d`` = 1e-4 gives the dropped
     tokens 4% of the mass, so that the tail's share of the projection shows beyond rounding."""
-    vocab, k = 400, 6
-    old, new, responses, adv, mask, weights = _case(21, vocab=vocab, shift=1.2)
-    peak = np.array([1.0, 6.0, 1.0, 6.0])[None, :, None]  # peaked rows, where fewer than k cover 1 - 1e-3
-    new, old = old * peak + (new - old), old * peak
-    kept, index, logp = _sparse_store(old, responses, k, cover=1 - 1e-3)
+    case = _peaked_sparse_case()
+    old, new, responses, adv, mask, weights, kept, index, logp = case
     sizes = [kept[b][t][0].size for b in range(3) for t in range(4)]
-    assert min(sizes) < k + 1 == max(sizes), sizes  # some rows cut by the mass cover, some full
+    assert min(sizes) < 6 + 1 == max(sizes), sizes  # some rows cut by the mass cover, some full
     options = dict(alpha=ALPHA, sequence=sequence, kept=kept, p_d=p_d)
-    ref, projected = ref_loss(new, old, responses, adv, mask, eps=EPS, **options)
-    unprojected, _ = ref_loss(new, old, responses, adv, mask, eps=1e9, **options)
-    _assert_acts(projected, mask, ref, unprojected)
+    ref, projected = _acting_reference(case, options)
     logits, out = _objective(new, index, logp, responses, adv, mask, sequence=sequence, polish_steps=4, p_default=p_d)
     np.testing.assert_allclose(out.loss_mat.detach().numpy(), ref, rtol=1e-8, atol=1e-9)
     (out.loss_mat * torch.from_numpy(weights)).sum().backward()
-    rng = np.random.default_rng(0)
-    columns = {}
-    for b in range(3):
-        for t in range(4):
-            dropped = np.setdiff1d(np.arange(vocab), kept[b][t][0])
-            columns[(b, t)] = [*kept[b][t][0].tolist(), *rng.choice(dropped, 3, replace=False).tolist()]
-    grad = ref_gradient(new, old, responses, adv, mask, weights, eps=EPS, columns=columns, **options)
-    got = logits.grad.numpy()
-    for (b, t), cols in columns.items():
-        np.testing.assert_allclose(got[b, t, cols], grad[b, t, cols], rtol=1e-6, atol=1e-8, err_msg=f"token {b},{t}")
-        others = np.setdiff1d(np.arange(vocab), kept[b][t][0])
-        assert not np.any(got[b, t, others]), "the sparse loss reaches only the kept logits"
+    check_sparse_gradient(logits.grad.numpy(), case, options)
     assert out.metrics[metric_names.TROLL_PROJECTED_FRAC] == pytest.approx(projected[mask > 0].mean())
     assert out.metrics[metric_names.TROLL_KEPT_TOKENS] == pytest.approx(np.mean(sizes[:3] + sizes[4:]))

@@ -17,7 +17,16 @@ import torch
 from runners import metric_names
 from runners.algorithms import OBJECTIVES
 from runners.algorithms.types import PolicyInputs
-from tests.algorithms.test_ref_troll import ALPHA, EPS, P_D, _assert_acts, _case, _sparse_store, ref_gradient, ref_loss
+from tests.algorithms.test_ref_troll import (
+    ALPHA,
+    EPS,
+    P_D,
+    _acting_reference,
+    _case,
+    _peaked_sparse_case,
+    _sparse_store,
+    check_sparse_gradient,
+)
 
 
 def _kept_objective(new, index, old_logp, responses, adv, mask, *, sequence: bool, p_d: float):
@@ -39,30 +48,14 @@ def _kept_objective(new, index, old_logp, responses, adv, mask, *, sequence: boo
 
 @pytest.mark.parametrize(("sequence", "p_d"), [(False, P_D), (True, P_D), (False, 1e-4)])
 def test_loss_and_gradient_from_kept_logprobs_match_the_reference(sequence, p_d):
-    vocab, k = 400, 6
-    old, new, responses, adv, mask, weights = _case(21, vocab=vocab, shift=1.2)
-    peak = np.array([1.0, 6.0, 1.0, 6.0])[None, :, None]
-    new, old = old * peak + (new - old), old * peak
-    kept, index, logp = _sparse_store(old, responses, k, cover=1 - 1e-3)
+    case = _peaked_sparse_case()
+    old, new, responses, adv, mask, weights, kept, index, logp = case
     options = dict(alpha=ALPHA, sequence=sequence, kept=kept, p_d=p_d)
-    ref, projected = ref_loss(new, old, responses, adv, mask, eps=EPS, **options)
-    unprojected, _ = ref_loss(new, old, responses, adv, mask, eps=1e9, **options)
-    _assert_acts(projected, mask, ref, unprojected)
+    ref, projected = _acting_reference(case, options)
     logits, out = _kept_objective(new, index, logp, responses, adv, mask, sequence=sequence, p_d=p_d)
     np.testing.assert_allclose(out.loss_mat.detach().numpy(), ref, rtol=1e-8, atol=1e-9)
     (out.loss_mat * torch.from_numpy(weights)).sum().backward()
-    rng = np.random.default_rng(0)
-    columns = {}
-    for b in range(3):
-        for t in range(4):
-            dropped = np.setdiff1d(np.arange(vocab), kept[b][t][0])
-            columns[(b, t)] = [*kept[b][t][0].tolist(), *rng.choice(dropped, 3, replace=False).tolist()]
-    grad = ref_gradient(new, old, responses, adv, mask, weights, eps=EPS, columns=columns, **options)
-    got = logits.grad.numpy()
-    for (b, t), cols in columns.items():
-        np.testing.assert_allclose(got[b, t, cols], grad[b, t, cols], rtol=1e-6, atol=1e-8, err_msg=f"token {b},{t}")
-        others = np.setdiff1d(np.arange(vocab), kept[b][t][0])
-        np.testing.assert_allclose(got[b, t, others], 0.0, atol=1e-12)  # the normalisation over V cancels
+    check_sparse_gradient(logits.grad.numpy(), case, options, zero_atol=1e-12)  # the normalisation over V cancels
     assert out.metrics[metric_names.TROLL_PROJECTED_FRAC] == pytest.approx(projected[mask > 0].mean())
     # the kept mass from the kept log-probs alone: sum over S of softmax(new) (TROLL's Definition A.1 set)
     lq = new - np.log(np.exp(new - new.max(-1, keepdims=True)).sum(-1, keepdims=True)) - new.max(-1, keepdims=True)

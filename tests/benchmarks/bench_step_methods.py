@@ -19,14 +19,13 @@ Table 5).
 from __future__ import annotations
 
 import argparse
-import ctypes
-import gc
 import statistics
 import tempfile
 import time
 from pathlib import Path
 
 import record
+import rss
 import torch
 
 from runners.backends.local.trainer import LocalTrainer
@@ -41,23 +40,6 @@ class NullTracker:
 
     def flush(self, wait=True):
         pass
-
-
-def _kib(field: str) -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1])
-    raise KeyError(field)
-
-
-def _settle() -> int:
-    gc.collect()
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except OSError:
-        pass
-    Path("/proc/self/clear_refs").write_text("5")
-    return _kib("VmRSS")
 
 
 def trainer(args, extra: list[str], run_dir: Path) -> LocalTrainer:
@@ -100,11 +82,11 @@ def main(argv=None) -> None:
         for step in range(args.steps + 1):  # step 0 warms up
             order = list(METHODS) if step % 2 else list(METHODS)[::-1]
             for name in order:
-                before = _settle()
+                before = rss.settle()
                 wall, cpu = time.perf_counter(), time.process_time()
                 trainers[name].step(step)
                 wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
-                peak = _kib("VmHWM")
+                peak = rss.kib("VmHWM")
                 if step:
                     runs[name].append(
                         {"wall_s": wall, "cpu_s": cpu, "peak_mib": (peak - before) / 1024, "process_mib": peak / 1024}

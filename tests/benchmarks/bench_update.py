@@ -25,14 +25,12 @@ TROLL <= 1.3x Clip's time and <= +10% of its peak memory).
 from __future__ import annotations
 
 import argparse
-import ctypes
-import gc
 import os
 import statistics
 import time
-from pathlib import Path
 
 import record
+import rss
 import torch
 
 from runners.algorithms.method import Method
@@ -49,24 +47,6 @@ METHODS = {
     "TROLL": ["algorithm=grpo", "objective=troll"],
     "TRM-Max": ["algorithm=grpo", "mask=trm_max"],
 }
-
-
-def _status_kib(field: str) -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1])
-    raise KeyError(field)
-
-
-def _settle() -> int:
-    """Resident set (KiB) once freed memory went back to the system (glibc's malloc_trim), peak reset to it."""
-    gc.collect()
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except OSError:  # not glibc: the figure then includes memory held by the allocator
-        pass
-    Path("/proc/self/clear_refs").write_text("5")  # VmHWM := current resident set
-    return _status_kib("VmRSS")
 
 
 def make_data(rows: int, tokens: int, seed: int = 0) -> dict:
@@ -97,7 +77,7 @@ def run_variant(model, optimizer, method: Method, data: dict, chunked: bool, row
     )
     old = old_pass(forward, data, method=method, micro_batch_size=rows, precision="fp32")
     loss_fn = PolicyLoss(method)
-    before = _settle()
+    before = rss.settle()
     wall, cpu = time.perf_counter(), time.process_time()
     update_actor(
         model,
@@ -112,7 +92,7 @@ def run_variant(model, optimizer, method: Method, data: dict, chunked: bool, row
         shuffle=torch.Generator().manual_seed(0),
     )
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
-    peak = _status_kib("VmHWM")
+    peak = rss.kib("VmHWM")
     return {"wall_s": wall, "cpu_s": cpu, "peak_mib": (peak - before) / 1024}
 
 
