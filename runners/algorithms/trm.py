@@ -200,7 +200,8 @@ def _finish(
     seq_mask = keep.to(inp.logp.dtype).detach()
     if not monitor:
         return MaskOutput(seq_mask, {})
-    if token_kl is None and all(getattr(inp, f) is not None for f in _EXACT_FIELDS):
+    stored = inp.old_topk_index is not None and inp.old_topk_logp is not None
+    if token_kl is None and stored and (inp.logits is not None or inp.topk_logp is not None):
         # distributions stored: monitor the exact KL/TV even when the criterion is sample-based
         token_kl, token_tv = _exact_divergences(inp, "monitoring", True)
     with torch.no_grad():
