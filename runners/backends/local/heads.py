@@ -115,12 +115,9 @@ def response_logprobs(forward, data: dict, *, chunked: bool, settings) -> Tensor
     parts = []
     with torch.no_grad():
         for s in range(0, batch, chunk):
-            out, responses = forward(data, slice(s, s + chunk)), data["responses"][s : s + chunk]
-            if isinstance(out, Head):
-                logp = chunked_head(out.hidden, out.weight, responses, bias=out.bias, temperature=out.temperature).logp
-                parts.append(round_logprobs(logp.float(), precision))
-            else:
-                parts.append(token_logprobs(out, responses, precision=precision))
+            head, responses = forward(data, slice(s, s + chunk)), data["responses"][s : s + chunk]
+            logp = chunked_head(head.hidden, head.weight, responses, bias=head.bias, temperature=head.temperature).logp
+            parts.append(round_logprobs(logp.float(), precision))
     return torch.cat(parts)
 
 
