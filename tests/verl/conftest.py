@@ -43,7 +43,7 @@ def pytest_sessionfinish(session):
     cells = ", ".join(f"{name} {run.wall_s:.0f}" for name, run in stage.runs.items())
     report_line(
         session.config,
-        f"verl CPU stage: {wall:.0f} s, {stage.launches} verl launches (s per cell: {cells}); "
+        f"verl CPU stage: {wall:.0f} s, model {stage.model_s:.0f} s, {stage.launches} verl launches (s per cell: {cells}); "
         f"peak PSS {stage.sampler.peak_bytes / 2**30:.1f} GiB",
     )
     if phases:

@@ -164,6 +164,8 @@ class CpuStage:
     pool: ThreadPoolExecutor | None = None
     pending: dict[str, Future] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    # seconds ``prepare_model`` took (the embedded model's build, when the cache lacked it)
+    model_s: float = 0.0
 
     def overrides(self, name: str, backend: str = "verl") -> list[str]:
         """The ``trustbench run`` arguments of cell ``name`` (README's cell: README_COMMAND alone, unless
@@ -185,6 +187,19 @@ class CpuStage:
         from runners.config import run_key
 
         return paths.run_dir(run_key(cfg))
+
+    def prepare_model(self) -> None:
+        """The cells' model built (or loaded from the cache) and exported for verl, here, before any cell
+        starts. In a fresh HOME the first cell would build the embedded model inside its own launch: under
+        the whole suite's load that took 6.4 minutes, counted against that cell's ``CELL_TIMEOUT_S``, and
+        README's cell printed the build's progress bar instead of verl's first line. Every cell uses the
+        same model (``model_path`` of README's cell)."""
+        from runners.backends.verl.process import model_path
+
+        cfg, _ = self.compose(README_CELL)
+        started = time.monotonic()
+        model_path(cfg)
+        self.model_s = time.monotonic() - started
 
     def start(self, names) -> None:
         """Launch cells ``names`` in the background, ``PARALLEL`` at a time, in ``LAUNCH_ORDER``."""
@@ -233,14 +248,16 @@ class CpuStage:
             self.sampler.pids.add(proc.pid)
             if stop_when is not None:
                 signal_on_file(proc, stop_when)
+            timed_out = False
             try:
                 code = proc.wait(timeout=CELL_TIMEOUT_S)
             except subprocess.TimeoutExpired:
-                proc.kill()
-                code = proc.wait()
+                timed_out = True
+                code = end_tree(proc)
         wall = time.monotonic() - started
         output = log.read_text(errors="replace")
-        assert stop_when is not None or code == 0, f"cell {name}: exit {code}\n{output[-4000:]}"
+        what = f"timed out after {CELL_TIMEOUT_S} s (then exit {code})" if timed_out else f"exit {code}"
+        assert not timed_out and (stop_when is not None or code == 0), f"cell {name}: {what}\n{output[-4000:]}"
         status = read_status(self.layout(cfg)) or {}
         result = {key: status.get(key) for key in ("status", "run_id", "name")}
         return CellRun(name, cfg, choices, result, self.layout(cfg), dump, wall, code, output)
@@ -309,6 +326,38 @@ class CpuStage:
             self.pool.shutdown(wait=True, cancel_futures=True)
 
 
+def end_tree(proc: subprocess.Popen, grace_s: float = 60.0) -> int:
+    """End a cell's ``trustbench run`` and everything it started; returns its exit status.
+
+    SIGTERM first: trustbench ends verl's process group itself (``process.terminate``). Whatever of the
+    tree is left after ``grace_s`` is SIGKILLed, verl's driver included: it runs in a session of its own,
+    so killing trustbench alone would leave it holding the leased Ray cluster's logical GPU, and every
+    later launch on that cluster would fail in verl's resource check ("Total available GPUs 0").
+    """
+    import psutil
+
+    try:
+        tree = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
+    except psutil.Error:
+        tree = []
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        pass
+    try:
+        tree += [p for p in psutil.Process(proc.pid).children(recursive=True) if p not in tree]
+    except psutil.Error:
+        pass
+    for process in tree:
+        try:
+            process.kill()
+        except psutil.Error:
+            continue
+    psutil.wait_procs(tree, timeout=30)
+    return proc.wait()
+
+
 def signal_on_file(proc: subprocess.Popen, path: Path, timeout_s: float = CELL_TIMEOUT_S) -> threading.Thread:
     """SIGUSR1 to ``proc`` as soon as ``path`` exists (while it runs, at most ``timeout_s``: the cell's
     own limit; in a fresh HOME under the whole suite's load the command once took 5.5 minutes, the
@@ -370,6 +419,7 @@ def cpu_stage(request, tmp_path_factory, cpu_ray) -> Iterator[CpuStage]:
     uri = tracking.ensure_store(f"sqlite:///{home}/mlflow.db")
     stage = CpuStage(home=home, uri=uri, sampler=sampler, clusters=cpu_ray)
     STAGE["stage"] = stage
+    stage.prepare_model()
     stage.start(cells_of(request.session.items))
     try:
         yield stage

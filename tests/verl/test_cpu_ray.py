@@ -76,3 +76,30 @@ def test_a_cluster_whose_raylet_runs_is_not_named(tmp_path):
         proc.kill()
         proc.wait()
     assert cpu_ray.raylet_gone(cluster).startswith("raylet.err: (no log)")
+
+
+def test_a_timed_out_cell_ends_with_the_process_it_started_in_a_session_of_its_own(tmp_path):
+    """``end_tree``: a ``trustbench run`` that outlives its limit is ended with what it started, verl's
+    driver included, though that runs in a session of its own and ignores SIGTERM (here: a stand-in
+    child that does). A killed leader alone would leave the child holding the leased Ray cluster."""
+    import psutil
+
+    from tests.verl.cpu_stage import end_tree
+
+    child_pid = tmp_path / "child.pid"
+    parent = (
+        "import signal, subprocess, sys, time\n"
+        "child = subprocess.Popen([sys.executable, '-c', "
+        "'import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)'], "
+        "start_new_session=True)\n"
+        f"open({str(child_pid)!r}, 'w').write(str(child.pid))\n"
+        "time.sleep(600)\n"
+    )
+    proc = subprocess.Popen(["python3", "-c", parent])
+    deadline = time.monotonic() + 30
+    while not (child_pid.exists() and child_pid.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    child = psutil.Process(int(child_pid.read_text()))
+    assert end_tree(proc, grace_s=2) == -15  # the leader ends on SIGTERM (its default action)
+    child.wait(timeout=30)  # the child, which ignores SIGTERM, was SIGKILLed (TimeoutExpired otherwise)
+    assert not child.is_running()
