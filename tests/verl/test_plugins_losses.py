@@ -299,3 +299,31 @@ def test_errors_name_the_setting():
             inputs=TrustbenchInputs(),
         )
     assert math.isfinite(plugin_update(loss_mode, method, prob, method.controller())[0])
+
+
+def test_the_loss_is_built_once_per_iteration_and_rebuilt_when_its_state_or_config_changes(monkeypatch):
+    """verl calls the loss once per micro-batch: the plugin builds its ``PolicyLoss`` once and reuses it
+    while the config's fields and the controller state the trainer pushed are unchanged; a new state
+    (the next iteration: REPO-R's coefficient moved) or a changed config builds anew, and the rebuilt
+    loss equals the built-in trainer's at that state."""
+    from runners.backends.verl.plugins import losses
+
+    built = []
+    build = losses.PolicyLoss
+    monkeypatch.setattr(losses, "PolicyLoss", lambda *a, **k: built.append(a[0]) or build(*a, **k))
+    monkeypatch.setattr(losses, "_BUILT", {})
+    loss_mode, method = CASES["repo_r"]
+    prob = _problem(method)
+    controller = method.controller()
+    first, _, first_grad = plugin_update(loss_mode, method, prob, controller)
+    again, _, again_grad = plugin_update(loss_mode, method, prob, controller)
+    assert len(built) == 1 and again == first and torch.equal(again_grad, first_grad)
+    controller.update(0.6)  # the next iteration: the coefficient moves
+    moved, _, moved_grad = plugin_update(loss_mode, method, prob, controller)
+    assert len(built) == 2 and moved != first
+    ref_loss, _, model = local_update(method, prob, controller)
+    assert moved == pytest.approx(ref_loss, rel=1e-6, abs=1e-9)
+    torch.testing.assert_close(moved_grad, model.logits.grad, rtol=1e-6, atol=1e-9)
+    wider = Method(**{**method.__dict__, "entropy_control_params": {"zeta0": 0.02, "zeta_max": 0.1}})
+    plugin_update(loss_mode, wider, prob, controller)
+    assert len(built) == 3 and dict(built[-1].entropy_control_kw)["zeta_max"] == 0.1

@@ -147,21 +147,38 @@ def is_trustbench_loss(policy_loss: Any) -> bool:
     return policy_loss is not None and _get(policy_loss, "loss_mode", "vanilla") in LOSS_MODES
 
 
+def loss_fields(policy_loss: Any, loss_mode: str | None = None) -> dict[str, Any]:
+    """What ``loss_settings`` reads of a ``policy_loss`` node, as plain values (also the key under which
+    the plugins reuse a built loss: two nodes with equal fields give the same settings)."""
+    policy_loss = {} if policy_loss is None else policy_loss
+    return {
+        "mode": loss_mode or _get(policy_loss, "loss_mode", "vanilla"),
+        "mask": _get(policy_loss, "mask", "none"),
+        "entropy_control": _get(policy_loss, "entropy_control", "none"),
+        "objective_params": _plain(_get(policy_loss, "objective_params", {})),
+        "mask_params": _plain(_get(policy_loss, "mask_params", {})),
+        "entropy_control_params": _plain(_get(policy_loss, "entropy_control_params", {})),
+        "kl_coef": float(_get(policy_loss, "kl_coef", 0.0)),
+    }
+
+
 def loss_settings(policy_loss: Any, loss_mode: str | None = None) -> LossSettings:
     """Resolve a ``policy_loss`` node (our dataclass, verl's, a DictConfig, a dict or None) for a
     trustbench loss; ``loss_mode`` overrides the node's (a registered loss knows its own mode)."""
-    policy_loss = {} if policy_loss is None else policy_loss
-    mode = loss_mode or _get(policy_loss, "loss_mode", "vanilla")
+    return settings_from_fields(loss_fields(policy_loss, loss_mode))
+
+
+def settings_from_fields(fields: dict[str, Any]) -> LossSettings:
+    """``loss_settings`` of a node whose ``loss_fields`` are ``fields`` (checked here)."""
+    mode, mask, control = fields["mode"], fields["mask"], fields["entropy_control"]
     if mode not in LOSS_MODES:
         raise ValueError(f"policy_loss.loss_mode={mode!r} is not a trustbench loss; valid: {', '.join(LOSS_MODES)}")
     objective, fixed = LOSS_MODES[mode]
-    mask = _get(policy_loss, "mask", "none")
-    control = _get(policy_loss, "entropy_control", "none")
     if mask not in MASKS:
         raise ValueError(f"policy_loss.mask={mask!r}; valid: {', '.join(MASKS.names())}")
     if control not in ENTROPY_CONTROLLERS:
         raise ValueError(f"policy_loss.entropy_control={control!r}; valid: {', '.join(ENTROPY_CONTROLLERS.names())}")
-    given = _plain(_get(policy_loss, "objective_params", {}))
+    given = fields["objective_params"]
     for key, value in fixed.items():  # e.g. trustbench_troll fixes sequence=False: a contrary value is an error
         if key in given and given[key] != value:
             others = [m for m, (name, f) in LOSS_MODES.items() if name == objective and f.get(key) == given[key]]
@@ -174,10 +191,10 @@ def loss_settings(policy_loss: Any, loss_mode: str | None = None) -> LossSetting
         objective=objective,
         objective_params={**given, **fixed},
         mask=mask,
-        mask_params=_plain(_get(policy_loss, "mask_params", {})),
+        mask_params=fields["mask_params"],
         entropy_control=control,
-        entropy_control_params=_plain(_get(policy_loss, "entropy_control_params", {})),
-        kl_coef=float(_get(policy_loss, "kl_coef", 0.0)),
+        entropy_control_params=fields["entropy_control_params"],
+        kl_coef=fields["kl_coef"],
     )
     return LossSettings(loss_mode=mode, method=method)
 
@@ -186,5 +203,7 @@ __all__ = [
     "LossSettings",
     "TrustbenchPolicyLossConfig",
     "is_trustbench_loss",
+    "loss_fields",
     "loss_settings",
+    "settings_from_fields",
 ]

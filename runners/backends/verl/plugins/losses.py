@@ -32,6 +32,7 @@ Tests: ``pytest tests/verl/test_plugins_losses.py tests/verl/test_cross_backend.
 from __future__ import annotations
 
 import contextlib
+import copy
 from collections.abc import Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
@@ -46,7 +47,7 @@ from runners.algorithms.policy_loss import PolicyLoss
 from runners.algorithms.policy_loss import build_controller as build_method_controller
 from runners.algorithms.types import PolicyInputs
 from runners.backends.verl import LOSS_MODES
-from runners.backends.verl.plugins.config import LossSettings, loss_settings
+from runners.backends.verl.plugins.config import LossSettings, loss_fields, settings_from_fields
 
 # non-tensor batch entry: {"entropy_control_state": {...}, "h_ini": float | None} from the trainer
 RUNTIME_KEY = "trustbench_runtime"
@@ -112,6 +113,37 @@ def _global_counts(config: Any) -> tuple[float | None, float | None, float | Non
     )
 
 
+@dataclass
+class _Built:
+    """A ``PolicyLoss`` and what it was built from (``policy_loss_for``)."""
+
+    fields: str
+    state: Any
+    settings: LossSettings
+    loss_fn: PolicyLoss
+
+
+# loss_agg_mode -> the loss last built for it in this process
+_BUILT: dict[str, _Built] = {}
+
+
+def policy_loss_for(node: Any, loss_mode: str, loss_agg_mode: str, runtime: dict) -> tuple[LossSettings, PolicyLoss]:
+    """The settings and ``PolicyLoss`` of a ``policy_loss`` config node, built once and reused for every
+    micro-batch while the node's fields (``loss_fields``) and the entropy controller's state (pushed by
+    the trainer once per iteration) are unchanged. Controllers change state only in ``update``, which
+    the trainer calls between iterations, so reuse within one gives the losses a fresh build would."""
+    fields = loss_fields(node, loss_mode)
+    key = repr(fields)
+    state = runtime.get("entropy_control_state")
+    built = _BUILT.get(loss_agg_mode)
+    if built is None or built.fields != key or built.state != state:
+        settings = settings_from_fields(fields)
+        method = replace(settings.method, loss_agg=loss_agg_mode)
+        built = _Built(key, copy.deepcopy(state), settings, PolicyLoss(method, build_controller(settings, runtime)))
+        _BUILT[loss_agg_mode] = built
+    return built.settings, built.loss_fn
+
+
 def compute_trustbench_policy_loss(
     loss_mode: str,
     old_log_prob: Tensor,
@@ -131,15 +163,13 @@ def compute_trustbench_policy_loss(
             f"valid: {', '.join(LOSS_AGGS.names())}"
         )
     inputs = inputs or _CURRENT.get() or TrustbenchInputs()
-    settings = loss_settings(getattr(config, "policy_loss", None), loss_mode)
+    runtime = dict(inputs.runtime or {})
+    settings, loss_fn = policy_loss_for(getattr(config, "policy_loss", None), loss_mode, loss_agg_mode, runtime)
     if settings.needs_grad_entropy and inputs.entropy is None:
         raise ValueError(
             f"{', '.join(settings.method.needing('grad_entropy'))} need the current entropy: set "
             "actor_rollout_ref.actor.calculate_entropy=true"
         )
-    method = replace(settings.method, loss_agg=loss_agg_mode)
-    runtime = dict(inputs.runtime or {})
-    loss_fn = PolicyLoss(method, build_controller(settings, runtime))
     group = (
         None if inputs.group_index is None else group_inverse(inputs.group_index, log_prob.shape[0], log_prob.device)
     )
