@@ -113,6 +113,44 @@ def test_the_chunked_old_pass_equals_the_dense_one():
     )
 
 
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_the_chunked_reference_pass_equals_float64_log_softmax(precision):
+    """The reference model's pass (KL-to-reference term, ``policy_loss.kl_coef``) at large V: ``Head``s
+    through ``chunked_head`` two rows at a time (the left-padded row and odd chunk included) give the
+    float64 log-softmax of h W^T / T at the sampled tokens within 1e-5, rounded as the dense pass rounds."""
+    from types import SimpleNamespace
+
+    from runners.algorithms.numerics import round_logprobs
+    from runners.backends.local.heads import response_logprobs
+
+    model = build_tiny_model("qwen2", vocab_size=V, seed=3, hidden_size=32, num_hidden_layers=1)
+    with torch.no_grad():
+        model.get_output_embeddings().weight.mul_(15.0)
+    data = _data(rows=5)
+    seen = []
+
+    def head(d, rows):
+        seen.append(rows)
+        out = model.get_output_embeddings()
+        hidden = segment_hidden(model, d["input_ids"][rows], d["attention_mask"][rows], d["context_length"])
+        return Head(hidden, out.weight, out.bias, TEMPERATURE)
+
+    settings = SimpleNamespace(micro_batch_size=2, logprob_precision=precision)
+    got = response_logprobs(head, data, chunked=True, settings=settings)
+    assert seen == [slice(0, 2), slice(2, 4), slice(4, 6)]
+    with torch.no_grad():
+        h = segment_hidden(model, data["input_ids"], data["attention_mask"], data["context_length"]).double()
+        ref = torch.log_softmax(h @ model.get_output_embeddings().weight.double().T / TEMPERATURE, -1)
+        ref = ref.gather(-1, data["responses"].unsqueeze(-1)).squeeze(-1)
+    assert got.dtype == torch.float32 and got.shape == ref.shape
+    if precision == "fp32":
+        torch.testing.assert_close(got.double(), ref, rtol=0, atol=1e-5)
+    else:  # rounded to bfloat16's grid as the dense pass rounds (a unit of ~4e-3 near log-probs of -1..-2)
+        assert torch.equal(got, round_logprobs(got, precision))
+        torch.testing.assert_close(got.double(), ref, rtol=1e-2, atol=0)
+    assert (ref < -1e-3).any()  # not a trivially peaked case
+
+
 @pytest.mark.parametrize(("vocab", "chunked"), [(MIN_VOCAB - 1, False), (MIN_VOCAB, True)])
 def test_the_trainer_takes_the_chunked_pass_from_min_vocab_on(monkeypatch, vocab, chunked):
     from runners.backends.local import trainer as trainer_module
