@@ -599,3 +599,50 @@ def test_padding_positions_of_the_stored_distributions_are_never_read(name):
     assert dirty.seq_mask.tolist() == clean.seq_mask.tolist()
     assert dirty.metrics == clean.metrics
     assert clean.metrics["trm/max_kl"] == pytest.approx(max(x for r in kl for x in r), rel=1e-9)
+
+
+def _ref_kept_divergences(logq: np.ndarray, topk_logp: np.ndarray, tail_bin: bool) -> tuple[float, float]:
+    """Eq. 51's KL(pi_roll || pi_theta) over the kept ids (plus the rest bin) and the TV of the same
+    coarse-grained pair, for one token, in plain float64 loops; -inf slots are padding."""
+    kl = tv = p_sum = q_sum = 0.0
+    for lq, lp in zip(logq, topk_logp):
+        if lp == -math.inf:
+            continue
+        p, q = math.exp(lp), math.exp(lq)
+        kl += p * (lp - lq)
+        tv += abs(p - q)
+        p_sum, q_sum = p_sum + p, q_sum + q
+    p_rest, q_rest = max(1.0 - p_sum, 0.0), max(1.0 - q_sum, 0.0)
+    if tail_bin:  # the coarse-grained pair's KL, >= 0; the kept terms alone are a partial sum of any sign
+        kl = max(kl + (p_rest * (math.log(p_rest) - math.log(max(q_rest, 1e-12))) if p_rest > 0 else 0.0), 0.0)
+    return kl, 0.5 * (tv + abs(p_rest - q_rest))
+
+
+def test_kept_token_divergences_add_the_rest_bin_by_default_and_zero_masked_tokens():
+    """``kept_token_divergences`` (a backend without the logits: current log-probs at the kept ids)
+    against the loop of eq. 51: the rest bin is in by default, masked tokens are exactly 0 (their own
+    divergences are not), unmasked ones equal the reference."""
+    g = torch.Generator().manual_seed(11)
+    B, T, K = 2, 4, 5
+    # rollout: K kept ids with 60-90% of the mass (a rest of 0.1-0.4), one padding slot in some tokens
+    topk = torch.log_softmax(torch.randn(B, T, K, generator=g, dtype=torch.float64), -1)
+    topk = topk + torch.log(0.6 + 0.3 * torch.rand(B, T, 1, generator=g, dtype=torch.float64))
+    topk[0, 1, -1] = topk[1, 3, -1] = -math.inf
+    logq = topk + 0.3 * torch.randn(B, T, K, generator=g, dtype=torch.float64)  # the policy moved
+    mask = torch.tensor([[1.0, 1.0, 0.0, 1.0], [1.0, 0.0, 1.0, 1.0]], dtype=torch.float64)
+    ref = {
+        bin_: np.array(
+            [[_ref_kept_divergences(logq[b, t].numpy(), topk[b, t].numpy(), bin_) for t in range(T)] for b in range(B)]
+        )
+        for bin_ in (True, False)
+    }
+    kl, tv = trm.kept_token_divergences(logq, topk, mask)
+    assert (ref[True][mask.numpy() == 0] > 1e-3).all()  # the masked tokens do diverge
+    np.testing.assert_allclose(kl.numpy(), np.where(mask.numpy() > 0, ref[True][..., 0], 0.0), rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(tv.numpy(), np.where(mask.numpy() > 0, ref[True][..., 1], 0.0), rtol=1e-10, atol=1e-12)
+    kl_all, tv_all = trm.kept_token_divergences(logq, topk)  # no mask, default tail_bin
+    np.testing.assert_allclose(kl_all.numpy(), ref[True][..., 0], rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(tv_all.numpy(), ref[True][..., 1], rtol=1e-10, atol=1e-12)
+    kl_kept, _ = trm.kept_token_divergences(logq, topk, tail_bin=False)
+    np.testing.assert_allclose(kl_kept.numpy(), ref[False][..., 0], rtol=1e-10, atol=1e-12)
+    assert (np.abs(ref[True][..., 0] - ref[False][..., 0]) > 1e-4).any()
