@@ -76,5 +76,10 @@ def test_missing_vocab_size_or_topk_logp_is_named():
     )
     with pytest.raises(ValueError, match="topk_logp .* and vocab_size"):
         OBJECTIVES.get("troll")(PolicyInputs(**base, topk_logp=logp.clone()), eps=EPS)
+    with pytest.raises(ValueError, match="topk_logp .* and vocab_size"):  # vocab_size alone is not enough
+        OBJECTIVES.get("troll")(PolicyInputs(**base, vocab_size=20), eps=EPS)
+    dense_old = {**base, "old_topk_index": None, "old_topk_logp": torch.log_softmax(torch.zeros(3, 4, 20), -1)}
+    with pytest.raises(ValueError, match="with a sparse old_topk_index"):  # no logits and a dense old distribution
+        OBJECTIVES.get("troll")(PolicyInputs(**dense_old, topk_logp=logp.clone(), vocab_size=20), eps=EPS)
     with pytest.raises(ValueError, match=r"must all be \[B,T,K\+1\]"):
         OBJECTIVES.get("troll")(PolicyInputs(**base, topk_logp=logp[..., :2], vocab_size=20), eps=EPS)
