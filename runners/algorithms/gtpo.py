@@ -254,8 +254,9 @@ def gtpo_objective(
             loss = loss + gamma * inp.entropy
     else:
         adv = inp.advantages if h_seq is None else inp.advantages - gamma * h_seq[:, None]
-        n_conflict = in_span.sum(-1).clamp(min=1).to(dtype)
-        loss = -(delta[:, None] * adv * lam * ratio) / n_conflict[:, None]
+        gain = -(delta[:, None] * adv * lam * ratio)
+        # the count in the loss's dtype: float32 advantages with bf16 log-probs must not round 257 to 256
+        loss = gain / in_span.sum(-1).clamp(min=1).to(gain.dtype)[:, None]
     loss_mat = torch.where(valid, loss, torch.zeros((), dtype=dtype, device=loss.device))
 
     rows = valid.any(-1)

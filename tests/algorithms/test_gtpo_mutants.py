@@ -11,7 +11,9 @@ main tests do not reach:
 - defaults (eq. 5 weight 2 with M_fw OR M_bw, gamma = 0.1, eq. 7 penalty) through calls without options;
 - dtypes of the weights, the filter and the objective's extras; H_ini = ln 2 (no filter);
 - the ablation threshold of the filter (sections 12-13), the advantage shift without entropies, and the
-  metrics of a batch with one real response.
+  metrics of a batch with one real response;
+- a response_mask that is not [B,T] (1-D or 3-D) given to gtpo_objective: conflict_spans' ValueError naming
+  both shapes, not an error of the masked mean that precedes it.
 
 Run: ``pytest tests/algorithms/test_gtpo_mutants.py``.
 """
@@ -267,3 +269,49 @@ def test_filtered_fraction_counts_only_responses_with_tokens():
     assert out.extra["gtpo_delta"].tolist() == [0.0, 1.0]
     # dropped response: only the entropy penalty gamma * H_t remains; padding is 0
     assert out.loss_mat.tolist() == [[0.1, 0.1, 0.1], [0.0, 0.0, 0.0]]
+
+
+# -- the objective's own input checks -------------------------------------------------------------------
+def test_objective_rejects_a_response_mask_that_is_not_b_t():
+    """A 1-D response_mask [T] broadcasts against the [B,T] advantages, but section 5.1's aligned positions need
+    one mask row per response: gtpo_objective stops with conflict_spans' ValueError naming both shapes, as for
+    a 3-D mask, before it builds any loss."""
+    logp = torch.full((2, 3), -1.0, dtype=torch.float64)
+    inp = PolicyInputs(
+        logp=logp,
+        old_logp=logp - 0.2,
+        advantages=torch.tensor([[1.0] * 3, [-1.0] * 3], dtype=torch.float64),
+        response_mask=torch.ones(2, 3, dtype=torch.float64),
+        responses=torch.tensor([[4, 5, 6], [4, 5, 7]]),
+        group_index=torch.tensor([0, 0]),
+        entropy=torch.ones(2, 3, dtype=torch.float64),
+    )
+    assert gtpo_objective(inp).extra["gtpo_lambda"].tolist() == [[2.0, 2.0, 1.0], [0.0, 0.0, 1.0]]
+    for bad in (torch.ones(3, dtype=torch.float64), torch.ones(1, 2, 3, dtype=torch.float64)):
+        want = f"responses (2, 3) and response_mask {tuple(bad.shape)} must be [B,T]"
+        with pytest.raises(ValueError, match=re.escape(want)):
+            gtpo_objective(dataclasses.replace(inp, response_mask=bad))
+
+
+@pytest.mark.parametrize("logp_dtype", [torch.float32, torch.bfloat16])
+def test_advantage_shift_divides_by_the_exact_conflict_count(logp_dtype):
+    """``entropy_term="advantage_shift"`` divides each token's loss by its response's conflict-token count
+    (GTPO arXiv 2508.03772, section 16, Listing 3). Two identical responses of 257 tokens with opposite
+    advantages: every token is on a conflict span, the positive response's tokens carry weight 2 (eq. 5's
+    conflict weight) and its row sums to -2 exactly, also with bfloat16 log-probs and float32 advantages
+    (a count rounded to bfloat16 is 256: the row summed to -2.0078)."""
+    T = 257
+    responses = torch.arange(3, 3 + T).repeat(2, 1)
+    logp = torch.zeros(2, T, dtype=logp_dtype)
+    inp = PolicyInputs(
+        logp=logp,
+        old_logp=logp.clone(),
+        advantages=torch.tensor([[1.0], [-1.0]]).expand(2, T).contiguous(),
+        response_mask=torch.ones(2, T),
+        responses=responses,
+        group_index=torch.tensor([0, 0]),
+    )
+    out = gtpo_objective(inp, entropy_term="advantage_shift", gamma=0.0)
+    assert out.loss_mat.dtype == torch.float32
+    assert float(out.loss_mat[0].sum()) == pytest.approx(-2.0, abs=1e-6)
+    assert float(out.loss_mat[0, 0]) == pytest.approx(-2.0 / T, rel=1e-6)
