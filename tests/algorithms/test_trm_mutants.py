@@ -30,6 +30,7 @@ import yaml
 
 from runners.algorithms import MASKS, trm
 from runners.algorithms.types import PolicyInputs
+from runners.metric_names import TRM_MAX_KL
 from tests.algorithms.test_ref_trm import (
     ref_exact_token_kl,
     ref_k2,
@@ -646,3 +647,34 @@ def test_kept_token_divergences_add_the_rest_bin_by_default_and_zero_masked_toke
     kl_kept, _ = trm.kept_token_divergences(logq, topk, tail_bin=False)
     np.testing.assert_allclose(kl_kept.numpy(), ref[False][..., 0], rtol=1e-10, atol=1e-12)
     assert (np.abs(ref[True][..., 0] - ref[False][..., 0]) > 1e-4).any()
+
+
+def test_the_exact_masks_honour_tail_bin_from_the_kept_log_probs():
+    """TRM-Max from ``topk_logp`` (a backend without the logits) with ``tail_bin=False`` thresholds and
+    reports the kept-only sum of eq. 51, not the coarse-grained KL: ``trm/max_kl`` equals the loop's
+    largest kept-only KL over real tokens, below the largest coarse-grained one."""
+    g = torch.Generator().manual_seed(12)
+    B, T, K = 3, 4, 5
+    topk = torch.log_softmax(torch.randn(B, T, K, generator=g, dtype=torch.float64), -1) + math.log(0.7)
+    logq = topk + 0.4 * torch.randn(B, T, K, generator=g, dtype=torch.float64)
+    mask = torch.ones(B, T)
+    inp = PolicyInputs(
+        logp=torch.zeros(B, T),
+        old_logp=torch.zeros(B, T),
+        advantages=torch.zeros(B, T),
+        response_mask=mask,
+        topk_logp=logq,
+        old_topk_index=torch.zeros(B, T, K, dtype=torch.long),
+        old_topk_logp=topk,
+        vocab_size=50,
+    )
+    ref = {
+        bin_: max(
+            _ref_kept_divergences(logq[b, t].numpy(), topk[b, t].numpy(), bin_)[0] for b in range(B) for t in range(T)
+        )
+        for bin_ in (True, False)
+    }
+    assert ref[False] < ref[True] - 1e-3
+    for bin_ in (True, False):
+        out = MASKS.get("trm_max")(inp, delta=10.0, tail_bin=bin_)
+        assert out.metrics[TRM_MAX_KL] == pytest.approx(ref[bin_], rel=1e-9), bin_
