@@ -10,7 +10,13 @@ aimed at the branches the mutation testing (``make mutation``) found unchecked:
   ``test_troll_sparse_mutants.ref_store`` on the dense float64 logits, with a masked vocabulary
   (fewer finite tokens than K: unused slots index 0 and -inf; a masked sampled token at p_d),
   non-differentiable, for a [B,T,H] input;
-- every input error names its argument with the offending values.
+- every input error names its argument with the offending values;
+- the row sum s = sum exp(z - m): float32 by default and with ``exact_sum=False``, float64 with
+  ``exact_sum=True`` (gathered log-probs against the test's own float32 logits, to 1e-12);
+- ``sparse`` and ``gather`` in one call return both: the gathered log-probs as the float64
+  log-softmax, the store as ``ref_store``;
+- outputs that reach the loss only through an op returning no gradient: backward runs no matrix
+  product and h, W, b keep grad None.
 
 Run: ``pytest tests/algorithms/test_chunked_head_mutants.py``.
 """
@@ -251,3 +257,77 @@ def test_valid_edge_inputs_are_accepted():
     ref = _reference(hidden, weight, None, tokens, w_logp, w_ent)
     torch.testing.assert_close(out.logp.double(), ref[0], rtol=0, atol=1e-5)
     assert (out.topk_logp[:, :-1] > NEG).sum(-1).tolist() == [19, 19, 19]
+
+
+def test_the_row_sum_is_float32_unless_exact_sum():
+    """The module docstring's arithmetic: s = sum exp(z - m) in float32 by default and with
+    ``exact_sum=False``, in float64 with ``exact_sum=True``. One chunk, so the logits are the test's own
+    float32 product bit for bit: the gathered float64 log-probs equal z_g - m - log s with s summed in
+    that dtype to 1e-12, and the two sums' log-probs differ by more than 1e-8 (the check tells them apart)."""
+    hidden, weight, _, tokens, _, _ = _problem(6, 8, 500, seed=11, dtype=torch.float32)
+    ids = torch.randint(0, 500, (6, 5), generator=torch.Generator().manual_seed(12))
+    z = hidden @ weight.T
+    m = z.amax(-1, keepdim=True)
+    e = torch.exp(z - m)
+    base = z.gather(-1, ids).double() - m.double()
+    float32_sum = base - e.sum(-1).double().log()[:, None]
+    float64_sum = base - e.sum(-1, dtype=torch.float64).log()[:, None]
+    assert float((float32_sum - float64_sum).abs().max()) > 1e-8
+    for kwargs, ref in (({}, float32_sum), ({"exact_sum": False}, float32_sum), ({"exact_sum": True}, float64_sum)):
+        out = chunked_head(hidden, weight, tokens, chunk_size=6, gather=ids, **kwargs)
+        torch.testing.assert_close(out.gather_logp, ref, rtol=0, atol=1e-12, msg=str(kwargs))
+
+
+def test_sparse_store_and_gathered_logprobs_together():
+    """``sparse`` and ``gather`` in one call (float64, bias, temperature 0.8, chunks of 3): the gathered
+    log-probs equal the dense float64 log-softmax at the ids to 1e-10 and the store equals ref_store."""
+    hidden, weight, bias, tokens, _, _ = _problem(7, 5, 60, seed=13)
+    ids = torch.randint(0, 60, (7, 4), generator=torch.Generator().manual_seed(14))
+    out = chunked_head(
+        hidden,
+        weight,
+        tokens,
+        bias=bias,
+        temperature=0.8,
+        chunk_size=3,
+        sparse={"k": 4, "delta": 0.0, "p_default": 1e-6},
+        gather=ids,
+    )
+    z = (hidden @ weight.T + bias) / 0.8
+    assert out.gather_logp is not None and out.gather_logp.shape == (7, 4)
+    torch.testing.assert_close(out.gather_logp, torch.log_softmax(z, -1).gather(-1, ids), rtol=0, atol=1e-10)
+    for r, y in enumerate(tokens.tolist()):
+        ref_index, ref_logp, _ = ref_store(z[r].numpy(), y, 4, 0.0, 1e-6, renormalize=False)
+        assert out.topk_index[r].tolist() == ref_index
+        np.testing.assert_allclose(out.topk_logp[r].double().numpy(), ref_logp, rtol=1e-7, atol=1e-7)
+
+
+class _NoGradient(torch.autograd.Function):
+    """Identity whose backward returns no gradient (None), as a custom op or a cut branch of a loss can."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        return None
+
+
+def test_outputs_without_a_gradient_cost_nothing_and_leave_the_parameters_without_grad():
+    """A loss that reaches chunked_head's outputs only through an op that returns no gradient: backward
+    runs no matrix product over the chunks (the docstring: an output that no loss reads costs nothing)
+    and h, W, b get no gradient (None, as autograd leaves any leaf that no gradient reaches; a zero
+    tensor would still move them under weight decay or Adam's moments)."""
+    hidden, weight, bias, tokens, _, _ = _problem(5, 4, 30, seed=15, dtype=torch.float32)
+    bias[3] = NEG
+    tokens[tokens == 3] = 4
+    h, w, b = (t.clone().requires_grad_(True) for t in (hidden, weight, bias))
+    other = torch.ones(2, requires_grad=True)
+    out = chunked_head(h, w, tokens, bias=b, chunk_size=2, gather=torch.zeros(5, 2, dtype=torch.long))
+    loss = sum(_NoGradient.apply(x).sum() for x in (out.logp, out.entropy, out.gather_logp)) + other.sum()
+    with _LogitElements() as mode:
+        loss.backward()
+    assert mode.total == 0
+    assert h.grad is None and w.grad is None and b.grad is None
+    torch.testing.assert_close(other.grad, torch.ones(2))
