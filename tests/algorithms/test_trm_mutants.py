@@ -678,3 +678,26 @@ def test_the_exact_masks_honour_tail_bin_from_the_kept_log_probs():
     for bin_ in (True, False):
         out = MASKS.get("trm_max")(inp, delta=10.0, tail_bin=bin_)
         assert out.metrics[TRM_MAX_KL] == pytest.approx(ref[bin_], rel=1e-9), bin_
+
+
+def test_a_dense_old_distribution_is_no_sparse_store_for_monitoring():
+    """Monitoring takes the exact KL only from a stored sparse distribution (old_topk_index and old_topk_logp
+    both given). A dense old distribution (old_topk_logp [B,T,V] without an index, as TROLL's dense mode
+    stores) leaves a sample-based mask's monitoring on its k2/k3 estimators: the metrics equal those
+    without it."""
+    g = torch.Generator().manual_seed(13)
+    B, T, V = 2, 3, 7
+    logits = torch.randn(B, T, V, generator=g)
+    old_all = torch.log_softmax(torch.randn(B, T, V, generator=g), -1)
+    responses = torch.randint(0, V, (B, T), generator=g)
+    base = dict(
+        logp=torch.log_softmax(logits, -1).gather(-1, responses[..., None]).squeeze(-1),
+        old_logp=old_all.gather(-1, responses[..., None]).squeeze(-1),
+        advantages=torch.zeros(B, T),
+        response_mask=torch.ones(B, T),
+        logits=logits,
+        responses=responses,
+    )
+    plain = MASKS.get("trm_max_k2")(PolicyInputs(**base), delta=10.0)
+    dense = MASKS.get("trm_max_k2")(PolicyInputs(**base, old_topk_logp=old_all), delta=10.0)
+    assert dense.metrics == plain.metrics and TRM_MAX_KL in plain.metrics
