@@ -201,6 +201,26 @@ def ref_exact_token_kl(logits: np.ndarray, index: np.ndarray, roll_logp: np.ndar
     return kl
 
 
+def ref_kept_divergences(logq, roll_logp, *, rest_bin: bool = True) -> tuple[float, float]:
+    """(KL, TV) of one position from pi_theta's log-probs at the stored ids only (what a backend without
+    the logits has): eq. 51 over the support plus the rest bin, whose pi_theta mass is 1 - sum_S pi_theta
+    (``ref_exact_token_kl`` sums it over the ids outside S instead), and TV = (sum_S |p - q| + |p_rest -
+    q_rest|) / 2 (eq. 8) of the same coarse-grained pair. Without ``rest_bin`` the KL is the partial sum
+    over S, of any sign. ``logq`` / ``roll_logp`` [K]; ``-inf`` in ``roll_logp`` marks an unused slot."""
+    kl = tv = p_kept = q_kept = 0.0
+    for lq, lp in zip(logq, roll_logp):
+        if lp == -math.inf:
+            continue
+        p, q = math.exp(float(lp)), math.exp(float(lq))
+        kl += p * (float(lp) - float(lq))
+        tv += abs(p - q)
+        p_kept, q_kept = p_kept + p, q_kept + q
+    p_rest, q_rest = max(1.0 - p_kept, 0.0), max(1.0 - q_kept, 0.0)
+    if rest_bin and p_rest > 0:
+        kl += p_rest * (math.log(p_rest) - math.log(q_rest))
+    return kl, 0.5 * (tv + abs(p_rest - q_rest))
+
+
 def ref_token_divergences(case: Case, *, rest_bin: bool = True) -> list[list[float]]:
     """Per sequence, the exact KL (eq. 51 + rest bin) of each real token, in order."""
     out = []

@@ -8,14 +8,13 @@ p_rest log(p_rest/q_rest) over the kept ids plus one rest bin (TRM, arXiv 2512.2
 
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
 
 from runners.algorithms import MASKS
 from runners.algorithms.troll_sparse import sparsify
 from runners.algorithms.types import PolicyInputs
+from tests.algorithms.test_ref_trm import ref_kept_divergences
 
 B, T, V, K = 3, 5, 50, 8
 
@@ -45,32 +44,20 @@ def _inputs(kept_only: bool) -> tuple[PolicyInputs, torch.Tensor, torch.Tensor, 
 
 
 def _reference(lq, index, logp, mask) -> tuple[list[float], list[float]]:
-    """Per real token (KL, TV) of the coarse-grained pair, in plain float64 loops."""
-    kls, tvs = [], []
-    for b in range(B):
-        for t in range(T):
-            if mask[b, t] == 0:
-                continue
-            p_sum = q_sum = kl = tv = 0.0
-            for v, lp in zip(index[b, t].tolist(), logp[b, t].double().tolist()):
-                if lp == -math.inf:
-                    continue
-                p, q = math.exp(lp), math.exp(float(lq[b, t, v]))
-                p_sum, q_sum = p_sum + p, q_sum + q
-                kl += p * (lp - math.log(q))
-                tv += abs(p - q)
-            p_rest, q_rest = max(1 - p_sum, 0.0), max(1 - q_sum, 0.0)
-            if p_rest > 0:
-                kl += p_rest * math.log(p_rest / q_rest)
-            kls.append(kl)
-            tvs.append(0.5 * (tv + abs(p_rest - q_rest)))
-    return kls, tvs
+    """Per real token (KL, TV) of the coarse-grained pair (``ref_kept_divergences``, plain float64 loops)."""
+    pairs = [
+        ref_kept_divergences(lq[b, t, index[b, t]].tolist(), logp[b, t].double().tolist())
+        for b in range(B)
+        for t in range(T)
+        if mask[b, t] > 0
+    ]
+    return [kl for kl, _ in pairs], [tv for _, tv in pairs]
 
 
 @pytest.mark.parametrize("mask_name", ["none", "trm_max_k2", "trm_max"])
 def test_monitoring_from_kept_logprobs_equals_the_dense_reference(mask_name):
     inp, lq, index, logp = _inputs(kept_only=True)
-    out = MASKS.get(mask_name)(inp) if mask_name == "none" else MASKS.get(mask_name)(inp, **_threshold(mask_name))
+    out = MASKS.get(mask_name)(inp, **_threshold(mask_name))
     kls, tvs = _reference(lq, index, logp, inp.response_mask)
     assert max(kls) > 1e-3  # the policy moved: the check can fail
     tv_keys = [k for k in out.metrics if k.startswith("trm/tv/pos_")]
@@ -78,9 +65,7 @@ def test_monitoring_from_kept_logprobs_equals_the_dense_reference(mask_name):
     if mask_name != "trm_max_k2":  # the sample-based mask reports its own criterion's max
         assert out.metrics["trm/max_kl"] == pytest.approx(max(kls), rel=1e-6)
     dense, _, _, _ = _inputs(kept_only=False)
-    dense_out = (
-        MASKS.get(mask_name)(dense) if mask_name == "none" else MASKS.get(mask_name)(dense, **_threshold(mask_name))
-    )
+    dense_out = MASKS.get(mask_name)(dense, **_threshold(mask_name))
     assert tv_keys[0] == "trm/tv/pos_0_64"  # T = 5: every position is in the first bucket
     # the Adaptive bound's Dbar (eq. 13): per position the mean TV over the B sequences, averaged over
     # the bucket's 64 positions (those past the batch's width count 0)
