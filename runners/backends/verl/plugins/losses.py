@@ -117,7 +117,7 @@ def _global_counts(config: Any) -> tuple[float | None, float | None, float | Non
 class _Built:
     """A ``PolicyLoss`` and what it was built from (``policy_loss_for``)."""
 
-    fields: str
+    key: str  # repr of the node's loss_fields
     state: Any
     settings: LossSettings
     loss_fn: PolicyLoss
@@ -136,7 +136,7 @@ def policy_loss_for(node: Any, loss_mode: str, loss_agg_mode: str, runtime: dict
     key = repr(fields)
     state = runtime.get("entropy_control_state")
     built = _BUILT.get(loss_agg_mode)
-    if built is None or built.fields != key or built.state != state:
+    if built is None or built.key != key or built.state != state:
         settings = settings_from_fields(fields)
         method = replace(settings.method, loss_agg=loss_agg_mode)
         built = _Built(key, copy.deepcopy(state), settings, PolicyLoss(method, build_controller(settings, runtime)))
