@@ -35,6 +35,7 @@ and submitit report a failed job as completed.
 
 from __future__ import annotations
 
+import atexit
 import os
 import shlex
 import signal
@@ -164,9 +165,23 @@ def catch_stop_signals() -> None:
 
     Replaces submitit's handlers (its USR2 handler would requeue without a checkpoint; it ignores
     SIGTERM). A signal caught before ``run`` builds the trainer stops the trainer after one step.
+    At exit the requeue signals are ignored (``_ignore_requeue_signals``).
     """
     _StopFlag.received = None
     _StopFlag().install()
+    atexit.unregister(_ignore_requeue_signals)  # once, however often a process calls this
+    atexit.register(_ignore_requeue_signals)
+
+
+def _ignore_requeue_signals() -> None:
+    """USR1/USR2 ignored from here to the end of the process: there is nothing left to stop, and once the
+    interpreter finalizes, CPython puts back the default action of every signal that had a Python
+    handler, which for these ends the process. Slurm's ``--signal=B:USR1@N`` forwarded as a job that
+    finished its run was exiting made the job FAILED after its run had FINISHED."""
+    for name in REQUEUE_SIGNALS:
+        sig = getattr(signal, name, None)
+        if sig is not None:
+            signal.signal(sig, signal.SIG_IGN)
 
 
 @dataclass

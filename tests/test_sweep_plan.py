@@ -14,6 +14,10 @@ import json
 import os
 import signal
 import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 from omegaconf import OmegaConf
@@ -434,6 +438,44 @@ def test_signal_before_the_trainer_exists_still_stops_it():
         for sig, handler in saved.items():
             signal.signal(sig, handler)
         _StopFlag.received = None
+
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+STOP_SIGNAL_AT_EXIT = """
+from runners.run import catch_stop_signals
+catch_stop_signals()
+print("ready", flush=True)
+import time
+time.sleep(0.3)
+"""
+
+
+@pytest.mark.parametrize("name", ["SIGUSR1", "SIGUSR2"])
+def test_a_requeue_signal_while_a_finished_job_exits_does_not_kill_it(name):
+    """Slurm's ``--signal=B:USR1@N`` may reach a job whose run has finished while its interpreter shuts
+    down, where CPython has put the default action back (end the process): the job counted as FAILED.
+    Here another process sends the signal every 0.2 ms until the job is gone; it must exit 0 (before the
+    fix: killed by the signal, 5 times out of 5)."""
+    sig = getattr(signal, name)
+    child = subprocess.Popen(
+        [sys.executable, "-c", STOP_SIGNAL_AT_EXIT],
+        cwd=REPO_ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert child.stdout.readline().strip() == "ready"
+    sent = 0
+    while child.poll() is None:
+        try:
+            os.kill(child.pid, sig)
+        except ProcessLookupError:
+            break
+        sent += 1
+        time.sleep(0.0002)
+    stderr = child.stderr.read()
+    assert child.wait() == 0 and sent > 10, (child.returncode, sent, stderr[-2000:])
+    assert f"received {name}" in stderr  # while the process ran, its handler saw the signals
 
 
 # -- end to end without a cluster -------------------------------------------------------------------------------

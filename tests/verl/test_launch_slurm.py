@@ -63,7 +63,9 @@ def test_sbatch_runs_the_cell_through_ray_on_the_allocated_nodes(slurm_cluster, 
         "launcher.gpus_per_node=1",
         "launcher.cpus_per_task=1",
         "launcher.mem_gb=1",
-        "launcher.time_min=5",
+        # Slurm's USR1 comes min(stop_timeout_s + 60, 30 x time_min) s before the limit: at 10 minutes (the
+        # test partition's most), 5 minutes in. At 5 it came 2.5 minutes in, which CI's loaded machine reached
+        "launcher.time_min=10",
         "dataset.train_limit=16",
         "dataset.eval_limit=4",
         "trainer.total_steps=2",
@@ -101,7 +103,8 @@ def test_sbatch_runs_the_cell_through_ray_on_the_allocated_nodes(slurm_cluster, 
     try:
         info = slurm_cluster.wait_job(job, timeout=300)
         output = (tmp_path / f"slurm-{job}.out").read_text()
-        assert info["JobState"] == "COMPLETED", output[-4000:]
+        job_record = {k: info.get(k) for k in ("JobState", "ExitCode", "Reason", "RunTime")}
+        assert info["JobState"] == "COMPLETED", f"{job_record}\n{output[-4000:]}"
         verl_log = paths.run_dir(run_key(cfg)) / "verl" / "verl.1.log"  # verl's output: in the run, not the job's
         assert f"verl's output goes to {verl_log}" in output and "FAKE_VERL " not in output
         record = json.loads(
