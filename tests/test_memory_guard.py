@@ -83,10 +83,53 @@ def test_under_its_limit_or_with_no_limit_the_guard_changes_nothing():
     with MemoryGuard(memory_guard.resident_bytes() + GIB, "test", interval_s=0.01) as guard:
         time.sleep(0.1)
         value = sum(range(1000))
-    assert value == 499500 and guard.fired is None and guard.peak > 0
+    assert value == 499500 and guard.fired is None and guard.checks > 0
     with MemoryGuard(None, "off") as guard:
         held = b"\1" * (50 * MIB)
     assert guard.fired is None and guard._thread is None and len(held) == 50 * MIB
+
+
+FORKED_FAMILY = """
+import os, sys, time
+x = bytearray(b"\\1" * (200 * 2**20))  # 200 MiB, touched: resident, then shared copy-on-write by 3 forks
+for _ in range(3):
+    if os.fork() == 0:
+        time.sleep(60)
+        os._exit(0)
+print("ready", flush=True)
+time.sleep(60)
+"""
+
+
+def test_the_exact_figure_is_read_only_when_the_rss_bound_passes_the_limit(monkeypatch):
+    """A child that forked 3 processes after touching 200 MiB: 4 x 200 MiB of RSS, ~200 MiB of PSS (the
+    pages are shared). Under a limit above the RSS sum no ``smaps_rollup`` is read; under a limit between
+    the two sums the exact figure is read and the guard does not fire (an RSS guard would); under a
+    limit below the PSS sum it fires."""
+    child = subprocess.Popen([sys.executable, "-c", FORKED_FAMILY], stdout=subprocess.PIPE, text=True)
+    reads = []
+    real_pss = memory_guard._pss
+    monkeypatch.setattr(memory_guard, "_pss", lambda pid: reads.append(pid) or real_pss(pid))
+    try:
+        assert child.stdout.readline().strip() == "ready"
+        rss = memory_guard.rss_bound()
+        pss = memory_guard.resident_bytes()
+        assert rss - pss > 450 * MIB, (rss, pss)  # the forks' shared pages count 4 times in the RSS sum
+        reads.clear()
+        with MemoryGuard(rss + 200 * MIB, "test", interval_s=0.01) as guard:
+            time.sleep(0.2)
+        assert guard.fired is None and guard.checks > 3 and reads == []
+        with MemoryGuard((rss + pss) // 2, "test", interval_s=0.01) as guard:
+            time.sleep(0.2)
+        assert guard.fired is None and guard.checks > 3 and len(reads) >= 5 * 3, len(reads)
+        with pytest.raises(MemoryLimitExceeded):
+            with MemoryGuard(pss - 100 * MIB, "test", interval_s=0.01):
+                time.sleep(5)
+    finally:
+        for proc in psutil.Process(child.pid).children():
+            proc.kill()
+        child.kill()
+        child.wait()
 
 
 def test_a_thread_that_does_not_stop_is_ended_with_its_failure_recorded(tmp_path):

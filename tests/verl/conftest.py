@@ -44,7 +44,7 @@ def pytest_sessionfinish(session):
     report_line(
         session.config,
         f"verl CPU stage: {wall:.0f} s, model {stage.model_s:.0f} s, {stage.launches} verl launches (s per cell: {cells}); "
-        f"peak PSS {stage.sampler.peak_bytes / 2**30:.1f} GiB",
+        f"peak PSS {stage.sampler.peak_bytes / 2**30:.1f} GiB (sampled with {stage.sampler.cpu_s:.0f} s of CPU)",
     )
     if phases:
         report_line(session.config, f"verl CPU stage, mean timing_s per iteration: {phases}")

@@ -113,11 +113,14 @@ class MemorySampler(threading.Thread):
     """Peak summed PSS of the processes whose command line names one of ``markers``, their
     descendants, and this process."""
 
+    MAX_SHARE = 0.03  # of one core, at most, for the samples
+
     def __init__(self, markers: list[str], every_s: float = 1.0) -> None:
         super().__init__(name="verl-cpu-memory", daemon=True)
         self.markers, self.every_s = markers, every_s
         self.pids: set[int] = set()  # the stage's own subprocesses (``trustbench run``), added as they start
         self.peak_bytes = 0
+        self.cpu_s = 0.0  # this thread's CPU time in its samples (the stage's summary line)
         self.stopped = threading.Event()
 
     @staticmethod
@@ -146,8 +149,15 @@ class MemorySampler(threading.Thread):
         return sum(self.pss_bytes(pid) for pid in pids)
 
     def run(self) -> None:
-        while not self.stopped.wait(self.every_s):
+        """A sample every ``every_s``, or less often: reading a torch process's ``smaps_rollup`` costs about
+        12 ms of kernel time, and the stage has 20-40 of them, so every second would take a third of a core
+        from the cells it measures; the wait is at least ``1 / MAX_SHARE`` times the last sample's CPU."""
+        wait_s = self.every_s
+        while not self.stopped.wait(wait_s):
+            started = time.thread_time()
             self.peak_bytes = max(self.peak_bytes, self.sample())
+            self.cpu_s += time.thread_time() - started
+            wait_s = max(self.every_s, (time.thread_time() - started) / self.MAX_SHARE)
 
 
 @dataclass
