@@ -249,12 +249,14 @@ def _serve(cmd: list[str], env: dict) -> int:
 
 
 def cmd_verl(args: argparse.Namespace) -> int:
-    """``trustbench verl ...``: the verl backend parses its own commands (``trustbench verl --help``);
-    reached through the registry, so that neither ``--help`` nor the other commands import it."""
-    from runners.backends import BACKENDS
+    """``trustbench verl ...``: a verl cell's overrides, batch script and job command
+    (``runners.cluster.verl_batch``, which parses its own commands: ``trustbench verl --help``); it reaches
+    the verl backend through the registry, and only when a command needs it, so that neither ``--help``
+    nor the other commands import the backend."""
+    from runners.cluster.verl_batch import cli_command
 
     try:
-        return BACKENDS.hook("verl", "command")(args.args)
+        return cli_command(args.args)
     except _compose_errors() as err:
         return _config_error(err)
 

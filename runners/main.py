@@ -28,7 +28,7 @@ def task(cfg: DictConfig) -> dict:
     other cells still run; ``trustbench sweep`` reads every cell's status marker afterwards.
 
     In a submitit job trustbench takes over the stop signals from submitit first
-    (``runners.launch``), records the attempt (``start_attempt``: job id, restart count, visible
+    (``runners.cluster.job``), records the attempt (``start_attempt``: job id, restart count, visible
     GPUs) and fails a cell requeued more than ``launcher.max_requeues`` times. A cell stopped by a
     signal asks Slurm to requeue it (``requeue_or_fail``); in a Slurm job it then exits without a
     result, so the sweep keeps waiting for the requeued run."""
@@ -36,12 +36,12 @@ def task(cfg: DictConfig) -> dict:
     choices = dict(hc.runtime.choices)
     if hc.mode != RunMode.MULTIRUN:
         return _run_one(cfg, choices)
-    from runners import launch
+    from runners.cluster import job
     from runners.run import catch_stop_signals
 
-    if launch.in_submitit_job():
+    if job.in_submitit_job():
         catch_stop_signals()
-    refused = launch.start_attempt(cfg)
+    refused = job.start_attempt(cfg)
     if refused is not None:
         return refused
     try:
@@ -57,8 +57,8 @@ def task(cfg: DictConfig) -> dict:
         return {"status": "FAILED", "error": redact(str(err))}
     except Preempted as err:
         log.warning("%s", err)
-        outcome = launch.requeue_or_fail(cfg, signal=err.signal)
-        if outcome["status"] in ("REQUEUED", "PREEMPTED") and launch.slurm_job_id() is not None:
+        outcome = job.requeue_or_fail(cfg, signal=err.signal)
+        if outcome["status"] in ("REQUEUED", "PREEMPTED") and job.slurm_job_id() is not None:
             log.warning("stopped by %s: %s; exiting without a result", err.signal, outcome["status"])
             raise SystemExit(0) from None
         return outcome

@@ -24,7 +24,7 @@ written to it are dropped rather than printed with their tracebacks.
 
 Signals: SIGUSR1 / SIGUSR2 (Slurm's ``--signal`` before the time limit or preemption; USR2 is
 submitit's) and SIGTERM (Slurm's preemption, ``scancel``, the time limit itself) ask the trainer to
-finish its step and checkpoint. After USR1/USR2 the job requeues itself (``runners.launch``); after
+finish its step and checkpoint. After USR1/USR2 the job requeues itself (``runners.cluster.job``); after
 SIGTERM Slurm decides (preemption requeues, a cancel stays cancelled). A signal that arrives before
 the trainer exists (a Slurm job installs the handlers at once: ``catch_stop_signals``) stops the
 trainer after its first step.
@@ -60,7 +60,7 @@ from runners.redact import redact, redact_values
 from runners.status import STATUS_FILE, read_status, write_status  # noqa: F401  (re-exported)
 
 STOP_SIGNALS = ("SIGUSR1", "SIGUSR2", "SIGTERM")
-# after these the job requeues itself; after SIGTERM Slurm decides (runners.launch.requeue_or_fail)
+# after these the job requeues itself; after SIGTERM Slurm decides (runners.cluster.job.requeue_or_fail)
 REQUEUE_SIGNALS = ("SIGUSR1", "SIGUSR2")
 
 

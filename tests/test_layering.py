@@ -7,10 +7,17 @@ Rules (the project layout; every ``import`` and ``from ... import`` counts, also
 - the two backends never import each other (``runners.backends.local`` / ``runners.backends.verl``);
   what they share lives in ``runners.backends.base`` and ``runners.algorithms``;
 - ``runners.algorithms`` (the backend-independent library) never imports a backend, the models or the
-  run orchestration (``runners.run``, ``runners.sweep``, ``runners.tracking``, ``runners.launch``);
+  run orchestration (``runners.run``, ``runners.sweep``, ``runners.tracking``, ``runners.cluster``);
 - ``runners.models`` never imports a backend; ``runners.perf`` (FLOPs, ceilings, Roofline points, shared
   by both backends) neither a backend nor the models;
-- the orchestration (``runners.run``, ``runners.launch``, ``runners.sweep``, ``runners.cli``,
+- a backend never imports what runs or queues cells (``runners.run``, ``runners.cluster``,
+  ``runners.sweep``, ``runners.cli``, ``runners.main``): the orchestration calls the backend, not the
+  other way round;
+- the cluster package (``runners.cluster``: Slurm jobs, the queue, the cluster's limits, verl's batch
+  script) sits above the run of one cell and the backends, below the sweep and the command line: neither
+  ``runners.run`` nor the layers under it (backends, models, algorithms, config, perf) import it, and it
+  imports neither ``runners.sweep`` nor ``runners.cli`` / ``runners.main``;
+- the orchestration (``runners.run``, ``runners.cluster``, ``runners.sweep``, ``runners.cli``,
   ``runners.main``) reaches a backend only through the registry (``runners.backends.BACKENDS``), never
   by importing ``runners.backends.local`` or ``runners.backends.verl``.
 
@@ -40,14 +47,28 @@ RULES = [
     ("runners.backends.verl", ("runners.backends.local",), "the backends never import each other"),
     (
         "runners.algorithms",
-        ("runners.backends", "runners.models", "runners.run", "runners.sweep", "runners.tracking", "runners.launch"),
+        ("runners.backends", "runners.models", "runners.run", "runners.sweep", "runners.tracking", "runners.cluster"),
         "the algorithm library is backend-independent",
     ),
     ("runners.models", ("runners.backends",), "models do not depend on a backend"),
     ("runners.perf", ("runners.backends", "runners.models"), "hardware accounting is shared by the backends"),
+    (
+        "runners.backends",
+        ("runners.run", "runners.cluster", "runners.sweep", "runners.cli", "runners.main"),
+        "the orchestration calls a backend, a backend never imports it",
+    ),
+    *(
+        (module, ("runners.cluster",), "the cluster package sits above the run of a cell and the backends")
+        for module in ("runners.run", "runners.models", "runners.algorithms", "runners.config", "runners.perf")
+    ),
+    (
+        "runners.cluster",
+        ("runners.sweep", "runners.cli", "runners.main"),
+        "the cluster package sits below the sweep and the command line",
+    ),
     *(
         (module, ("runners.backends.local", "runners.backends.verl"), "orchestration reaches backends by registry")
-        for module in ("runners.run", "runners.launch", "runners.sweep", "runners.cli", "runners.main")
+        for module in ("runners.run", "runners.cluster", "runners.sweep", "runners.cli", "runners.main")
     ),
 ]
 
@@ -119,8 +140,29 @@ def test_the_source_tree_keeps_its_layers():
         ("reports/bad.py", "from runners.backends import base\n", "reports.bad imports runners.backends"),
         (
             "runners/sweep/bad.py",
-            "def f():\n    from runners.backends.verl.sbatch import render_sbatch\n",
-            "runners.sweep.bad imports runners.backends.verl.sbatch",
+            "def f():\n    from runners.backends.verl.translate import backend_options\n",
+            "runners.sweep.bad imports runners.backends.verl.translate",
+        ),
+        (
+            "runners/backends/verl/bad.py",
+            "def f():\n    from runners.cluster.job import requeue_or_fail\n",
+            "runners.backends.verl.bad imports runners.cluster.job",
+        ),
+        (
+            "runners/backends/verl/bad.py",
+            "import runners.run as run_module\n",
+            "runners.backends.verl.bad imports runners.run",
+        ),
+        ("runners/cluster/bad.py", "from runners.sweep import launch\n", "runners.cluster.bad imports runners.sweep"),
+        (
+            "runners/cluster/bad.py",
+            "from runners.backends.verl.translate import backend_options\n",
+            "runners.cluster.bad imports runners.backends.verl.translate",
+        ),
+        (
+            "runners/config/bad.py",
+            "from runners.cluster import resources\n",
+            "runners.config.bad imports runners.cluster",
         ),
         ("runners/run.py", "import runners.backends.local.trainer\n", "runners.run imports runners.backends.local"),
     ],
@@ -272,7 +314,7 @@ def test_no_import_cycle_but_the_allowed_ones():
     """The real tree: no cycle outside ``ALLOWED_CYCLES``, and each allowed one still there."""
     graph = import_graph(ROOT)
     # the graph holds the imports made inside functions (validate reaches the Slurm sizes lazily)
-    assert "runners.resources" in graph["runners.config.validate"]
+    assert "runners.config.resources" in graph["runners.config.validate"]
     assert cycle_problems(graph, ALLOWED_CYCLES) == []
 
 

@@ -22,10 +22,13 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from runners import launch, paths, sweep
+from runners import paths, sweep
+from runners.cluster import job
+from runners.cluster.queue import signal_delay
+from runners.cluster.resources import Cluster, Node, Partition, _gpus, _minutes
 from runners.config import ConfigError, compose, grid, method_label, run_key, validate
+from runners.config.resources import cell_resources
 from runners.config.validate import step_memory
-from runners.resources import Cluster, Node, Partition, _gpus, _minutes, cell_resources
 
 # axes of every kind the planner treats differently: group choices, scalar values, a list value,
 # an interpolation, and a hydra.* override (Hydra's full composition as the fallback)
@@ -205,7 +208,7 @@ def test_plan_names_cells_finished_with_other_code_and_reruns_them_on_request(do
     assert [c.action for c in p.cells] == ["skip-finished", "skip-failed", "run", "run"]
     assert [c.fresh for c in p.cells] == [False, False, False, True]
     assert "1 rerun from scratch" in sweep.format_plan(p)
-    from runners.sweep.submission import _job_overrides
+    from runners.sweep.launching import _job_overrides
 
     assert _job_overrides(p, p.cells[3], [])[-1] == "force=true"  # a new MLflow run, checkpoints removed
     assert "force=true" not in _job_overrides(p, p.cells[2], [])  # a KILLED cell resumes
@@ -326,7 +329,7 @@ STARTUP_S = 10
 def test_signal_delay_never_lets_the_signal_come_during_startup(time_min, requested):
     """The earliest arrival of the warning, time limit - delay - 30 s, leaves a job 10 s to start;
     otherwise the requested delay is kept, and it is shortened no more than needed."""
-    delay = sweep.signal_delay(requested, time_min)
+    delay = signal_delay(requested, time_min)
     earliest = time_min * 60 - delay - MEASURED_EARLY_S
     assert 0 <= delay <= requested
     assert earliest >= STARTUP_S or delay == 0
@@ -377,7 +380,7 @@ def cell_home(tmp_path, monkeypatch):
         calls.append(cmd)
         return type("P", (), {"returncode": 0, "stderr": "", "stdout": ""})()
 
-    monkeypatch.setattr(launch.subprocess, "run", fake_run)
+    monkeypatch.setattr(job.subprocess, "run", fake_run)
     monkeypatch.setattr("runners.tracking.find_run", lambda *_a: None)  # no MLflow run to mark
     cfg, _ = compose(["launcher=slurm", "launcher.max_requeues=2"])
     return cfg, paths.run_dir(run_key(cfg)), calls
@@ -387,17 +390,17 @@ def test_requeue_only_after_usr_signals_and_within_the_bound(cell_home, monkeypa
     """USR1/USR2 requeue this job (scontrol requeue <array job>_<task>) until launcher.max_requeues
     restarts happened, then FAILED; SIGTERM never requeues (Slurm decides); outside Slurm: PREEMPTED."""
     cfg, run_dir, calls = cell_home
-    assert launch.requeue_or_fail(cfg, "SIGUSR2")["status"] == "PREEMPTED" and calls == []
+    assert job.requeue_or_fail(cfg, "SIGUSR2")["status"] == "PREEMPTED" and calls == []
     monkeypatch.setenv("SLURM_ARRAY_JOB_ID", "41")
     monkeypatch.setenv("SLURM_ARRAY_TASK_ID", "3")
     monkeypatch.setenv("SLURM_JOB_ID", "44")
-    assert launch.requeue_or_fail(cfg, "SIGTERM")["status"] == "PREEMPTED" and calls == []
+    assert job.requeue_or_fail(cfg, "SIGTERM")["status"] == "PREEMPTED" and calls == []
     monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
-    assert launch.requeue_or_fail(cfg, "SIGUSR2") == {"status": "REQUEUED", "job_id": "41_3"}
+    assert job.requeue_or_fail(cfg, "SIGUSR2") == {"status": "REQUEUED", "job_id": "41_3"}
     assert calls == [["scontrol", "requeue", "41_3"]]
     assert json.loads((run_dir / "status.json").read_text())["restarts"] == 2
     monkeypatch.setenv("SLURM_RESTART_COUNT", "2")
-    out = launch.requeue_or_fail(cfg, "SIGUSR1")
+    out = job.requeue_or_fail(cfg, "SIGUSR1")
     assert out["status"] == "FAILED" and "max_requeues=2" in out["error"] and len(calls) == 1
     assert json.loads((run_dir / "status.json").read_text())["status"] == "FAILED"
 
@@ -406,15 +409,15 @@ def test_start_attempt_records_the_job_and_bounds_slurm_requeues(cell_home, monk
     """Each attempt appends its job id, restart count and visible GPUs; an attempt past
     launcher.max_requeues restarts (e.g. Slurm preempting it again and again) fails at once."""
     cfg, run_dir, _ = cell_home
-    assert launch.start_attempt(cfg) is None and not (run_dir / launch.JOBS_FILE).exists()
+    assert job.start_attempt(cfg) is None and not (run_dir / job.JOBS_FILE).exists()
     monkeypatch.setenv("SLURM_JOB_ID", "7")
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2")
     for restart in (0, 2):
         monkeypatch.setenv("SLURM_RESTART_COUNT", str(restart))
-        assert launch.start_attempt(cfg) is None
+        assert job.start_attempt(cfg) is None
     monkeypatch.setenv("SLURM_RESTART_COUNT", "3")
-    assert launch.start_attempt(cfg)["status"] == "FAILED"
-    records = [json.loads(line) for line in (run_dir / launch.JOBS_FILE).read_text().splitlines()]
+    assert job.start_attempt(cfg)["status"] == "FAILED"
+    records = [json.loads(line) for line in (run_dir / job.JOBS_FILE).read_text().splitlines()]
     assert [(r["job_id"], r["restart"], r["cuda_visible_devices"]) for r in records] == [
         ("7", 0, "2"),
         ("7", 2, "2"),
@@ -541,8 +544,8 @@ def test_tracking_server_start_reuse_stop_and_offline_reads(tmp_path, monkeypatc
 def test_dry_run_estimates_the_cpu_time_of_embedded_cells():
     """The stability map's dry run prints its CPU time: start-up, each step's sampling, old-log-prob pass and
     update (once per epoch), and every evaluation (step 0 included), from the measured per-part costs."""
-    from runners.resources import EMBEDDED_CPU_COST as c
-    from runners.resources import cpu_seconds
+    from runners.perf.cpu_cost import EMBEDDED_CPU_COST as c
+    from runners.perf.cpu_cost import cpu_seconds
 
     p = sweep.plan("stability_map_cpu", ["seed=0"], check_mlflow=False, check_cluster=False)
     p.cells = [c_ for c_ in p.cells if "+method=grpo" in c_.overrides]

@@ -2,9 +2,9 @@
 with ``train() -> final metrics`` and ``discard_checkpoints(run_dir)``.
 
 - ``local``: the built-in PyTorch trainer (``runners.backends.local``), CPU or one GPU;
-- ``verl``: verl 0.9.1 on Ray (``runners.backends.verl``), GPU clusters (and its CPU mode); its own
-  commands (a cell's verl overrides, its Slurm batch script) are ``trustbench verl ...``, reached
-  through the entry's ``command`` hook.
+- ``verl``: verl 0.9.1 on Ray (``runners.backends.verl``), GPU clusters (and its CPU mode); the
+  commands ``trustbench verl ...`` (a cell's verl overrides, its Slurm batch script:
+  ``runners.cluster.verl_batch``) reach it through the entry's ``overrides`` and ``options`` hooks.
 
 Both call the same policy-update path (``runners.algorithms.policy_loss.PolicyLoss``); what they
 share beyond it (stop requests, the pause of a debug step) is in ``runners.backends.base``. The two
@@ -16,9 +16,15 @@ from runners.algorithms.registry import Registry
 
 BACKENDS = Registry("backend")
 BACKENDS.register("local", "runners.backends.local.trainer:LocalTrainer")
-# hook "command": the backend's subcommands of the trustbench command (``trustbench verl ...``: runners/cli.py)
+# hooks of ``trustbench verl ...`` (runners/cluster/verl_batch.py): "overrides", what verl's trainer gets for a
+# cell; "options", the cell's ``backend.options`` checked (the batch script's stop grace reads stop_timeout_s)
 BACKENDS.register(
-    "verl", "runners.backends.verl.backend:VerlBackend", hooks={"command": "runners.backends.verl.backend:cli_command"}
+    "verl",
+    "runners.backends.verl.backend:VerlBackend",
+    hooks={
+        "overrides": "runners.backends.verl.backend:cell_overrides",
+        "options": "runners.backends.verl.translate:backend_options",
+    },
 )
 
 # per backend, a torch-free check that a cell can run where it is launched (``check_placement``)

@@ -222,7 +222,7 @@ class LauncherConfig:
     max_requeues: int = 3
     # seconds before the time limit Slurm signals a job (it checkpoints and requeues itself); must
     # exceed one training step plus a checkpoint. Slurm may send it up to 30 s early; for short
-    # limits it is capped so that it never comes in a job's first 10 s (runners.sweep.signal_delay)
+    # limits it is capped so that it never comes in a job's first 10 s (runners.cluster.queue.signal_delay)
     signal_delay_s: int = 300
 
 

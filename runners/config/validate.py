@@ -302,7 +302,7 @@ def step_memory(cfg: Any) -> tuple[int, int]:
         rows = rows if cfg["backend"]["name"] == "local" else 1
         need += rows * tokens * (4 if m["dtype"] == "float32" else 2) * (width + len(EMBEDDED_ALPHABET))
     if cfg["launcher"]["name"] == "slurm":
-        from runners.resources import cell_resources
+        from runners.config.resources import cell_resources
 
         return need, cell_resources(cfg)["mem_gb"] * 2**30
     return need, os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")

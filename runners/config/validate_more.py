@@ -47,7 +47,7 @@ _RECIPE_RULES: dict[str, tuple[str, Any]] = {
     "grad_clip": ("a number >= 0", lambda v: _is_num(v) and v >= 0),
     "ops": ("a non-empty string of the operators + - *", lambda v: isinstance(v, str) and v and set(v) <= set("+-*")),
 }
-# Slurm request sizes (runners.resources.cell_resources): None = derived from the model and backend
+# Slurm request sizes (runners.config.resources.cell_resources): None = derived from the model and backend
 _LAUNCHER_SIZES = {"nodes": 1, "gpus_per_node": 0, "cpus_per_task": 1, "mem_gb": 1}
 
 

@@ -9,6 +9,10 @@
   larger than the last-level caches of current CPUs). Both are timed in process CPU time (divided by
   the threads for the matmul), so a measurement on a loaded machine still sees the cores' own speed.
 
+Below the ceilings, the rest of what this module knows of the machine: the CPUs this process may use and
+the machine's load (``available_cpus``, ``load_metrics``, ``default_threads``), and the Slurm allocation
+the process runs in (``slurm_allocation``). A cell's estimated CPU time is ``runners.perf.cpu_cost``.
+
     from runners.perf.hardware import machine_ceiling
     ceiling = machine_ceiling(torch.device("cpu"))      # Ceiling(tflops=..., mem_bw_tbs=..., source=...)
 """
@@ -21,6 +25,7 @@ import os
 import platform
 import re
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -154,3 +159,17 @@ def default_threads() -> int:
     the CPU time) and 1.35x beside one spinning process. Not measured on larger machines or models.
     """
     return max(1, available_cpus() - 1)
+
+
+# -- the Slurm allocation this process runs in ----------------------------------------------------------
+def slurm_allocation(env: Mapping[str, str] | None = None) -> tuple[int, int] | None:
+    """(nodes, GPUs per node) of the Slurm allocation this process runs in, or None outside one."""
+    env = os.environ if env is None else env
+    if not env.get("SLURM_JOB_ID") or not env.get("SLURM_JOB_NODELIST"):
+        return None
+    nodes = int(env.get("SLURM_JOB_NUM_NODES") or env.get("SLURM_NNODES") or 1)
+    gpus = env.get("SLURM_GPUS_ON_NODE", "")
+    if not gpus.isdigit():
+        visible = env.get("CUDA_VISIBLE_DEVICES", "")
+        gpus = str(len([d for d in visible.split(",") if d])) if visible and visible != "NoDevFiles" else "0"
+    return nodes, int(gpus)

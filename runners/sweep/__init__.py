@@ -17,10 +17,11 @@ Three steps, one module each:
   run, resuming its checkpoint; ``force`` reruns everything from scratch (old checkpoints removed,
   a new MLflow run). Cells are composed with ``runners.config.grid.Composer`` (once per combination
   of config-group overrides; ``tests/test_sweep_plan.py`` checks it equals Hydra's full composition).
-- ``submission`` (``launch``): Hydra's submitit launcher takes one set of resources per launch, so
-  cells are grouped by the resources they request (``runners.resources``: model size, backend,
-  ``launcher.*``), every group is checked against the cluster before anything is queued, each group
-  is queued as one job array, and the command then waits for all jobs. ``launcher=local`` runs the cells
+- ``launching`` (``launch``): Hydra's submitit launcher takes one set of resources per launch, so
+  cells are grouped by the resources they request (``runners.config.resources``: model size, backend,
+  ``launcher.*``), every group is checked against the cluster before anything is queued
+  (``runners.cluster.resources``), each group is queued as one job array and the command then waits
+  for all jobs (``runners.cluster.queue``). ``launcher=local`` runs the cells
   in this process, or with ``launcher.parallel=N`` N at a time in child processes (``local_pool``).
 - ``results``: every cell's status marker read back (Hydra and submitit report a failed cell as a
   completed job), one line per cell.
@@ -34,6 +35,7 @@ Three steps, one module each:
 
 from __future__ import annotations
 
+from runners.sweep.launching import SUBMITTED, launch
 from runners.sweep.planning import (
     JOB_FILE,
     Cell,
@@ -48,7 +50,6 @@ from runners.sweep.planning import (
     same_code,
 )
 from runners.sweep.results import outcomes, report_outcomes
-from runners.sweep.submission import SUBMITTED, launch, signal_delay
 
 __all__ = [
     "JOB_FILE",
@@ -66,5 +67,4 @@ __all__ = [
     "plan",
     "report_outcomes",
     "same_code",
-    "signal_delay",
 ]

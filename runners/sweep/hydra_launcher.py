@@ -1,6 +1,6 @@
 """The configured Hydra launcher of a sweep, bound to the trainer's task (``runners.main.task``).
 
-Shared by the serial and submitit paths (``runners.sweep.submission``) and by each child process of
+Shared by the serial and submitit paths (``runners.sweep.launching``) and by each child process of
 ``launcher.parallel=N`` (``runners.sweep.local_pool``), so every cell is launched the same way.
 """
 

@@ -45,7 +45,7 @@ CHILD_OVERRIDES = ("progress=false",)
 
 @dataclass
 class LocalJob:
-    """One cell's child process; ``describe``/``error``/``job_id`` as ``runners.launch.JobOutcome``."""
+    """One cell's child process; ``describe``/``error``/``job_id`` as ``runners.cluster.queue.JobOutcome``."""
 
     index: int
     cell: Cell

@@ -66,7 +66,7 @@ class SweepPlan:
     tracking_source: str | None = None  # "tracking.uri" / "MLFLOW_TRACKING_URI" where given explicitly
     cluster_note: str = ""
     master: Any = field(repr=False, default=None)  # (hydra, master cfg) to launch with
-    jobs: dict[str, Any] = field(default_factory=dict)  # run key -> runners.launch.JobOutcome
+    jobs: dict[str, Any] = field(default_factory=dict)  # run key -> runners.cluster.queue.JobOutcome
     sweep_dir: Path | None = None
     interrupted: bool = False  # Ctrl-C while waiting: jobs (and a server started here) keep running
     queued_s: float | None = None  # how long queueing every job array took
@@ -88,7 +88,7 @@ class SweepPlan:
 
 
 def _resource_key(res: dict[str, Any]) -> tuple:
-    from runners.resources import RESOURCE_KEYS
+    from runners.config.resources import RESOURCE_KEYS
 
     return tuple(res[k] for k in RESOURCE_KEYS)
 
@@ -222,7 +222,7 @@ def plan(
 
 def _compose_cells(name: str, user: list[str]) -> SweepPlan:
     """The plan's cells, composed and validated (each distinct config once), all to run."""
-    from runners.resources import cell_resources
+    from runners.config.resources import cell_resources
     from runners.run import tracking_uri, uri_source
 
     sweep_free = [o for o in user if not _is_sweep_syntax(o)]
@@ -305,7 +305,7 @@ def _decide(
 def _attach_active_jobs(p: SweepPlan) -> None:
     """Cells whose Slurm job from an earlier launch is still queued or running are waited for, not
     submitted again (``attach``): e.g. after Ctrl-C, or a lost login session, during a sweep."""
-    from runners.launch import FINAL_STATES, queue_states
+    from runners.cluster.queue import FINAL_STATES, queue_states
     from runners.run import read_status
 
     candidates = {}
@@ -326,7 +326,7 @@ def _attach_active_jobs(p: SweepPlan) -> None:
 
 def check_cluster_limits(p: SweepPlan) -> str:
     """Raise ``ConfigError`` if the cluster can never run some group of cells; return a note."""
-    from runners.resources import Cluster, check_request
+    from runners.cluster.resources import Cluster, check_request
 
     groups = p.groups()
     if not groups:
@@ -352,7 +352,8 @@ def _is_sweep_syntax(override: str) -> bool:
 
 def format_plan(p: SweepPlan) -> str:
     """The dry-run table: one line per cell with its overrides, action and requested resources."""
-    from runners.resources import cpu_estimate_text, gpu_hours
+    from runners.config.resources import gpu_hours
+    from runners.perf.cpu_cost import cpu_estimate_text
 
     lines = [
         f"sweep {p.name!r}: {len(p.cells)} cells -> experiment {p.experiment!r} at {redact(p.tracking_uri)} "

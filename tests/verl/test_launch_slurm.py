@@ -37,7 +37,7 @@ def test_sbatch_runs_the_cell_through_ray_on_the_allocated_nodes(slurm_cluster, 
 
     from runners import metric_names, paths
     from runners.backends.verl.hydra import format_value
-    from runners.backends.verl.sbatch import render_sbatch
+    from runners.cluster.verl_batch import render_sbatch
     from runners.config import compose, run_key
 
     node_names = slurm_cluster.run("sinfo", "-h", "-N", "-o", "%N").stdout.split()

@@ -29,8 +29,8 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from omegaconf import OmegaConf
 
+from runners.config.resources import cell_resources, verl_gpus
 from runners.config.validate import ConfigError
-from runners.resources import cell_resources, verl_gpus
 
 from ._verl_config import SMOLLM2_DIR, _compose, _hydra_compose_verl, _paths, _translate, make_verl_config, verl_accepts
 

@@ -35,26 +35,19 @@ MLflow logger write into the same run (it honours ``MLFLOW_RUN_ID``), but it als
 config as parameters -- a resumed attempt with any changed value makes MLflow refuse them, after
 which verl silently continues without MLflow -- and logs recomputed steps a second time.
 
-Command line (``trustbench verl``: ``cli_command``, reached through the backend registry's ``command``
-hook; each command composes a cell as ``trustbench run`` does):
-
-    trustbench verl overrides backend=verl model=qwen3_8b algorithm=gspo
-    trustbench verl sbatch backend=verl model=qwen3_8b algorithm=gspo > cell.sbatch
-    trustbench verl run-cell backend=verl model=qwen3_8b algorithm=gspo
-
-(the batch script and ``run-cell``, what it runs: ``runners/backends/verl/sbatch.py``). Running this
-module, ``python -m runners.backends.verl.backend COMMAND ...``, is an alias of the same commands.
+Command line: ``trustbench verl overrides|sbatch|run-cell`` (``runners.cluster.verl_batch``: the batch
+script of a cell and the command it runs) reaches this backend through the backend registry's hooks:
+``overrides`` (``cell_overrides``, what ``trustbench verl overrides`` prints) and ``options``
+(``translate.backend_options``). The backend imports neither the run orchestration nor the cluster package.
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import shlex
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -80,9 +73,8 @@ from runners.backends.verl.process import (
     visible_gpus,
     worker_env,
 )
-from runners.backends.verl.sbatch import render_sbatch, run_cell
 from runners.backends.verl.translate import backend_options, build_overrides
-from runners.resources import slurm_allocation
+from runners.perf.hardware import slurm_allocation
 
 POLL_S = 1.0
 
@@ -241,62 +233,13 @@ class VerlBackend:
         return proc.returncode, stop.stopped_at()
 
 
-# -- command line -------------------------------------------------------------------------------------
-COMMANDS = {
-    "overrides": "print the overrides verl's trainer gets for the cell",
-    "sbatch": "print a Slurm batch script that runs the cell",
-    "run-cell": "run the cell, requeued when stopped (what the batch script runs)",
-}
-EXAMPLES = """examples:
-  trustbench verl overrides backend=verl model=qwen3_8b algorithm=gspo backend.device=cuda
-  trustbench verl overrides backend=verl          the CPU-mode overrides, where there is no CUDA
-  trustbench verl sbatch backend=verl model=qwen3_8b +method=grpo_troll launcher.partition=gpu > cell.sbatch
-"""
+# -- what verl's trainer gets -------------------------------------------------------------------------
+def cell_overrides(cfg: DictConfig) -> list[str]:
+    """The overrides verl's trainer gets for cell ``cfg`` on this machine (``trustbench verl overrides``,
+    reached through the backend registry's ``overrides`` hook): the CPU-mode overrides where the cell
+    trains on the CPU, else those of its GPUs, for the run directory's first attempt."""
+    from runners.config import run_key
 
-
-def build_parser(prog: str = "trustbench verl") -> argparse.ArgumentParser:
-    """The parser of ``trustbench verl``: one subcommand per ``COMMANDS`` entry, each taking Hydra overrides."""
-    raw = argparse.RawDescriptionHelpFormatter
-    parser = argparse.ArgumentParser(
-        prog=prog,
-        description="The verl backend's commands. Each composes a cell as trustbench run does:\n"
-        "the arguments are Hydra overrides, e.g. backend=verl model=qwen3_8b algorithm=gspo.",
-        formatter_class=raw,
-        epilog=EXAMPLES,
-    )
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for name, text in COMMANDS.items():
-        p = sub.add_parser(name, help=text, description=f"{text[0].upper()}{text[1:]}.", formatter_class=raw)
-        p.epilog = EXAMPLES
-        p.add_argument("overrides", nargs=argparse.REMAINDER, help="e.g. backend=verl model=qwen3_8b algorithm=gspo")
-    return parser
-
-
-def cli_command(argv: Sequence[str]) -> int:
-    """``trustbench verl COMMAND OVERRIDES...`` (``COMMANDS``): ``overrides`` prints the cell's verl
-    overrides, ``sbatch`` its batch script (creating the run directory the job writes into), ``run-cell``
-    runs it (``sbatch.run_cell``). Returns an exit status; a mistyped command exits 2 through argparse,
-    a bad config raises ``compose``'s errors (``runners.cli`` turns them into one line)."""
-    args = build_parser().parse_args(list(argv))
-    if args.command == "run-cell":
-        return run_cell(args.overrides)
-    from runners.config import compose, run_key
-
-    cfg, _ = compose(list(args.overrides))
-    if args.command == "overrides":
-        layout = VerlLayout.of(tb_paths.run_dir(run_key(cfg)))
-        path = model_path(cfg) if runs_on_cpu(cfg) else str(cfg.model.path or cfg.model.name)
-        print("\n".join(build_overrides(cfg, layout.paths(1), model_path=path, cpu=cpu_placement(cfg, path))))
-    else:
-        tb_paths.run_dir(run_key(cfg)).mkdir(parents=True, exist_ok=True)  # Slurm opens --output first
-        print(render_sbatch(cfg, args.overrides), end="")
-    return 0
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """The alias ``python -m runners.backends.verl.backend COMMAND ...`` of ``trustbench verl COMMAND ...``."""
-    return cli_command(sys.argv[1:] if argv is None else argv)
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    layout = VerlLayout.of(tb_paths.run_dir(run_key(cfg)))
+    path = model_path(cfg) if runs_on_cpu(cfg) else str(cfg.model.path or cfg.model.name)
+    return build_overrides(cfg, layout.paths(1), model_path=path, cpu=cpu_placement(cfg, path))

@@ -36,7 +36,7 @@ from typing import Any
 
 from runners.config.schema import launched_here
 from runners.config.validate import ConfigError
-from runners.resources import slurm_allocation
+from runners.perf.hardware import slurm_allocation
 
 # plugin modules of CPU mode, in import order (the platform before anything resolves it)
 CPU_PLATFORM_MODULE = "runners.backends.verl.cpu.platform"

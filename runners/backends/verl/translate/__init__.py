@@ -59,8 +59,8 @@ from runners.backends.verl.translate.run import (
     rollout_overrides,
     trainer_overrides,
 )
+from runners.config.resources import cell_resources
 from runners.config.validate import ConfigError
-from runners.resources import cell_resources
 
 ENTRYPOINT = "verl.trainer.main_ppo"
 # CPU mode's entry point: verl's main with its TaskRunner in the driver process
@@ -142,7 +142,7 @@ def build_overrides(
     """The verl command-line overrides of cell ``cfg``, ``backend.options.overrides`` appended last.
 
     ``model_path`` defaults to ``model.path``; ``nnodes`` / ``gpus_per_node`` to the cell's resources
-    (``runners.resources.cell_resources``; the backend passes the allocation it actually got).
+    (``runners.config.resources.cell_resources``; the backend passes the allocation it actually got).
     ``resuming``: a checkpoint exists, so the evaluation before the first step is not repeated.
     ``worker_env``: environment for every Ray worker (``ray_kwargs.ray_init.runtime_env.env_vars``),
     besides ``VERL_USE_EXTERNAL_MODULES`` (the plugins). ``cpu``: the cell runs in CPU mode

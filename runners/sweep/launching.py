@@ -3,8 +3,8 @@
 ``launch`` runs the plan's cells through the configured Hydra launcher: in this process
 (``launcher=local``, Hydra's basic launcher; ``launcher.parallel=N``: N cells at a time, each in its
 own process, ``runners.sweep.local_pool``) or as submitit jobs, one job array per group of cells
-requesting the same resources (``_submit``); with ``tracking=server`` it first starts (or reuses)
-the MLflow server the jobs log to.
+requesting the same resources (``_submit``; queued and waited for by ``runners.cluster.queue``); with
+``tracking=server`` it first starts (or reuses) the MLflow server the jobs log to.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from runners import paths, tracking, tracking_server
 from runners.backends import check_placement
+from runners.cluster.queue import signal_delay
 from runners.config import ConfigError
 from runners.redact import redact
 from runners.sweep.hydra_launcher import instantiate_launcher
@@ -30,17 +31,6 @@ from runners.sweep.planning import JOB_FILE, Cell, SweepPlan
 from runners.sweep.results import write_outcomes
 
 SUBMITTED = "SUBMITTED"
-# slurmctld checks time limits every 30 s and sends a --signal warning at the first check within
-# 30 s of its due time: up to 30 s early (1-30 s early, measured on the test cluster). A signal in a
-# job's first seconds kills Python before any handler is installed.
-SIGNAL_EARLY_S = 30
-JOB_STARTUP_S = 10
-
-
-def signal_delay(requested_s: int, time_min: int) -> int:
-    """The ``--signal`` delay a job gets: ``launcher.signal_delay_s``, shortened for short time
-    limits so the signal is never sent within the job's first ``JOB_STARTUP_S`` seconds."""
-    return max(0, min(int(requested_s), time_min * 60 - SIGNAL_EARLY_S - JOB_STARTUP_S))
 
 
 def launch(
@@ -48,7 +38,7 @@ def launch(
 ) -> list[Any]:
     """Run the cells to run through the configured launcher and wait for them.
 
-    Returns Hydra's JobReturns (basic launcher) or ``runners.launch.JobOutcome``s (submitit); with
+    Returns Hydra's JobReturns (basic launcher) or ``runners.cluster.queue.JobOutcome``s (submitit); with
     ``wait=False`` (submitit launchers) the submitit jobs as soon as all are queued."""
     cells = p.to_run
     if not cells:
@@ -152,7 +142,7 @@ def _group_master(master: DictConfig, p: SweepPlan, res: dict[str, Any]) -> Dict
 
 def _submit(p: SweepPlan, hydra, master: DictConfig, extra: list[str], stream) -> tuple[list, list[Cell]]:
     """Queue every resource group as one job array; returns the submitit jobs and their cells."""
-    from runners.launch import submit_jobs
+    from runners.cluster.queue import submit_array
     from runners.run import read_status, write_status
 
     if p.launcher == "slurm" and shutil.which("sbatch") is None:
@@ -165,7 +155,7 @@ def _submit(p: SweepPlan, hydra, master: DictConfig, extra: list[str], stream) -
             kept = {k: v for k, v in (read_status(run_dir) or {}).items() if k in ("attempts", "run_id", "name")}
             write_status(run_dir, SUBMITTED, **kept)
         launcher = instantiate_launcher(hydra, _group_master(master, p, group[0].resources))
-        submitted = submit_jobs(launcher, [_job_overrides(p, c, extra) for c in group], len(jobs))
+        submitted = submit_array(launcher, [_job_overrides(p, c, extra) for c in group], len(jobs))
         for cell, job in zip(group, submitted):
             info = {"job_id": job.job_id, "folder": str(job.paths.folder), "submitted": time.time()}
             (paths.run_dir(cell.key) / JOB_FILE).write_text(json.dumps(info))
@@ -189,7 +179,7 @@ def _reattach(cell: Cell):
 
 def _wait(p: SweepPlan, jobs: list, order: list[Cell], poll_s: float, stream) -> list[Any]:
     """Wait for every job (Ctrl-C leaves them running) and keep how each one ended."""
-    from runners.launch import wait_jobs
+    from runners.cluster.queue import wait_jobs
     from runners.run import read_status
 
     print("waiting for them (Ctrl-C leaves them running)", file=stream, flush=True)

@@ -1,21 +1,16 @@
-"""What a cell asks a cluster for, and whether the cluster can ever give it (torch-free).
+"""Whether the cluster can ever give a cell what it asks for, and the sbatch options of that request.
 
-The GPU request follows from the model size and the backend unless ``launcher.*`` sets it: the
-local backend uses at most one GPU; verl shards the model over more GPUs as it grows (full
-fine-tuning needs about 16 bytes per parameter for weights, gradients and Adam states, plus
-activations and the vLLM cache), using whole nodes of 8 GPUs past 8.
-
-Before a sweep submits anything, ``check_request`` asks the cluster whether each distinct request
-can ever run: ``scontrol show partition`` / ``scontrol show node`` give a readable reason naming the
-launcher key (more GPUs per node than any node has, an unknown partition, a time over the
-partition's MaxTime, ...), and ``sbatch --test-only`` (Slurm's own judgement, nothing queued)
-catches the rest (accounts, QOS, reservations in ``launcher.additional_parameters``).
+What a cell asks for follows from its config (``runners.config.resources.cell_resources``). Before a
+sweep submits anything, ``check_request`` asks the cluster whether each distinct request can ever
+run: ``scontrol show partition`` / ``scontrol show node`` give a readable reason naming the launcher
+key (more GPUs per node than any node has, an unknown partition, a time over the partition's
+MaxTime, ...), and ``sbatch --test-only`` (Slurm's own judgement, nothing queued) catches the rest
+(accounts, QOS, reservations in ``launcher.additional_parameters``).
 """
 
 from __future__ import annotations
 
 import math
-import os
 import re
 import shutil
 import subprocess
@@ -24,49 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from runners.config.errors import ConfigError
-from runners.config.regime import ON_POLICY, regime_label
-
-GPUS_PER_NODE_MAX = 8
-# (max parameters in billions, GPUs) for the verl backend
-VERL_GPU_TABLE = ((1.0, 1), (2.0, 2), (4.5, 4), (9.0, 8), (16.0, 16), (35.0, 32), (80.0, 64))
-RESOURCE_KEYS = ("nodes", "gpus_per_node", "cpus_per_task", "mem_gb", "time_min")
-
-
-def verl_gpus(params_b: float) -> int:
-    for limit, gpus in VERL_GPU_TABLE:
-        if params_b <= limit:
-            return gpus
-    return 128
-
-
-def cell_resources(cfg: Any) -> dict[str, Any]:
-    """Resources of one cell (a DictConfig or its resolved dict); explicit ``launcher.*`` values win."""
-    launcher, backend, model = cfg["launcher"], cfg["backend"], cfg["model"]
-    if backend["name"] == "verl":
-        total = verl_gpus(float(model["params_b"]))
-    elif launcher["name"] == "slurm":
-        total = 1 if float(model["params_b"]) >= 0.1 else 0
-    else:
-        total = 0
-    nodes = launcher["nodes"] or max(1, math.ceil(total / GPUS_PER_NODE_MAX))
-    gpus_per_node = launcher["gpus_per_node"] if launcher["gpus_per_node"] is not None else math.ceil(total / nodes)
-    if launcher["cpus_per_task"]:
-        cpus = int(launcher["cpus_per_task"])
-    else:
-        cpus = max(2, gpus_per_node * int(launcher["cpus_per_gpu"]))
-    mem = launcher["mem_gb"] if launcher["mem_gb"] is not None else max(8, 64 * gpus_per_node)
-    return {
-        "nodes": int(nodes),
-        "gpus_per_node": int(gpus_per_node),
-        "cpus_per_task": int(cpus),
-        "mem_gb": int(mem),
-        "time_min": int(launcher["time_min"]),
-    }
-
-
-def gpu_hours(resources: Mapping[str, int]) -> float:
-    """Upper bound of one cell's GPU time: the time limit times its GPUs."""
-    return resources["nodes"] * resources["gpus_per_node"] * resources["time_min"] / 60.0
+from runners.config.resources import RESOURCE_KEYS
 
 
 # -- the cluster's limits ------------------------------------------------------------------------------
@@ -240,75 +193,3 @@ def check_request(res: Mapping[str, int], launcher: Mapping[str, Any], cluster: 
             "launcher",
             f"sbatch --test-only refuses cells requesting {request}: {message[-1] if message else proc.returncode}",
         )
-
-
-def slurm_allocation(env: Mapping[str, str] | None = None) -> tuple[int, int] | None:
-    """(nodes, GPUs per node) of the Slurm allocation this process runs in, or None outside one."""
-    env = os.environ if env is None else env
-    if not env.get("SLURM_JOB_ID") or not env.get("SLURM_JOB_NODELIST"):
-        return None
-    nodes = int(env.get("SLURM_JOB_NUM_NODES") or env.get("SLURM_NNODES") or 1)
-    gpus = env.get("SLURM_GPUS_ON_NODE", "")
-    if not gpus.isdigit():
-        visible = env.get("CUDA_VISIBLE_DEVICES", "")
-        gpus = str(len([d for d in visible.split(",") if d])) if visible and visible != "NoDevFiles" else "0"
-    return nodes, int(gpus)
-
-
-# -- CPU time of the built-in trainer on the embedded default -------------------------------------------
-# CPU seconds of one 1-thread cell, per part, measured on the 2-core reference machine (the first cells of
-# sweeps/stability_map_cpu.yaml, 16 prompts x 8 responses per step, timing_cpu_s/* metrics): process start-up
-# and model load; per step the fixed overhead, sampling per response, the old-log-prob pass per response
-# (on-policy it comes from the update's forward and is nearly free), the update per response and epoch
-# (timing_cpu_s/update_actor: 0.145 s for 128 responses x 1 epoch, 0.656 s for 128 x 4 epochs of 4
-# mini-batches); each evaluation per sample (timing_s/testing: 0.53 s for 128 problems x 4 samples).
-EMBEDDED_CPU_COST = {
-    "startup": 8.0,
-    "step": 0.05,
-    "sample": 0.077 / 128,
-    "old_pass": 0.062 / 128,
-    "old_pass_on_policy": 0.021 / 128,
-    "update": 0.15 / 128,
-    "eval": 0.53 / 512,
-}
-
-
-def cpu_seconds(cfg: Any) -> float | None:
-    """Estimated CPU seconds of one cell (a resolved config dict) on the built-in trainer with the embedded
-    default (``EMBEDDED_CPU_COST``); None for other backends and models, whose cost was not measured."""
-    model, trainer, backend = cfg["model"], cfg["trainer"], cfg["backend"]
-    if backend["name"] != "local" or model["kind"] != "embedded":
-        return None
-    c = EMBEDDED_CPU_COST
-    responses = int(trainer["prompts_per_step"]) * int(trainer["n"])
-    epochs = int(trainer["ppo_epochs"])
-    old = c["old_pass_on_policy"] if regime_label(cfg) == ON_POLICY else c["old_pass"]
-    step = c["step"] + responses * (c["sample"] + old + c["update"] * epochs)
-    steps = int(trainer["total_steps"])
-    every = int(trainer.get("eval_every") or 0)
-    evals = (steps // every + 1) if every > 0 else 0
-    samples = int(cfg["dataset"].get("eval_limit") or 0) * int(trainer.get("eval_n") or 1)
-    return c["startup"] + steps * step + evals * samples * c["eval"]
-
-
-def cpu_estimate_text(configs: list[Any], parallel: int) -> str:
-    """The dry run's line for the cells to run: estimated CPU hours and wall hours at ``parallel`` cells at a
-    time ("" when no cell's cost is known)."""
-    known = [s for s in (cpu_seconds(c) for c in configs) if s is not None]
-    if not known:
-        return ""
-    total = sum(known)
-    unknown = (
-        f" ({len(configs) - len(known)} cell(s) of other models or backends not counted)"
-        if len(known) < len(configs)
-        else ""
-    )
-    wall = total / max(1, parallel)
-
-    def hours(seconds: float) -> str:
-        return f"{seconds / 60:.0f} min" if seconds < 5400 else f"{seconds / 3600:.1f} h"
-
-    return (
-        f"estimated CPU time of the {len(known)} cell(s) to run: {hours(total)} of CPU, about {hours(wall)} at "
-        f"{parallel} cell(s) at a time (built-in trainer on the embedded default, costs measured on 2 cores){unknown}"
-    )
