@@ -106,31 +106,32 @@ def test_built_in_backend_stores_and_masks_an_unchanged_policy_without_rejection
     from runners.algorithms.policy_loss import PolicyLoss
     from runners.backends.local.actor import micro_batch_loss, old_pass
     from runners.models.tiny import build_tiny_model
+    from tests.backends._batch import rollout_batch
 
     model = build_tiny_model("qwen2", vocab_size=V, seed=0, num_hidden_layers=2)
     gen = torch.Generator().manual_seed(0)
     ids = torch.randint(0, V, (4, 14), generator=gen)
-    data = {
-        "input_ids": ids,
-        "attention_mask": torch.ones_like(ids),
-        "responses": ids[:, 6:],
-        "group_index": torch.tensor([0, 0, 1, 1]),
-        "context_length": 6,
-    }
+    batch = rollout_batch(
+        input_ids=ids,
+        attention_mask=torch.ones_like(ids),
+        responses=ids[:, 6:],
+        group_index=torch.tensor([0, 0, 1, 1]),
+        context_length=6,
+    )
 
-    def forward(d, rows):
-        return model(input_ids=d["input_ids"][rows], attention_mask=d["attention_mask"][rows]).logits[:, 5:-1].float()
+    def forward(b, rows):
+        return model(input_ids=b.input_ids[rows], attention_mask=b.attention_mask[rows]).logits[:, 5:-1].float()
 
     method = Method.from_params(objective="clip", mask="trm_max", mask_params={"delta": 0.05, "top_k": K})
-    old = old_pass(forward, data, method=method, micro_batch_size=0, precision="fp32")
-    mass = old["old_topk_logp"].double().exp().sum(-1)
+    old = old_pass(forward, batch, method=method, micro_batch_size=0, precision="fp32")
+    mass = old.old_topk_logp.double().exp().sum(-1)
     assert float(mass.min()) < 0.9  # a random model with V = 4096: top-64 keeps little
-    data["rollout_logp"] = old["old_logp"]
+    batch.rollout_logp = old.old_logp
     mask = torch.ones(4, 8)
     out = micro_batch_loss(
         PolicyLoss(method),
-        forward(data, slice(None)),
-        data,
+        forward(batch, slice(None)),
+        batch,
         old,
         torch.randn(4, 8),
         mask,

@@ -18,32 +18,35 @@ import torch
 
 from runners.algorithms.chunked_head import MIN_VOCAB
 from runners.algorithms.method import Method
-from runners.backends.local.actor import Head, old_pass
+from runners.backends.local.actor import Head, OldPass, old_pass
 from runners.backends.local.policy import segment_hidden, segment_logits
+from runners.backends.local.rollout import RolloutBatch
 from runners.models.tiny import build_tiny_model
+
+from ._batch import rollout_batch
 
 V = 40_000
 TEMPERATURE = 0.7
 
 
-def _data(rows: int = 4, context: int = 5, length: int = 6) -> dict:
+def _data(rows: int = 4, context: int = 5, length: int = 6) -> RolloutBatch:
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(3, V, (rows, context + length), generator=g)
     attn = torch.ones_like(ids)
     attn[0, :2] = 0  # left padding in one row
-    return {"input_ids": ids, "attention_mask": attn, "context_length": context, "responses": ids[:, context:]}
+    return rollout_batch(input_ids=ids, attention_mask=attn, context_length=context, responses=ids[:, context:])
 
 
 def _passes(model, sampler, data, method, sampler_dense: bool):
     def logits(m):
-        return lambda d, rows: segment_logits(
-            m, d["input_ids"][rows], d["attention_mask"][rows], d["context_length"], TEMPERATURE
+        return lambda b, rows: segment_logits(
+            m, b.input_ids[rows], b.attention_mask[rows], b.context_length, TEMPERATURE
         ).float()
 
     def head(m):
-        def forward(d, rows):
+        def forward(b, rows):
             out = m.get_output_embeddings()
-            hidden = segment_hidden(m, d["input_ids"][rows], d["attention_mask"][rows], d["context_length"])
+            hidden = segment_hidden(m, b.input_ids[rows], b.attention_mask[rows], b.context_length)
             return Head(hidden, out.weight, out.bias, TEMPERATURE)
 
         return forward
@@ -79,37 +82,36 @@ def test_the_chunked_old_pass_equals_the_dense_one():
     assert method.requires("sparse_old")
     data = _data()
     dense, chunked = _passes(model, sampler, data, method, sampler_dense=True)
-    assert dense.keys() == chunked.keys() >= {"old_logp", "entropy", "old_topk_index", "pi_old_topk_index"}
+    computed = dense.computed().keys()
+    assert computed == chunked.computed().keys() >= {"old_logp", "entropy", "old_topk_index", "pi_old_topk_index"}
     with torch.no_grad():  # the float64 reference of log pi_old
-        h = segment_hidden(model, data["input_ids"], data["attention_mask"], data["context_length"]).double()
+        h = segment_hidden(model, data.input_ids, data.attention_mask, data.context_length).double()
         ref = torch.log_softmax(h @ model.get_output_embeddings().weight.double().T / TEMPERATURE, -1)
-        ref_logp = ref.gather(-1, data["responses"].unsqueeze(-1)).squeeze(-1)
+        ref_logp = ref.gather(-1, data.responses.unsqueeze(-1)).squeeze(-1)
         ref_entropy = -(ref.exp() * ref).sum(-1)
-    for key, reference in (("old_logp", ref_logp), ("entropy", ref_entropy)):
-        torch.testing.assert_close(chunked[key].double(), reference, rtol=0, atol=1e-5)
-        torch.testing.assert_close(chunked[key], dense[key], rtol=0, atol=1e-5)
-    _same_store(
-        dense["pi_old_topk_index"], dense["pi_old_topk_logp"], chunked["pi_old_topk_index"], chunked["pi_old_topk_logp"]
-    )
+    for got, expected, reference in (
+        (chunked.old_logp, dense.old_logp, ref_logp),
+        (chunked.entropy, dense.entropy, ref_entropy),
+    ):
+        torch.testing.assert_close(got.double(), reference, rtol=0, atol=1e-5)
+        torch.testing.assert_close(got, expected, rtol=0, atol=1e-5)
+    _same_store(dense.pi_old_topk_index, dense.pi_old_topk_logp, chunked.pi_old_topk_index, chunked.pi_old_topk_logp)
     # the bfloat16 sampler keeps its dense store (its rounded logits are what it sampled from)
-    assert torch.equal(chunked["old_topk_index"], dense["old_topk_index"])
-    assert torch.equal(chunked["old_topk_logp"], dense["old_topk_logp"])
-    assert not torch.equal(chunked["old_topk_logp"], chunked["pi_old_topk_logp"])  # two policies, two stores
+    assert torch.equal(chunked.old_topk_index, dense.old_topk_index)
+    assert torch.equal(chunked.old_topk_logp, dense.old_topk_logp)
+    assert not torch.equal(chunked.old_topk_logp, chunked.pi_old_topk_logp)  # two policies, two stores
     # a float32 sampling copy (stale weights) goes through chunked_head as well
     stale = build_tiny_model("qwen2", vocab_size=V, seed=2, hidden_size=32, num_hidden_layers=1)
     with torch.no_grad():
         stale.get_output_embeddings().weight.mul_(15.0)
     dense, chunked = _passes(model, stale, data, method, sampler_dense=False)
-    _same_store(dense["old_topk_index"], dense["old_topk_logp"], chunked["old_topk_index"], chunked["old_topk_logp"])
+    _same_store(dense.old_topk_index, dense.old_topk_logp, chunked.old_topk_index, chunked.old_topk_logp)
     # Clip needs no store, but with diagnostics the sampler's is kept for the post-update KL from the sampler
     clip = Method.from_params(objective="clip", objective_params={})
     dense, chunked = _passes(model, stale, data, clip, sampler_dense=False)
-    assert dense.keys() == chunked.keys() and "old_topk_index" not in chunked
+    assert dense.computed().keys() == chunked.computed().keys() and chunked.old_topk_index is None
     _same_store(
-        dense["sampler_topk_index"],
-        dense["sampler_topk_logp"],
-        chunked["sampler_topk_index"],
-        chunked["sampler_topk_logp"],
+        dense.sampler_topk_index, dense.sampler_topk_logp, chunked.sampler_topk_index, chunked.sampler_topk_logp
     )
 
 
@@ -129,19 +131,19 @@ def test_the_chunked_reference_pass_equals_float64_log_softmax(precision):
     data = _data(rows=5)
     seen = []
 
-    def head(d, rows):
+    def head(b, rows):
         seen.append(rows)
         out = model.get_output_embeddings()
-        hidden = segment_hidden(model, d["input_ids"][rows], d["attention_mask"][rows], d["context_length"])
+        hidden = segment_hidden(model, b.input_ids[rows], b.attention_mask[rows], b.context_length)
         return Head(hidden, out.weight, out.bias, TEMPERATURE)
 
     settings = SimpleNamespace(micro_batch_size=2, logprob_precision=precision)
     got = response_logprobs(head, data, chunked=True, settings=settings)
     assert seen == [slice(0, 2), slice(2, 4), slice(4, 6)]
     with torch.no_grad():
-        h = segment_hidden(model, data["input_ids"], data["attention_mask"], data["context_length"]).double()
+        h = segment_hidden(model, data.input_ids, data.attention_mask, data.context_length).double()
         ref = torch.log_softmax(h @ model.get_output_embeddings().weight.double().T / TEMPERATURE, -1)
-        ref = ref.gather(-1, data["responses"].unsqueeze(-1)).squeeze(-1)
+        ref = ref.gather(-1, data.responses.unsqueeze(-1)).squeeze(-1)
     assert got.dtype == torch.float32 and got.shape == ref.shape
     if precision == "fp32":
         torch.testing.assert_close(got.double(), ref, rtol=0, atol=1e-5)
@@ -157,9 +159,9 @@ def test_the_trainer_takes_the_chunked_pass_from_min_vocab_on(monkeypatch, vocab
 
     seen = []
 
-    def old_pass_spy(forward, data, **kw):
-        seen.append(forward(data, slice(0, 1)))
-        return {}
+    def old_pass_spy(forward, batch, **kw):
+        seen.append(forward(batch, slice(0, 1)))
+        return OldPass()
 
     monkeypatch.setattr(trainer_module, "old_pass", old_pass_spy)
     stub = trainer_module.LocalTrainer.__new__(trainer_module.LocalTrainer)

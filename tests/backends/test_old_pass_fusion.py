@@ -16,11 +16,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from runners.backends.local.actor import OldFromUpdate, UpdateSettings, update_actor
+from runners.backends.local.actor import OldFromUpdate, OldPass, UpdateSettings, update_actor
 from runners.backends.local.packed import dropout_free
 from runners.backends.local.trainer import LocalTrainer
 from runners.config import compose
 
+from ._batch import rollout_batch
 from ._tiny import TINY
 
 ON_POLICY = [
@@ -49,9 +50,9 @@ def _trainer(overrides, path, monkeypatch, *, separate: bool):
     calls = []
     real = trainer._old_pass
 
-    def counting(data):
+    def counting(batch):
         calls.append(1)
-        return real(data)
+        return real(batch)
 
     monkeypatch.setattr(trainer, "_old_pass", counting)
     if separate:
@@ -132,8 +133,8 @@ def test_update_refuses_to_fill_the_old_pass_after_an_optimiser_step():
             torch.optim.SGD(model.parameters(), lr=0.1),
             None,
             None,
-            {},
-            {},
+            rollout_batch(),
+            OldPass(),
             None,
             torch.ones(2, 2),
             settings=UpdateSettings(2, 1.0, 0, 1.0, "fp32"),

@@ -19,6 +19,8 @@ from runners.algorithms.method import Method
 from runners.backends.local.actor import old_pass
 from runners.backends.local.diagnostics import post_update_metrics
 
+from ._batch import rollout_batch
+
 B, T, V = 6, 5, 16
 
 
@@ -30,7 +32,7 @@ def _case():
     responses = torch.randint(0, V, (B, T), generator=g)
     mask = torch.ones(B, T)
     mask[0, 3:] = 0  # a short response: its padding is not counted
-    data = {"input_ids": torch.zeros(B, 1), "responses": responses, "response_mask": mask, "group_index": None}
+    data = rollout_batch(input_ids=torch.zeros(B, 1), responses=responses, response_mask=mask, group_index=None)
     return sampler, old, new, data
 
 
@@ -68,7 +70,7 @@ def test_the_kl_from_the_sampler_is_the_dense_kl_from_the_sampler(objective):
         (sampler, names.POST_UPDATE_KL_SAMPLER, names.POST_UPDATE_KL_SAMPLER_MAX, True),
         (old_logits, names.POST_UPDATE_KL, names.POST_UPDATE_KL_MAX, False),
     ):
-        kl = _dense_kl(new, centre, data["response_mask"])
+        kl = _dense_kl(new, centre, data.response_mask)
         assert metrics[mean_name] == pytest.approx(float(kl.mean()), abs=1e-5)
         assert metrics[max_name] == pytest.approx(float(kl.max()), abs=1e-5)
         shares = [
@@ -79,16 +81,16 @@ def test_the_kl_from_the_sampler_is_the_dense_kl_from_the_sampler(objective):
     # the two centres are two policies: the statistics differ
     assert abs(metrics[names.POST_UPDATE_KL_SAMPLER] - metrics[names.POST_UPDATE_KL]) > 0.01
     if objective == "troll":  # TROLL's own store is the sampler's: the diagnostic reads the same one
-        assert torch.equal(old["old_topk_index"], old["sampler_topk_index"])
-        assert torch.equal(old["old_topk_logp"], old["sampler_topk_logp"])
+        assert torch.equal(old.old_topk_index, old.sampler_topk_index)
+        assert torch.equal(old.old_topk_logp, old.sampler_topk_logp)
     else:
-        assert "old_topk_index" not in old
+        assert old.old_topk_index is None
 
 
 @pytest.mark.parametrize("objective", ["clip", "troll"])
 def test_on_policy_there_is_one_centre_and_no_sampler_statistic(objective):
     old, metrics = _metrics(objective, stale=False)
-    assert "sampler_topk_index" not in old
+    assert old.sampler_topk_index is None
     assert names.POST_UPDATE_KL in metrics
     assert not any(k.startswith(names.POST_UPDATE_KL_SAMPLER) for k in metrics)
 
@@ -105,4 +107,4 @@ def test_without_diagnostics_clip_runs_no_sampler_forward():
     old = old_pass(
         _forward(old_logits), data, method=method, micro_batch_size=4, precision="fp32", rollout_forward=sampler_forward
     )
-    assert calls == [] and "sampler_topk_index" not in old
+    assert calls == [] and old.sampler_topk_index is None

@@ -96,19 +96,19 @@ class Recorder:
         self.calls: list[dict] = []
         real_old_pass, real_micro = actor.old_pass, actor.micro_batch_loss
 
-        def old_pass(forward, data, **kw):
-            def recording(d, rows):
-                out = forward(d, rows)
+        def old_pass(forward, batch, **kw):
+            def recording(b, rows):
+                out = forward(b, rows)
                 self.old_logits.append(_dense(out))  # a Head (the chunked old pass): from h and W
                 return out
 
             self.old_logits = []
-            out = real_old_pass(recording, data, **kw)
-            self.old = {"logits": torch.cat(self.old_logits), **out, "data": data}
+            out = real_old_pass(recording, batch, **kw)
+            self.old = {"logits": torch.cat(self.old_logits), "pass": out, "batch": batch}
             return out
 
-        def micro_batch_loss(loss_fn, logits, data, old, advantages, mask, rows, **kw):
-            out = real_micro(loss_fn, logits, data, old, advantages, mask, rows, **kw)
+        def micro_batch_loss(loss_fn, logits, batch, old, advantages, mask, rows, **kw):
+            out = real_micro(loss_fn, logits, batch, old, advantages, mask, rows, **kw)
             if self.keep_last:
                 self.calls.clear()
             self.calls.append(
@@ -116,13 +116,13 @@ class Recorder:
                     "logits": _dense(logits),
                     "old_logits": self.old["logits"][rows],
                     "rows": rows,
-                    "responses": data["responses"][rows],
-                    "groups": data["group_index"][rows],
+                    "responses": batch.responses[rows],
+                    "groups": batch.group_index[rows],
                     "mask": mask[rows],
                     "advantages": advantages[rows],
-                    "index": old["old_topk_index"][rows] if "old_topk_index" in old else None,
-                    "topk_logp": old["old_topk_logp"][rows] if "old_topk_logp" in old else None,
-                    "rollout_logp": data["rollout_logp"][rows],
+                    "index": old.old_topk_index[rows] if old.old_topk_index is not None else None,
+                    "topk_logp": old.old_topk_logp[rows] if old.old_topk_logp is not None else None,
+                    "rollout_logp": batch.rollout_logp[rows],
                     "method": loss_fn.method,
                     "h_ini": kw.get("h_ini"),
                     "metrics": dict(out.metrics),
@@ -171,22 +171,22 @@ class OnPolicyUpdates:
         self.calls: list[dict] = []
         real_micro = actor.micro_batch_loss
 
-        def micro_batch_loss(loss_fn, logits, data, old, advantages, mask, rows, **kw):
+        def micro_batch_loss(loss_fn, logits, batch, old, advantages, mask, rows, **kw):
             from runners.backends.local.policy import Head
 
             dense = _dense(logits)
-            responses = data["responses"][rows]
+            responses = batch.responses[rows]
             logp = torch.log_softmax(dense, -1).gather(-1, responses[..., None])[..., 0]
             real = mask[rows] > 0
-            if real.any() and float((logp - old["old_logp"][rows].double())[real].abs().max()) < 1e-5:
+            if real.any() and float((logp - old.old_logp[rows].double())[real].abs().max()) < 1e-5:
                 call = {
                     "logits": dense,
                     "responses": responses,
-                    "groups": data["group_index"][rows],
+                    "groups": batch.group_index[rows],
                     "mask": mask[rows].double(),
                     "advantages": advantages[rows].double(),
-                    "old_logp": old["old_logp"][rows].double(),
-                    "ref": "ref_logp" in old,
+                    "old_logp": old.old_logp[rows].double(),
+                    "ref": old.ref_logp is not None,
                     "method": loss_fn.method,
                     "kw": dict(kw),
                     # the entropy controllers' coefficients now (REPO's zeta, the bonus's beta): they start
@@ -204,7 +204,7 @@ class OnPolicyUpdates:
                 else:
                     logits.register_hook(keep)
                 self.calls.append(call)
-            return real_micro(loss_fn, logits, data, old, advantages, mask, rows, **kw)
+            return real_micro(loss_fn, logits, batch, old, advantages, mask, rows, **kw)
 
         monkeypatch.setattr(actor, "micro_batch_loss", micro_batch_loss)
 

@@ -37,6 +37,7 @@ from runners.algorithms.method import Method
 from runners.algorithms.policy_loss import PolicyLoss
 from runners.backends.local.actor import UpdateSettings, old_pass, update_actor
 from runners.backends.local.policy import segment_head, segment_logits
+from runners.backends.local.rollout import RolloutBatch
 from runners.config import compose
 from runners.models.tiny import build_tiny_model
 
@@ -49,33 +50,40 @@ METHODS = {
 }
 
 
-def make_data(rows: int, tokens: int, seed: int = 0) -> dict:
+def make_data(rows: int, tokens: int, seed: int = 0) -> tuple[RolloutBatch, torch.Tensor]:
+    """A batch of random finished responses and its advantages (one per row, on every token)."""
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(0, VOCAB, (rows, CONTEXT + tokens), generator=g)
     mask = torch.ones(rows, tokens)
-    return {
-        "input_ids": ids,
-        "attention_mask": torch.ones_like(ids),
-        "responses": ids[:, CONTEXT:],
-        "context_length": CONTEXT,
-        "group_index": torch.arange(rows) // 4,
-        "rollout_logp": torch.full((rows, tokens), -11.0),
-        "response_mask": mask,
-        "advantages": torch.randn(rows, 1, generator=g).expand(rows, tokens).contiguous(),
-    }
+    batch = RolloutBatch(
+        input_ids=ids,
+        attention_mask=torch.ones_like(ids),
+        context_length=CONTEXT,
+        responses=ids[:, CONTEXT:],
+        response_mask=mask,
+        rollout_logp=torch.full((rows, tokens), -11.0),
+        group_index=torch.arange(rows) // 4,
+        finished=torch.ones(rows, dtype=torch.bool),
+        scores=torch.zeros(rows),
+        token_rewards=torch.zeros(rows, tokens),
+        full_lengths=torch.full((rows,), tokens),
+        slots=[],
+    )
+    return batch, torch.randn(rows, 1, generator=g).expand(rows, tokens).contiguous()
 
 
-def run_variant(model, optimizer, method: Method, data: dict, chunked: bool, rows: int) -> dict:
+def run_variant(model, optimizer, method: Method, data: tuple, chunked: bool, rows: int) -> dict:
     """old_pass then one update_actor step; returns wall / CPU seconds and peak memory (MiB) of the update."""
     fwd = segment_head if chunked else segment_logits
+    batch, advantages = data
 
-    def forward(d, sel):
-        return fwd(model, d["input_ids"][sel], d["attention_mask"][sel], d["context_length"])
+    def forward(b, sel):
+        return fwd(model, b.input_ids[sel], b.attention_mask[sel], b.context_length)
 
     settings = UpdateSettings(
         ppo_epochs=1, mini_batch_share=1.0, micro_batch_size=rows, grad_clip=1.0, logprob_precision="fp32"
     )
-    old = old_pass(forward, data, method=method, micro_batch_size=rows, precision="fp32")
+    old = old_pass(forward, batch, method=method, micro_batch_size=rows, precision="fp32")
     loss_fn = PolicyLoss(method)
     before = rss.settle()
     wall, cpu = time.perf_counter(), time.process_time()
@@ -84,10 +92,10 @@ def run_variant(model, optimizer, method: Method, data: dict, chunked: bool, row
         optimizer,
         forward,
         loss_fn,
-        data,
+        batch,
         old,
-        data["advantages"],
-        data["response_mask"],
+        advantages,
+        batch.response_mask,
         settings=settings,
         shuffle=torch.Generator().manual_seed(0),
     )

@@ -164,18 +164,17 @@ def local_update(
     settings = actor.UpdateSettings(
         ppo_epochs=1, mini_batch_share=1.0, micro_batch_size=0, grad_clip=0.0, logprob_precision="fp32"
     )
-    old = {"old_logp": prob.old_logp}
-    if prob.old_topk_index is not None:
-        old["old_topk_index"] = prob.old_topk_index
-        old["old_topk_logp"] = prob.old_topk_logp
+    from tests.backends._batch import rollout_batch
+
+    old = actor.OldPass(old_logp=prob.old_logp, old_topk_index=prob.old_topk_index, old_topk_logp=prob.old_topk_logp)
     # on-policy: the sampler's log-probs are the old policy's
-    data = {"responses": prob.responses, "group_index": prob.groups, "rollout_logp": prob.old_logp}
+    batch = rollout_batch(responses=prob.responses, group_index=prob.groups, rollout_logp=prob.old_logp)
     metrics, seq_masks = actor.update_actor(
         model,
         torch.optim.SGD(model.parameters(), lr=0.0),
-        lambda _data, rows: forward(rows),
+        lambda _b, rows: forward(rows),
         PolicyLoss(library_method, controller),
-        data,
+        batch,
         old,
         prob.advantages,
         prob.mask,

@@ -83,10 +83,11 @@ def builtin_recompute(cell) -> tuple[float, float, float, int]:
 
     from runners.algorithms.method import Method
     from runners.algorithms.policy_loss import PolicyLoss
-    from runners.backends.local.actor import micro_batch_loss
+    from runners.backends.local.actor import OldPass, micro_batch_loss
     from runners.backends.local.policy import segment_logits
     from runners.backends.verl.cpu.model_export import export_model
     from runners.models.loader import load_pretrained_dir
+    from tests.backends._batch import rollout_batch
 
     records = [torch.load(path, weights_only=False) for path in sorted(cell.dump_dir.glob("update_*.pt"))]
     step1 = [r for r in records if r["meta"].get("global_steps") == 1]
@@ -104,14 +105,16 @@ def builtin_recompute(cell) -> tuple[float, float, float, int]:
             model, batch["input_ids"], batch["attention_mask"], batch["context"], float(meta.get("temperature", 1.0))
         )
         rows = torch.arange(logits.shape[0])
-        data = {
-            "responses": batch["responses"],
-            "rollout_logp": batch.get("rollout_log_probs", batch["old_log_probs"]),
-            "group_index": torch.zeros(logits.shape[0], dtype=torch.long),
-        }
-        old = {"old_logp": batch["old_log_probs"]}
-        if "old_topk_index" in batch:
-            old.update(old_topk_index=batch["old_topk_index"], old_topk_logp=batch["old_topk_logp"])
+        data = rollout_batch(
+            responses=batch["responses"],
+            rollout_logp=batch.get("rollout_log_probs", batch["old_log_probs"]),
+            group_index=torch.zeros(logits.shape[0], dtype=torch.long),
+        )
+        old = OldPass(
+            old_logp=batch["old_log_probs"],
+            old_topk_index=batch.get("old_topk_index"),
+            old_topk_logp=batch.get("old_topk_logp"),
+        )
         out = micro_batch_loss(
             loss_fn,
             logits,
@@ -176,8 +179,10 @@ def test_post_update_diagnostics_equal_builtin(cpu_stage, name):
     import torch
 
     from runners import metric_names
+    from runners.backends.local.actor import OldPass
     from runners.backends.local.diagnostics import post_update_metrics
     from runners.backends.local.policy import segment_logits
+    from tests.backends._batch import rollout_batch
 
     cell = cpu_stage.verl(name)
     step, model, tokenizer = _final_weights(cell)
@@ -187,16 +192,23 @@ def test_post_update_diagnostics_equal_builtin(cpu_stage, name):
     batch = local_layout(fields, tokenizer.pad_token_id)
     uids = meta["uid"]
     groups = torch.tensor([list(dict.fromkeys(uids)).index(u) for u in uids])
-    data = {**batch, "group_index": groups}
-    old = {
-        "old_logp": batch["old_log_probs"],
-        "pi_old_topk_index": batch["old_topk_index"],
-        "pi_old_topk_logp": batch["old_topk_logp"],
-    }
+    data = rollout_batch(
+        input_ids=batch["input_ids"],
+        attention_mask=batch["attention_mask"],
+        context_length=batch["context"],
+        responses=batch["responses"],
+        response_mask=batch["response_mask"],
+        group_index=groups,
+    )
+    old = OldPass(
+        old_logp=batch["old_log_probs"],
+        pi_old_topk_index=batch["old_topk_index"],
+        pi_old_topk_logp=batch["old_topk_logp"],
+    )
     temperature = float(meta.get("temperature", 1.0))
 
-    def forward(d, rows):
-        return segment_logits(model, d["input_ids"][rows], d["attention_mask"][rows], d["context"], temperature)
+    def forward(b, rows):
+        return segment_logits(model, b.input_ids[rows], b.attention_mask[rows], b.context_length, temperature)
 
     expected = post_update_metrics(forward, data, old, batch["advantages"], chunk=1024, precision="fp32")
     assert metric_names.POST_UPDATE_KL in expected

@@ -124,7 +124,7 @@ def _drifted_models():
 def test_both_backends_compute_the_same_loss_and_gradients(verl_config, cell):
     from verl.workers.utils.padding import response_from_nested, response_to_nested
 
-    from runners.backends.local.actor import UpdateSettings, update_actor
+    from runners.backends.local.actor import OldPass, UpdateSettings, update_actor
     from runners.backends.verl.plugins.losses import RUNTIME_KEY
     from runners.backends.verl.plugins.ppo_loss import trustbench_ppo_loss
     from runners.backends.verl.plugins.sparse_old import (
@@ -133,6 +133,7 @@ def test_both_backends_compute_the_same_loss_and_gradients(verl_config, cell):
         OLD_TOPK_LOGP,
         SPARSIFY_KEY,
     )
+    from tests.backends._batch import rollout_batch
 
     cfg = _compose((*_cells()[cell], "model=qwen3_1.7b"))
     method = Method.from_config(cfg)
@@ -162,21 +163,21 @@ def test_both_backends_compute_the_same_loss_and_gradients(verl_config, cell):
     groups = torch.tensor([0, 0, 1, 1])
     adv, _ = ESTIMATORS.get("grpo")(AdvantageInputs(rewards, mask, group_index=groups))
     adv = adv.double()
-    old = {"old_logp": torch.nested.to_padded_tensor(old_logp_nt, 0.0)}
+    old = OldPass(old_logp=torch.nested.to_padded_tensor(old_logp_nt, 0.0))
     if sparse:
-        old["old_topk_index"] = torch.nested.to_padded_tensor(old_out[OLD_TOPK_INDEX], 0).long()
-        old["old_topk_logp"] = torch.nested.to_padded_tensor(old_out[OLD_TOPK_LOGP], float("-inf"))
+        old.old_topk_index = torch.nested.to_padded_tensor(old_out[OLD_TOPK_INDEX], 0).long()
+        old.old_topk_logp = torch.nested.to_padded_tensor(old_out[OLD_TOPK_LOGP], float("-inf"))
     if method.kl_coef:
-        old["ref_logp"] = torch.nested.to_padded_tensor(ref_logp_nt, 0.0)
+        old.ref_logp = torch.nested.to_padded_tensor(ref_logp_nt, 0.0)
 
     # built-in backend: the trainer's update on the same model
-    data = {"responses": _padded(responses).long(), "group_index": groups, "rollout_logp": rollout_logp}
+    batch = rollout_batch(responses=_padded(responses).long(), group_index=groups, rollout_logp=rollout_logp)
     local_metrics, _ = update_actor(
         model,
         torch.optim.SGD(model.parameters(), lr=0.0),
-        lambda _data, rows: _response_logits(model, prompts, responses, rows),
+        lambda _b, rows: _response_logits(model, prompts, responses, rows),
         PolicyLoss(method, build_controller(method, state)),
-        data,
+        batch,
         old,
         adv,
         mask,

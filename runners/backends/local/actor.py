@@ -2,16 +2,17 @@
 
 ``old_pass`` is a no-grad forward over the batch giving log pi_old, the token entropy and, when the
 method needs it (TROLL, exact-KL TRM: ``Method.requires("sparse_old")``), the old distribution's
-sparse top-K form (``old_entries`` per chunk of rows). Where that forward would repeat the update's
-first one (``OldFromUpdate``: on-policy, one epoch of one mini-batch) ``update_actor`` stores the same
-entries from each micro-batch's own logits, detached, before its loss reads them, and the pass is
-skipped (TRL skips it in the same case). ``update_actor`` runs the epochs and mini-batches; every
-micro-batch goes through ``micro_batch_loss``, which builds ``PolicyInputs`` from the trainer's
-tensors and calls the shared ``runners.algorithms.policy_loss.PolicyLoss`` (the function the verl
-plugins call too). Given a ``Head`` (large vocabularies) instead of logits, both passes go through
+sparse top-K form (``old_entries`` per chunk of rows), as one ``OldPass``. Where that forward would
+repeat the update's first one (``OldFromUpdate``: on-policy, one epoch of one mini-batch)
+``update_actor`` stores the same entries from each micro-batch's own logits, detached, before its
+loss reads them, and the pass is skipped (TRL skips it in the same case). ``update_actor`` runs the
+epochs and mini-batches; every micro-batch goes through ``micro_batch_loss``, which builds
+``PolicyInputs`` from the batch (the ``RolloutBatch`` on the trainer's device) and the ``OldPass``
+and calls the shared ``runners.algorithms.policy_loss.PolicyLoss`` (the function the verl plugins
+call too). Given a ``Head`` (large vocabularies) instead of logits, both passes go through
 ``chunked_head``: the log-probs, entropies and, for TROLL and the exact-KL TRM masks, the current
-log-probs at the old top-K ids (``PolicyInputs.topk_logp``), so no [rows,T,V] tensor exists. Sample-based masks compare with ``rollout_logp``, the sampler's own log-probs of
-the drawn tokens.
+log-probs at the old top-K ids (``PolicyInputs.topk_logp``), so no [rows,T,V] tensor exists.
+Sample-based masks compare with ``rollout_logp``, the sampler's own log-probs of the drawn tokens.
 """
 
 from __future__ import annotations
@@ -29,10 +30,11 @@ from runners.algorithms.numerics import entropy_from_logits, token_logprobs
 from runners.algorithms.policy_loss import PolicyLoss, PolicyLossOutput
 from runners.algorithms.types import PolicyInputs
 from runners.backends.local.batching import micro_batches, micro_rows, mini_batches
-from runners.backends.local.heads import head_entries, head_inputs, sampler_entries, sparse_store
+from runners.backends.local.heads import OldPass, head_entries, head_inputs, sampler_entries, sparse_store
 from runners.backends.local.policy import Head
+from runners.backends.local.rollout import RolloutBatch
 
-# (model, data, rows) -> temperature-scaled response logits [rows, T, V]
+# (batch, rows) -> temperature-scaled response logits [rows, T, V]
 LogitsFn = Callable[..., Tensor]
 
 
@@ -68,7 +70,7 @@ def old_entries(
     diagnostics: bool = False,
     rollout_logits: Tensor | Head | None = None,
     logp: Tensor | None = None,
-) -> dict[str, Tensor]:
+) -> OldPass:
     """The old pass's entries for one chunk of rows from pi_old's logits [rows,T,V] (call without grad).
 
     ``old_logp`` (``logp`` given: already computed from these logits) and ``entropy`` [rows,T]; ``pi_old_topk_index/logp``
@@ -82,14 +84,14 @@ def old_entries(
         return head_entries(
             logits, responses, method=method, precision=precision, diagnostics=diagnostics, rollout=rollout_logits
         )
-    out = {
-        "old_logp": token_logprobs(logits, responses, precision=precision) if logp is None else logp,
-        "entropy": pi_old_entropy(logits),
-    }
+    out = OldPass(
+        old_logp=token_logprobs(logits, responses, precision=precision) if logp is None else logp,
+        entropy=pi_old_entropy(logits),
+    )
     needs_sparse = method.requires("sparse_old")
     own = sparse_store(logits, responses, method.sparse) if (needs_sparse or diagnostics) else None
     if diagnostics:
-        out["pi_old_topk_index"], out["pi_old_topk_logp"] = own
+        out.pi_old_topk_index, out.pi_old_topk_logp = own
     if needs_sparse or (diagnostics and rollout_logits is not None):
         sampler = own if rollout_logits is None else sparse_store(rollout_logits, responses, method.sparse)
         sampler_entries(out, sampler, needs_sparse=needs_sparse, separate=rollout_logits is not None and diagnostics)
@@ -98,14 +100,14 @@ def old_entries(
 
 def old_pass(
     forward: LogitsFn,
-    data: dict,
+    batch: RolloutBatch,
     *,
     method,
     micro_batch_size: int,
     precision: str,
     rollout_forward: LogitsFn | None = None,
     diagnostics: bool = False,
-) -> dict[str, Tensor]:
+) -> OldPass:
     """log pi_old [B,T], entropy [B,T] and the sparse distributions (``old_entries``); chunked over rows.
 
     ``old_topk_index/logp`` (when the method needs them) are the sampling policy's: from
@@ -114,24 +116,23 @@ def old_pass(
     (``pi_old_topk_*``) for the post-update KL, and with a separate sampling copy its top-K
     (``sampler_topk_*``, one more forward of that copy for methods that do not need it anyway).
     """
-    out: dict[str, list] = defaultdict(list)
-    batch = data["input_ids"].shape[0]
-    chunk = micro_rows(batch, micro_batch_size)
+    parts = []
+    total = batch.input_ids.shape[0]
+    chunk = micro_rows(total, micro_batch_size)
     with torch.no_grad():
-        for s in range(0, batch, chunk):
+        for s in range(0, total, chunk):
             rows = slice(s, s + chunk)
             sampler = rollout_forward is not None and (method.requires("sparse_old") or diagnostics)
             entries = old_entries(
-                forward(data, rows),
-                data["responses"][rows],
+                forward(batch, rows),
+                batch.responses[rows],
                 method=method,
                 precision=precision,
                 diagnostics=diagnostics,
-                rollout_logits=rollout_forward(data, rows) if sampler else None,
+                rollout_logits=rollout_forward(batch, rows) if sampler else None,
             )
-            for key, value in entries.items():
-                out[key].append(value)
-    return {k: torch.cat(v) for k, v in out.items()}
+            parts.append(entries)
+    return OldPass.cat(parts)
 
 
 @dataclass
@@ -148,12 +149,12 @@ class OldFromUpdate:
 
 
 def _fill_old(
-    fill: OldFromUpdate, old: dict, logits: Tensor | Head, data: dict, rows: Tensor, settings, batch: int
+    fill: OldFromUpdate, old: OldPass, logits: Tensor | Head, batch: RolloutBatch, rows: Tensor, settings
 ) -> dict:
     """Store micro-batch ``rows``' old-pass entries from its own logits; returns its differentiable log-probs
     for the loss (one log-softmax serves both). From a ``Head``: the entries of a no-grad ``chunked_head``
     pass over its detached hidden states (the loss's pass needs the stored top-K ids first)."""
-    responses = data["responses"][rows]
+    responses, total = batch.responses[rows], batch.responses.shape[0]
     if isinstance(logits, Head):
         detached = Head(logits.hidden.detach(), logits.weight.detach(), logits.bias, logits.temperature)
         with torch.no_grad():
@@ -164,7 +165,7 @@ def _fill_old(
                 precision=settings.logprob_precision,
                 diagnostics=fill.diagnostics,
             )
-        _store(old, rows, entries, batch)
+        old.store(rows, entries, total)
         return {}
     logp = token_logprobs(logits, responses, precision=settings.logprob_precision)
     with torch.no_grad():
@@ -176,23 +177,15 @@ def _fill_old(
             diagnostics=fill.diagnostics,
             logp=logp.detach(),
         )
-    _store(old, rows, entries, batch)
+    old.store(rows, entries, total)
     return {"logp": logp}
-
-
-def _store(old: dict[str, Tensor], rows: Tensor, entries: dict[str, Tensor], batch: int) -> None:
-    """Write one micro-batch's ``entries`` into the batch-sized tensors of ``old`` (allocated on first use)."""
-    for key, value in entries.items():
-        if key not in old:
-            old[key] = value.new_empty((batch, *value.shape[1:]))
-        old[key][rows] = value
 
 
 def micro_batch_loss(
     loss_fn: PolicyLoss,
     logits: Tensor | Head,
-    data: dict,
-    old: dict[str, Tensor],
+    batch: RolloutBatch,
+    old: OldPass,
     advantages: Tensor,
     mask: Tensor,
     rows: Tensor,
@@ -207,30 +200,30 @@ def micro_batch_loss(
     """The policy loss of micro-batch ``rows`` from its current ``logits`` [rows,T,V] (differentiable), or
     from a ``Head`` through ``chunked_head``.
 
-    ``data``/``old``/``advantages``/``mask`` hold the whole batch ([B,...]); ``mask`` is the policy
+    ``batch``/``old``/``advantages``/``mask`` hold the whole batch ([B,...]); ``mask`` is the policy
     mask. ``num_tokens``/``num_seqs`` count the mini-batch. ``logp``: the log-probs already computed
     from ``logits`` (differentiable), else computed here.
     """
-    old_index = old["old_topk_index"][rows] if "old_topk_index" in old else None
+    old_index = old.old_topk_index[rows] if old.old_topk_index is not None else None
     if isinstance(logits, Head):
-        current = head_inputs(loss_fn, logits, data["responses"][rows], old_index, precision)
+        current = head_inputs(loss_fn, logits, batch.responses[rows], old_index, precision)
     else:
         if logp is None:
-            logp = token_logprobs(logits, data["responses"][rows], precision=precision)
+            logp = token_logprobs(logits, batch.responses[rows], precision=precision)
         entropy = entropy_from_logits(logits) if loss_fn.needs_entropy else None
         current = {"logp": logp, "entropy": entropy, "logits": logits}
     inp = PolicyInputs(
-        old_logp=old["old_logp"][rows],
+        old_logp=old.old_logp[rows],
         advantages=advantages[rows],
         response_mask=mask[rows],
-        rollout_logp=data["rollout_logp"][rows],
-        responses=data["responses"][rows],
-        group_index=data["group_index"][rows],
+        rollout_logp=batch.rollout_logp[rows],
+        responses=batch.responses[rows],
+        group_index=batch.group_index[rows],
         old_topk_index=old_index,
-        old_topk_logp=old["old_topk_logp"][rows] if "old_topk_logp" in old else None,
+        old_topk_logp=old.old_topk_logp[rows] if old.old_topk_logp is not None else None,
         **current,
     )
-    ref = old["ref_logp"][rows] if "ref_logp" in old else None
+    ref = old.ref_logp[rows] if old.ref_logp is not None else None
     weights = is_weights[rows] if is_weights is not None else None
     return loss_fn(inp, num_tokens=num_tokens, num_seqs=num_seqs, ref_logp=ref, h_ini=h_ini, is_weights=weights)
 
@@ -240,8 +233,8 @@ def update_actor(
     optimizer: torch.optim.Optimizer,
     forward: LogitsFn,
     loss_fn: PolicyLoss,
-    data: dict,
-    old: dict[str, Tensor],
+    batch: RolloutBatch,
+    old: OldPass,
     advantages: Tensor,
     mask: Tensor,
     *,
@@ -264,18 +257,18 @@ def update_actor(
     seq_masks, grad_norms, losses = [], [], []
     clip = settings.grad_clip if settings.grad_clip > 0 else float("inf")
     for _epoch in range(settings.ppo_epochs):
-        for rows in mini_batches(data["group_index"], share=settings.mini_batch_share, generator=shuffle):
+        for rows in mini_batches(batch.group_index, share=settings.mini_batch_share, generator=shuffle):
             num_tokens = mask[rows].sum().clamp(min=1)
             num_seqs = (mask[rows].sum(-1) > 0).sum().clamp(min=1)
             optimizer.zero_grad(set_to_none=True)
             step_loss = 0.0
-            for micro in micro_batches(rows, data["group_index"], settings.micro_batch_size):
-                logits = forward(data, micro)
-                shared = {} if fill_old is None else _fill_old(fill_old, old, logits, data, micro, settings, len(mask))
+            for micro in micro_batches(rows, batch.group_index, settings.micro_batch_size):
+                logits = forward(batch, micro)
+                shared = {} if fill_old is None else _fill_old(fill_old, old, logits, batch, micro, settings)
                 out = micro_batch_loss(
                     loss_fn,
                     logits,
-                    data,
+                    batch,
                     old,
                     advantages,
                     mask,
@@ -306,6 +299,7 @@ def update_actor(
 
 __all__ = [
     "OldFromUpdate",
+    "OldPass",
     "UpdateSettings",
     "micro_batch_loss",
     "old_entries",

@@ -1,4 +1,4 @@
-"""How the built-in trainer cuts one iteration's batch: its device, device tensors, mini-batches, micro-batches.
+"""How the built-in trainer cuts one iteration's batch: mini-batches, micro-batches, the policy loss's mask.
 
 Mini-batches are whole prompt groups, shuffled with a seeded generator (GTPO compares the responses
 of a group, and group estimators normalise within it); a mini-batch is one optimiser step.
@@ -15,37 +15,20 @@ import math
 import torch
 from torch import Tensor
 
-from runners.backends.local.rollout import RolloutBatch
-
-
-def to_device(batch: RolloutBatch, device: torch.device) -> dict[str, Tensor | int]:
-    """The batch's tensors on ``device`` under the names the trainer's phases use."""
-    return {
-        "input_ids": batch.input_ids.to(device),
-        "attention_mask": batch.attention_mask.to(device),
-        "responses": batch.responses.to(device),
-        "response_mask": batch.response_mask.to(device),
-        "group_index": batch.group_index.to(device),
-        "finished": batch.finished.to(device),
-        "token_rewards": batch.token_rewards.to(device),
-        "rollout_logp": batch.rollout_logp.to(device),
-        "context_length": batch.context_length,
-    }
-
 
 def micro_rows(batch_rows: int, micro_batch_size: int) -> int:
     """Rows per forward of a no-grad pass: ``micro_batch_size``, or all rows when it is 0."""
     return micro_batch_size if micro_batch_size and micro_batch_size > 0 else batch_rows
 
 
-def policy_mask(mask: Tensor, finished: Tensor, *, truncated: bool, drop_last_k: int) -> Tensor:
+def policy_mask(response_mask: Tensor, finished: Tensor, *, truncated: bool, drop_last_k: int) -> Tensor:
     """Response mask of the policy loss: T-PPO may drop the last ``drop_last_k`` tokens of unfinished rows."""
     if not truncated or not drop_last_k:
-        return mask
-    lengths = mask.sum(-1).long()
-    pos = torch.arange(mask.shape[1], device=mask.device)[None, :]
+        return response_mask
+    lengths = response_mask.sum(-1).long()
+    pos = torch.arange(response_mask.shape[1], device=response_mask.device)[None, :]
     cut = (~finished)[:, None] & (pos >= (lengths[:, None] - drop_last_k))
-    return mask * (~cut).float()
+    return response_mask * (~cut).float()
 
 
 def mini_batches(group_index: Tensor, *, share: float, generator: torch.Generator) -> list[Tensor]:
@@ -81,4 +64,4 @@ def micro_batches(rows: Tensor, group_index: Tensor, size: int) -> list[Tensor]:
     return out
 
 
-__all__ = ["micro_batches", "micro_rows", "mini_batches", "policy_mask", "to_device"]
+__all__ = ["micro_batches", "micro_rows", "mini_batches", "policy_mask"]

@@ -19,6 +19,18 @@ from runners.backends.local.rollout import RolloutBatch
 
 
 @dataclass
+class CriticBatch:
+    """What the value regression reads: sequences, their response mask, old values and returns ([B,T])."""
+
+    input_ids: Tensor
+    attention_mask: Tensor
+    context_length: int
+    response_mask: Tensor
+    values_old: Tensor
+    returns: Tensor
+
+
+@dataclass
 class CriticSettings:
     ppo_epochs: int
     micro_batch_size: int
@@ -43,7 +55,7 @@ class CriticSettings:
         )
 
 
-def finished_sequences(critic, batch: RolloutBatch, *, pad_id: int, gamma: float, device) -> dict | None:
+def finished_sequences(critic, batch: RolloutBatch, *, pad_id: int, gamma: float, device) -> CriticBatch | None:
     """Prompt + whole response of every slot that finished this step, with MC returns (T-PPO)."""
     slots = [s for s, f in zip(batch.slots, batch.finished.tolist()) if f and s.response_ids]
     if not slots:
@@ -65,58 +77,52 @@ def finished_sequences(critic, batch: RolloutBatch, *, pad_id: int, gamma: float
         score = float(batch.scores[batch.slots.index(s)])
         steps_to_end = torch.arange(len(r) - 1, -1, -1, dtype=torch.float32)
         returns[i, : len(r)] = score * gamma**steps_to_end
-    data = {
-        "input_ids": ids.to(device),
-        "attention_mask": attn.to(device),
-        "response_mask": mask.to(device),
-        "returns": returns.to(device),
-        "context_length": P,
-    }
+    ids, attn, mask = ids.to(device), attn.to(device), mask.to(device)
     with torch.no_grad():
-        data["values_old"] = critic(data["input_ids"], data["attention_mask"], P) * data["response_mask"]
-    return data
+        values_old = critic(ids, attn, P) * mask
+    return CriticBatch(ids, attn, P, mask, values_old, returns.to(device))
 
 
 def update_critic(
     critic,
     optimizer: torch.optim.Optimizer,
     batch: RolloutBatch,
-    data: dict,
     values_old: Tensor,
     returns: Tensor,
     *,
     settings: CriticSettings,
     pad_id: int,
 ) -> dict[str, float]:
-    """Clipped value regression over ``settings.ppo_epochs``; returns the value-loss metrics."""
+    """Clipped value regression over ``settings.ppo_epochs`` on ``batch`` (the trainer's device); returns the
+    value-loss metrics."""
     from runners.algorithms.objectives import value_loss
 
-    device = data["input_ids"].device
+    device = batch.input_ids.device
     if settings.truncated:
-        critic_data = finished_sequences(critic, batch, pad_id=pad_id, gamma=settings.gamma, device=device)
-        if critic_data is None:
+        data = finished_sequences(critic, batch, pad_id=pad_id, gamma=settings.gamma, device=device)
+        if data is None:
             return {}
     else:
-        critic_data = {**data, "values_old": values_old, "returns": returns}
+        data = CriticBatch(
+            batch.input_ids, batch.attention_mask, batch.context_length, batch.response_mask, values_old, returns
+        )
     critic.train()
     sums: dict[str, float] = defaultdict(float)
     count = 0
-    rows_all = torch.arange(critic_data["input_ids"].shape[0], device=device)
+    rows_all = torch.arange(data.input_ids.shape[0], device=device)
     chunk = micro_rows(len(rows_all), settings.micro_batch_size)
     clip = settings.grad_clip if settings.grad_clip > 0 else float("inf")
     for _epoch in range(settings.ppo_epochs):
         optimizer.zero_grad(set_to_none=True)
-        total_tokens = critic_data["response_mask"].sum().clamp(min=1)
+        total_tokens = data.response_mask.sum().clamp(min=1)
         for s in range(0, len(rows_all), chunk):
             rows = rows_all[s : s + chunk]
-            v = critic(
-                critic_data["input_ids"][rows], critic_data["attention_mask"][rows], critic_data["context_length"]
-            )
-            mask = critic_data["response_mask"][rows]
+            v = critic(data.input_ids[rows], data.attention_mask[rows], data.context_length)
+            mask = data.response_mask[rows]
             out = value_loss(
                 v,
-                critic_data["values_old"][rows],
-                critic_data["returns"][rows],
+                data.values_old[rows],
+                data.returns[rows],
                 mask,
                 clip_low=settings.value_clip_low,
                 clip_high=settings.value_clip_high,
@@ -132,4 +138,4 @@ def update_critic(
     return {k: v / max(count, 1) for k, v in sums.items()}
 
 
-__all__ = ["CriticSettings", "finished_sequences", "update_critic"]
+__all__ = ["CriticBatch", "CriticSettings", "finished_sequences", "update_critic"]

@@ -26,7 +26,9 @@ from torch import Tensor
 from runners import metric_names as names
 from runners.algorithms.diagnostics import coarse_reverse_kl, conflict_tokens, kept_reverse_kl, kl_exceedance
 from runners.algorithms.numerics import round_logprobs, token_logprobs
+from runners.backends.local.heads import OldPass
 from runners.backends.local.policy import Head
+from runners.backends.local.rollout import RolloutBatch
 
 _KL_NAMES = {
     "pi_old": (names.POST_UPDATE_KL, names.POST_UPDATE_KL_MAX),
@@ -34,45 +36,55 @@ _KL_NAMES = {
 }
 
 
-def _head_kls(head: Head, responses: Tensor, old: dict, rows: slice, stores: list, kls: dict, precision: str) -> Tensor:
+def _stores(old: OldPass) -> dict[str, tuple[Tensor, Tensor]]:
+    """The top-K stores the post-update KLs are measured against: (index, logp) of pi_old's own and, from a
+    separate sampling copy, the sampler's, where the old pass kept them."""
+    stores = {
+        "pi_old": (old.pi_old_topk_index, old.pi_old_topk_logp),
+        "sampler": (old.sampler_topk_index, old.sampler_topk_logp),
+    }
+    return {name: store for name, store in stores.items() if store[0] is not None}
+
+
+def _head_kls(head: Head, responses: Tensor, rows: slice, stores: dict, kls: dict, precision: str) -> Tensor:
     """One chunk's log-probs [rows,T] from a ``Head`` through ``chunked_head``; appends its KLs to ``kls``
     from the log-probs at every store's ids (one pass, float64 sums for the rest bin)."""
     from runners.algorithms.chunked_head import chunked_head
 
-    index = [old[f"{store}_topk_index"][rows].long() for store in stores]
+    index = [topk_index[rows].long() for topk_index, _ in stores.values()]
     gather = torch.cat(index, -1) if index else None
     out = chunked_head(
         head.hidden, head.weight, responses, bias=head.bias, temperature=head.temperature, gather=gather, exact_sum=True
     )
     start = 0
-    for store, ids in zip(stores, index):
+    for (store, (_, topk_logp)), ids in zip(stores.items(), index):
         logq = out.gather_logp[..., start : start + ids.shape[-1]]
         start += ids.shape[-1]
-        kls[store].append(
-            kept_reverse_kl(logq.reshape(-1, ids.shape[-1]), old[f"{store}_topk_logp"][rows].reshape(-1, ids.shape[-1]))
-        )
+        kls[store].append(kept_reverse_kl(logq.reshape(-1, ids.shape[-1]), topk_logp[rows].reshape(-1, ids.shape[-1])))
     return round_logprobs(out.logp, precision)
 
 
-def post_update_metrics(forward, data: dict, old: dict, advantages: Tensor, *, chunk: int, precision: str) -> dict:
-    """The module's metrics from one no-grad forward of the updated model (``forward(data, rows)``: logits,
+def post_update_metrics(
+    forward, batch: RolloutBatch, old: OldPass, advantages: Tensor, *, chunk: int, precision: str
+) -> dict:
+    """The module's metrics from one no-grad forward of the updated model (``forward(batch, rows)``: logits,
     or a ``Head`` for ``chunked_head``)."""
-    mask = data["response_mask"]
-    stores = [s for s in ("pi_old", "sampler") if f"{s}_topk_index" in old]
+    mask = batch.response_mask
+    stores = _stores(old)
     kls: dict[str, list[Tensor]] = {s: [] for s in stores}
     logps = []
     with torch.no_grad():
         for s in range(0, mask.shape[0], chunk):
             rows = slice(s, s + chunk)
-            logits = forward(data, rows)
+            logits = forward(batch, rows)
             if isinstance(logits, Head):
-                logps.append(_head_kls(logits, data["responses"][rows], old, rows, stores, kls, precision))
+                logps.append(_head_kls(logits, batch.responses[rows], rows, stores, kls, precision))
                 continue
-            logps.append(token_logprobs(logits, data["responses"][rows], precision=precision))
+            logps.append(token_logprobs(logits, batch.responses[rows], precision=precision))
             flat = logits.reshape(-1, logits.shape[-1])
-            for store in stores:
-                index = old[f"{store}_topk_index"][rows].reshape(flat.shape[0], -1)
-                kls[store].append(coarse_reverse_kl(flat, index, old[f"{store}_topk_logp"][rows].reshape(index.shape)))
+            for store, (topk_index, topk_logp) in stores.items():
+                index = topk_index[rows].reshape(flat.shape[0], -1)
+                kls[store].append(coarse_reverse_kl(flat, index, topk_logp[rows].reshape(index.shape)))
     real = mask.reshape(-1) > 0
     out: dict[str, float] = {}
     for store, (mean_name, max_name) in _KL_NAMES.items():
@@ -81,10 +93,12 @@ def post_update_metrics(forward, data: dict, old: dict, advantages: Tensor, *, c
             out[mean_name] = float(kl.mean())
             out[max_name] = float(kl.max())
             out.update(kl_exceedance(kl, sampler=store == "sampler"))
-    if data["group_index"] is not None and data["group_index"].unique().numel() < mask.shape[0]:
-        conflicts = conflict_tokens(data, advantages, mask)
+    groups = batch.group_index
+    if groups is not None and groups.unique().numel() < mask.shape[0]:
+        spans = {"responses": batch.responses, "response_mask": mask, "group_index": groups}  # the library's keys
+        conflicts = conflict_tokens(spans, advantages, mask)
         if bool(conflicts.any()):
-            delta = torch.cat(logps) - old["old_logp"]
+            delta = torch.cat(logps) - old.old_logp
             out[names.GTPO_CONFLICT_PROB_DELTA] = float(delta[conflicts].double().mean())
     return out
 

@@ -1,7 +1,8 @@
 """The built-in trainer's passes for large vocabularies: from a ``Head`` (hidden states and the output
-layer) through ``runners.algorithms.chunked_head``, so no [rows,T,V] tensor exists, and the sparse
-top-K stores of the old pass.
+layer) through ``runners.algorithms.chunked_head``, so no [rows,T,V] tensor exists, and the old pass's
+results (``OldPass``) with their sparse top-K stores.
 
+- ``OldPass``: what the old-log-prob pass (``actor.old_pass``) gives, and the reference log-probs;
 - ``head_entries``: the old pass's entries (``actor.old_entries``) chunk by chunk;
 - ``head_inputs``: the update's ``PolicyInputs`` fields: log-probs, entropies and the current log-probs
   at the old top-K ids (``topk_logp``: TROLL's kept set, the exact-KL TRM masks' support), with float64
@@ -11,6 +12,8 @@ top-K stores of the old pass.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, fields
+
 import torch
 from torch import Tensor
 
@@ -19,6 +22,47 @@ from runners.algorithms.numerics import round_logprobs, token_logprobs
 from runners.algorithms.policy_loss import PolicyLoss
 from runners.backends.local.batching import micro_rows
 from runners.backends.local.policy import Head
+from runners.backends.local.rollout import RolloutBatch
+
+
+@dataclass
+class OldPass:
+    """The old-log-prob pass over a batch ([B,T], top-K stores [B,T,K+1]); None where not computed.
+
+    ``old_logp`` and ``entropy``: pi_old's log-probs of the sampled tokens and token entropy. The sampling
+    policy's top-K (``old_topk_*``) where the method needs it (``Method.requires("sparse_old")``); with
+    diagnostics pi_old's own (``pi_old_topk_*``) and, from a separate sampling copy, its store again
+    (``sampler_topk_*``) for the post-update KLs. ``ref_logp``: the reference model's log-probs (KL term),
+    which the trainer's reference pass assigns.
+    """
+
+    old_logp: Tensor | None = None
+    entropy: Tensor | None = None
+    old_topk_index: Tensor | None = None
+    old_topk_logp: Tensor | None = None
+    pi_old_topk_index: Tensor | None = None
+    pi_old_topk_logp: Tensor | None = None
+    sampler_topk_index: Tensor | None = None
+    sampler_topk_logp: Tensor | None = None
+    ref_logp: Tensor | None = None
+
+    def computed(self) -> dict[str, Tensor]:
+        """The fields that hold a tensor, by name."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
+
+    @classmethod
+    def cat(cls, parts: list[OldPass]) -> OldPass:
+        """One pass over the batch from the passes of its consecutive chunks of rows."""
+        names = parts[0].computed() if parts else {}
+        return cls(**{name: torch.cat([getattr(p, name) for p in parts]) for name in names})
+
+    def store(self, rows: Tensor, part: OldPass, batch_rows: int) -> None:
+        """Write the entries of ``part`` (the pass of ``rows``) into this pass's [B,...] tensors, allocating
+        each on first use."""
+        for name, value in part.computed().items():
+            if getattr(self, name) is None:
+                setattr(self, name, value.new_empty((batch_rows, *value.shape[1:])))
+            getattr(self, name)[rows] = value
 
 
 def sparse_store(logits: Tensor, responses: Tensor, sparse: dict) -> tuple[Tensor, Tensor]:
@@ -35,7 +79,7 @@ def sparse_store(logits: Tensor, responses: Tensor, sparse: dict) -> tuple[Tenso
 
 def head_entries(
     head: Head, responses: Tensor, *, method, precision: str, diagnostics: bool, rollout: Head | Tensor | None
-):
+) -> OldPass:
     """``old_entries`` from ``Head``s: the same entries, computed chunk by chunk from the hidden states."""
     from runners.algorithms.chunked_head import chunked_head
 
@@ -53,9 +97,9 @@ def head_entries(
         )
 
     own = run(head, needs_sparse or diagnostics)
-    out = {"old_logp": round_logprobs(own.logp.float(), precision), "entropy": own.entropy.float()}
+    out = OldPass(old_logp=round_logprobs(own.logp.float(), precision), entropy=own.entropy.float())
     if diagnostics:
-        out["pi_old_topk_index"], out["pi_old_topk_logp"] = own.topk_index.long(), own.topk_logp
+        out.pi_old_topk_index, out.pi_old_topk_logp = own.topk_index.long(), own.topk_logp
     if needs_sparse or (diagnostics and rollout is not None):
         if rollout is None or isinstance(rollout, Head):
             store = own if rollout is None else run(rollout, True)
@@ -66,13 +110,13 @@ def head_entries(
     return out
 
 
-def sampler_entries(out: dict, sampler: tuple[Tensor, Tensor], *, needs_sparse: bool, separate: bool) -> None:
+def sampler_entries(out: OldPass, sampler: tuple[Tensor, Tensor], *, needs_sparse: bool, separate: bool) -> None:
     """The sampling policy's top-K: ``old_topk_*`` for the method's loss; ``sampler_topk_*`` for the
     post-update KL from the sampler when it is a separate copy (``separate``, diagnostics on)."""
     if needs_sparse:
-        out["old_topk_index"], out["old_topk_logp"] = sampler
+        out.old_topk_index, out.old_topk_logp = sampler
     if separate:
-        out["sampler_topk_index"], out["sampler_topk_logp"] = sampler
+        out.sampler_topk_index, out.sampler_topk_logp = sampler
 
 
 def head_inputs(loss_fn: PolicyLoss, head: Head, responses: Tensor, old_index: Tensor | None, precision: str):
@@ -99,26 +143,26 @@ def head_inputs(loss_fn: PolicyLoss, head: Head, responses: Tensor, old_index: T
     }
 
 
-def response_logprobs(forward, data: dict, *, chunked: bool, settings) -> Tensor:
-    """log-probs [B,T] of the sampled tokens under ``forward(data, rows)`` without grad (the reference
+def response_logprobs(forward, batch: RolloutBatch, *, chunked: bool, settings) -> Tensor:
+    """log-probs [B,T] of the sampled tokens under ``forward(batch, rows)`` without grad (the reference
     model's pass): where ``chunked``, ``Head``s through ``chunked_head`` ``settings.micro_batch_size`` rows
     at a time; else one forward of all rows (logits [B,T,V]), as small vocabularies always did; rounded to
     ``settings.logprob_precision``."""
     precision = settings.logprob_precision
     if not chunked:
         with torch.no_grad():
-            return token_logprobs(forward(data, None), data["responses"], precision=precision)
+            return token_logprobs(forward(batch, None), batch.responses, precision=precision)
     from runners.algorithms.chunked_head import chunked_head
 
-    batch = data["input_ids"].shape[0]
-    chunk = micro_rows(batch, settings.micro_batch_size)
+    rows = batch.input_ids.shape[0]
+    chunk = micro_rows(rows, settings.micro_batch_size)
     parts = []
     with torch.no_grad():
-        for s in range(0, batch, chunk):
-            head, responses = forward(data, slice(s, s + chunk)), data["responses"][s : s + chunk]
+        for s in range(0, rows, chunk):
+            head, responses = forward(batch, slice(s, s + chunk)), batch.responses[s : s + chunk]
             logp = chunked_head(head.hidden, head.weight, responses, bias=head.bias, temperature=head.temperature).logp
             parts.append(round_logprobs(logp.float(), precision))
     return torch.cat(parts)
 
 
-__all__ = ["head_entries", "head_inputs", "response_logprobs", "sampler_entries", "sparse_store"]
+__all__ = ["OldPass", "head_entries", "head_inputs", "response_logprobs", "sampler_entries", "sparse_store"]

@@ -19,7 +19,7 @@ from __future__ import annotations
 import random
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 import torch
@@ -51,7 +51,8 @@ class Slot:
 
 @dataclass
 class RolloutBatch:
-    """One step's training data; tensors on CPU, B = slots, C = context, R = segment length."""
+    """One step's training data; B = slots, C = context, R = segment length. The rollout manager builds it
+    on the CPU; ``to(device)`` gives the copy the trainer's passes read (by attribute)."""
 
     input_ids: Tensor  # [B, C+R] left-padded context then right-padded segment
     attention_mask: Tensor  # [B, C+R]
@@ -71,6 +72,12 @@ class RolloutBatch:
     @property
     def position_ids(self) -> Tensor:
         return (self.attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+
+    def to(self, device: torch.device | str) -> RolloutBatch:
+        """The same batch with every tensor on ``device`` (the trainer's passes read it there; a tensor
+        already on ``device`` is shared, not copied)."""
+        moved = {f.name: getattr(self, f.name) for f in fields(self)}
+        return replace(self, **{k: v.to(device) for k, v in moved.items() if isinstance(v, Tensor)})
 
 
 class PromptStream:

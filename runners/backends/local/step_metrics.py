@@ -63,7 +63,7 @@ def rss_gb() -> float:
 
 def batch_metrics(
     batch: RolloutBatch,
-    mask: torch.Tensor,
+    response_mask: torch.Tensor,
     old_logp: torch.Tensor,
     advantages: torch.Tensor,
     returns: torch.Tensor,
@@ -84,7 +84,7 @@ def batch_metrics(
         m[names.RESPONSE_LENGTH_MAX] = float(lengths.max())
         m[names.RESPONSE_LENGTH_MIN] = float(lengths.min())
         m[names.RESPONSE_LENGTH_CLIP_RATIO] = float((lengths >= max_response_length).float().mean())
-    valid = mask > 0
+    valid = response_mask > 0
     adv = advantages[valid]
     if adv.numel():
         m[names.ADVANTAGES_MEAN] = float(adv.mean())
@@ -96,7 +96,7 @@ def batch_metrics(
     m[names.PROMPT_LENGTH_MEAN] = float(batch.attention_mask[:, : batch.context_length].sum(-1).float().mean())
     from runners.algorithms.entropy import entropy_covariance
 
-    m[names.ENTROPY_COV] = float(entropy_covariance(old_logp, advantages, mask))
+    m[names.ENTROPY_COV] = float(entropy_covariance(old_logp, advantages, response_mask))
     return m
 
 

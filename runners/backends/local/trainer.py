@@ -40,14 +40,15 @@ from runners.algorithms.rollout_correction import no_correction, offpolicy_metri
 from runners.algorithms.types import AdvantageInputs
 from runners.backends.base import StopRequested, check_finite, pause
 from runners.backends.local import checkpoint as ckpt
-from runners.backends.local.actor import OldFromUpdate, UpdateSettings, old_pass, update_actor
-from runners.backends.local.batching import micro_rows, policy_mask, to_device
+from runners.backends.local.actor import OldFromUpdate, OldPass, UpdateSettings, old_pass, update_actor
+from runners.backends.local.batching import micro_rows, policy_mask
 from runners.backends.local.critic import CriticSettings, update_critic
 from runners.backends.local.diagnostics import post_update_metrics
 from runners.backends.local.heads import response_logprobs
 from runners.backends.local.packed import dropout_free, supports_packed
 from runners.backends.local.perf import model_shape, perf_metrics
 from runners.backends.local.policy import Head, chunked_old_pass, chunked_passes, segment_head, segment_logits
+from runners.backends.local.rollout import RolloutBatch
 from runners.backends.local.rollout_policy import RolloutPolicy
 from runners.backends.local.setup import Codec, build_data, build_models, resolve_device
 from runners.backends.local.step_metrics import (
@@ -121,17 +122,17 @@ class LocalTrainer:
             generator=self.sample_generator,
         )
 
-    def _logits(self, model, data: dict, rows=None) -> torch.Tensor:
+    def _logits(self, model, batch: RolloutBatch, rows=None) -> torch.Tensor:
         """Temperature-scaled response logits [rows, T, V] of ``model`` (all rows when ``rows`` is None)."""
-        return segment_logits(model, *self._rows(data, rows), data["context_length"], self.cfg.rollout.temperature)
+        return segment_logits(model, *self._rows(batch, rows), batch.context_length, self.cfg.rollout.temperature)
 
     def _forward(self, model, chunked: bool):
-        """``(data, rows) ->`` logits [rows,T,V], or where ``chunked`` a ``Head`` (``chunked_head``'s inputs)."""
-        return lambda d, rows: (self._head if chunked else self._logits)(model, d, rows)
+        """``(batch, rows) ->`` logits [rows,T,V], or where ``chunked`` a ``Head`` (``chunked_head``'s inputs)."""
+        return lambda b, rows: (self._head if chunked else self._logits)(model, b, rows)
 
     @staticmethod
-    def _rows(data: dict, rows) -> tuple:
-        ids, attn = data["input_ids"], data["attention_mask"]
+    def _rows(batch: RolloutBatch, rows) -> tuple:
+        ids, attn = batch.input_ids, batch.attention_mask
         return (ids, attn) if rows is None else (ids[rows], attn[rows])
 
     # -- training ---------------------------------------------------------------------------------
@@ -174,29 +175,30 @@ class LocalTrainer:
         self.model.eval()
         self._sampler = self.rollout_policy.sampler()
         with timer("gen"), torch.inference_mode():
-            batch = self.rollout.step(self._generate)
-        data = to_device(batch, self.device)
+            host = self.rollout.step(self._generate)  # on the CPU, where the step's metrics read it
+        batch = host.to(self.device)
         fused = self._old_from_update()  # None: a separate old-log-prob pass
         with timer("old_log_prob"):
-            old = {} if fused else self._old_pass(data)
-        values, advantages, returns = self._advantages(timer, batch, data, old)
+            old = OldPass() if fused else self._old_pass(batch)
+        old.ref_logp = self._ref_logp(timer, batch)
+        values, advantages, returns = self._advantages(timer, batch)
         correction = ROLLOUT_CORRECTIONS.get(self.method.rollout_correction)(
-            old.get("old_logp"), data["rollout_logp"], data["response_mask"], **self.method.rollout_correction_kw
+            old.old_logp, batch.rollout_logp, batch.response_mask, **self.method.rollout_correction_kw
         )
         mask = policy_mask(
             correction.response_mask,
-            data["finished"],
+            batch.finished,
             truncated=cfg.rollout.mode == "truncated",
             drop_last_k=cfg.rollout.drop_last_k,
         )
-        entropy, controller_metrics = (None, {}) if fused else self._update_controller(old, data)
+        entropy, controller_metrics = (None, {}) if fused else self._update_controller(old, batch)
         with timer("update_actor"):
             metrics, seq_masks = update_actor(
                 self.model,
                 self.optimizer,
                 self._forward(self.model, self._chunked[1]),
                 self.loss_fn,
-                data,
+                batch,
                 old,
                 advantages,
                 mask,
@@ -207,30 +209,30 @@ class LocalTrainer:
                 fill_old=fused,
             )
         if fused:  # a controller that needs no batch entropy ends in the same state either side of the update
-            entropy, controller_metrics = self._update_controller(old, data)
+            entropy, controller_metrics = self._update_controller(old, batch)
         self.rollout_policy.after_update()
         if t.post_update_diagnostics:
             with timer("post_update"):
-                metrics.update(self._post_update(data, old, advantages))
+                metrics.update(self._post_update(batch, old, advantages))
         if self.critic is not None:
             with timer("update_critic"):
-                metrics.update(self._update_critic(batch, data, values, returns))
-        old_logp, response_mask = old["old_logp"], data["response_mask"]  # old_logp: from the update if fused
-        metrics.update(acceptance_metrics(batch, seq_masks, t.length_buckets))
+                metrics.update(self._update_critic(batch, values, returns))
+        old_logp, response_mask = old.old_logp, batch.response_mask  # old_logp: from the update if fused
+        metrics.update(acceptance_metrics(host, seq_masks, t.length_buckets))
         metrics.update(controller_metrics)
         metrics.update(
-            prefixed({**offpolicy_metrics(old_logp, data["rollout_logp"], response_mask), **correction.metrics})
+            prefixed({**offpolicy_metrics(old_logp, batch.rollout_logp, response_mask), **correction.metrics})
         )
         metrics.update(
             batch_metrics(
-                batch, response_mask, old_logp, advantages, returns, values, entropy, cfg.rollout.max_response_length
+                host, response_mask, old_logp, advantages, returns, values, entropy, cfg.rollout.max_response_length
             )
         )
-        return self._finish_step(metrics, timer, batch, old_pass=not fused)
+        return self._finish_step(metrics, timer, host, old_pass=not fused)
 
-    def _update_controller(self, old: dict, data: dict) -> tuple[float, dict[str, float]]:
+    def _update_controller(self, old: OldPass, batch: RolloutBatch) -> tuple[float, dict[str, float]]:
         """The batch's token-mean entropy under pi_old and the entropy controller's update from it."""
-        entropy = float(masked_mean(old["entropy"], data["response_mask"]))
+        entropy = float(masked_mean(old.entropy, batch.response_mask))
         return entropy, self.controller.update(entropy)
 
     def _old_from_update(self) -> OldFromUpdate | None:
@@ -246,53 +248,55 @@ class LocalTrainer:
             return None
         return OldFromUpdate(method, bool(t.post_update_diagnostics))
 
-    def _head(self, model, data: dict, rows=None) -> Head:
+    def _head(self, model, batch: RolloutBatch, rows=None) -> Head:
         """``_logits`` before the output layer (``Head``: hidden states and the layer, for ``chunked_head``)."""
-        return segment_head(model, *self._rows(data, rows), data["context_length"], self.cfg.rollout.temperature)
+        return segment_head(model, *self._rows(batch, rows), batch.context_length, self.cfg.rollout.temperature)
 
-    def _old_pass(self, data: dict) -> dict:
+    def _old_pass(self, batch: RolloutBatch) -> OldPass:
         """log pi_old (trained model), the sampling policy's sparse store (its copy); ``chunked_old_pass``'s passes."""
-        t = self.cfg.trainer
+        t, separate = self.cfg.trainer, self._sampler is not self.model
         own, sampler = chunked_old_pass(self.model, self._sampler)
-        rollout = self._head if sampler else lambda model, d, rows: self._logits(model, d, rows).float()
+        rollout = self._head if sampler else lambda model, b, rows: self._logits(model, b, rows).float()
         return old_pass(
             self._forward(self.model, own),
-            data,
+            batch,
             method=self.method,
             micro_batch_size=t.micro_batch_size,
             precision=t.logprob_precision,
-            rollout_forward=(lambda d, rows: rollout(self._sampler, d, rows))
-            if self._sampler is not self.model
-            else None,
+            rollout_forward=(lambda b, rows: rollout(self._sampler, b, rows)) if separate else None,
             diagnostics=bool(t.post_update_diagnostics),
         )
 
-    def _advantages(self, timer: PhaseTimer, batch, data: dict, old: dict):
-        """Reference log-probs (KL term), critic values and the estimator's advantages and returns."""
-        if self.ref_model is not None:
-            with timer("ref"):
-                forward, chunked = self._forward(self.ref_model, self._chunked[0]), self._chunked[0]
-                old["ref_logp"] = response_logprobs(forward, data, chunked=chunked, settings=self.update_settings)
+    def _ref_logp(self, timer: PhaseTimer, batch: RolloutBatch) -> torch.Tensor | None:
+        """The reference model's log-probs of the sampled tokens (KL term), None without a reference model."""
+        if self.ref_model is None:
+            return None
+        with timer("ref"):
+            forward, chunked = self._forward(self.ref_model, self._chunked[0]), self._chunked[0]
+            return response_logprobs(forward, batch, chunked=chunked, settings=self.update_settings)
+
+    def _advantages(self, timer: PhaseTimer, batch: RolloutBatch):
+        """Critic values and the estimator's advantages and returns."""
         values = None
         if self.critic is not None:
             with timer("values"), torch.no_grad():
-                values = self.critic(data["input_ids"], data["attention_mask"], batch.context_length)
-                values *= data["response_mask"]
+                values = self.critic(batch.input_ids, batch.attention_mask, batch.context_length)
+                values *= batch.response_mask
         with timer("adv"):
-            adv_inputs = AdvantageInputs(
-                data["token_rewards"], data["response_mask"], data["group_index"], values, data["finished"]
+            inputs = AdvantageInputs(
+                batch.token_rewards, batch.response_mask, batch.group_index, values, batch.finished
             )
-            advantages, returns = self.estimator(adv_inputs, **self.method.estimator_kw)
+            advantages, returns = self.estimator(inputs, **self.method.estimator_kw)
         return values, advantages, returns
 
-    def _post_update(self, data: dict, old: dict, advantages) -> dict[str, float]:
+    def _post_update(self, batch: RolloutBatch, old: OldPass, advantages) -> dict[str, float]:
         self.model.eval()
         return post_update_metrics(
             self._forward(self.model, self._chunked[0]),
-            data,
+            batch,
             old,
             advantages,
-            chunk=micro_rows(data["input_ids"].shape[0], self.cfg.trainer.micro_batch_size),
+            chunk=micro_rows(batch.input_ids.shape[0], self.cfg.trainer.micro_batch_size),
             precision=self.cfg.trainer.logprob_precision,
         )
 
@@ -301,12 +305,8 @@ class LocalTrainer:
         timing = timer.metrics()
         metrics.update(timing)
         metrics.update(throughput_metrics(batch, timing))
-        settings = self.update_settings
-        metrics.update(
-            perf_metrics(
-                self.shape, self.ceiling, batch, timing, old_pass=old_pass, settings=settings, packed=self.packed
-            )
-        )
+        work = {"old_pass": old_pass, "settings": self.update_settings, "packed": self.packed}
+        metrics.update(perf_metrics(self.shape, self.ceiling, batch, timing, **work))
         metrics.update(load_metrics())
         if self.device.type == "cuda":
             metrics[names.MAX_MEMORY_ALLOCATED_GB] = torch.cuda.max_memory_allocated() / 2**30
@@ -314,10 +314,10 @@ class LocalTrainer:
         self.scheduler.step()
         return metrics
 
-    def _update_critic(self, batch, data, values, returns) -> dict[str, float]:
+    def _update_critic(self, batch: RolloutBatch, values, returns) -> dict[str, float]:
         settings = CriticSettings.from_config(self.cfg, self.method)
         return update_critic(
-            self.critic, self.critic_optimizer, batch, data, values, returns, settings=settings, pad_id=self.pad_id
+            self.critic, self.critic_optimizer, batch, values, returns, settings=settings, pad_id=self.pad_id
         )
 
     # -- evaluation and checkpoints ---------------------------------------------------------------
