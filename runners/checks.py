@@ -1,4 +1,5 @@
-"""Rules a config value must satisfy (``Check``) and the common ones: the bottom of the config layer.
+"""Rules a config value must satisfy (``Check``) and the common ones, and the error a broken rule raises
+(``ConfigError``): the bottom of the config layer.
 
 Imports nothing of the project and no config library, so that the algorithm registry
 (``runners.algorithms``), which declares each component's checks, loads without Hydra or OmegaConf
@@ -13,6 +14,16 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+
+class ConfigError(ValueError):
+    """A configuration value that cannot run; ``key`` is the dotted config key (or the name of an
+    environment variable, in capitals), ``reason`` the why."""
+
+    def __init__(self, key: str, message: str) -> None:
+        self.key, self.reason = key, message
+        where = f"environment variable {key}" if key.isupper() else f"config key '{key}'"
+        super().__init__(f"{where}: {message}")
 
 
 @dataclass(frozen=True)

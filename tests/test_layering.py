@@ -8,6 +8,8 @@ Rules (the project layout; every ``import`` and ``from ... import`` counts, also
   what they share lives in ``runners.backends.base`` and ``runners.algorithms``;
 - ``runners.algorithms`` (the backend-independent library) never imports a backend, the models or the
   run orchestration (``runners.run``, ``runners.sweep``, ``runners.tracking``, ``runners.cluster``);
+- ``runners.data`` (datasets, rewards) never imports the config layer, which checks datasets by calling
+  it: the error it raises is ``runners.checks.ConfigError``, the bottom of that layer;
 - ``runners.models`` never imports a backend; ``runners.perf`` (FLOPs, ceilings, Roofline points, shared
   by both backends) neither a backend nor the models;
 - a backend never imports what runs or queues cells (``runners.run``, ``runners.cluster``,
@@ -51,6 +53,7 @@ RULES = [
         "the algorithm library is backend-independent",
     ),
     ("runners.models", ("runners.backends",), "models do not depend on a backend"),
+    ("runners.data", ("runners.config",), "the datasets sit under the config layer (their error: runners.checks)"),
     ("runners.perf", ("runners.backends", "runners.models"), "hardware accounting is shared by the backends"),
     (
         "runners.backends",

@@ -1,5 +1,7 @@
-"""``ConfigError``, the error of every configuration check, and ``Checker``, the key-by-key checks the
-validation modules share (``runners.config.validate``, ``runners.config.validate_more``).
+"""``ConfigError``, the error of every configuration check (defined in ``runners.checks``, the bottom of the
+config layer, so that layers under the config's, such as the datasets, raise it without importing this
+package), and ``Checker``, the key-by-key checks the validation modules share (``runners.config.validate``,
+``runners.config.validate_more``).
 """
 
 from __future__ import annotations
@@ -10,15 +12,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-
-class ConfigError(ValueError):
-    """A configuration value that cannot run; ``key`` is the dotted config key (or the name of an
-    environment variable, in capitals), ``reason`` the why."""
-
-    def __init__(self, key: str, message: str) -> None:
-        self.key, self.reason = key, message
-        where = f"environment variable {key}" if key.isupper() else f"config key '{key}'"
-        super().__init__(f"{where}: {message}")
+from runners.checks import ConfigError
 
 
 class Checker:

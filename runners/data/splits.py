@@ -20,7 +20,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from runners.config.validate import ConfigError
+from runners.checks import ConfigError
 from runners.data.datasets import DatasetError, load_examples
 
 
