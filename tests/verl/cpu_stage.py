@@ -152,14 +152,15 @@ class MemorySampler(threading.Thread):
 
     def run(self) -> None:
         """A sample every ``every_s``, or less often: reading a torch process's ``smaps_rollup`` costs about
-        12 ms of kernel time, and the stage has 20-40 of them, so every second would take a third of a core
-        from the cells it measures; the wait is at least ``1 / MAX_SHARE`` times the last sample's CPU."""
+        12 ms of kernel time, and the stage has 20-40 of them, so every second would take a fifth to a half of
+        a core from the cells it measures; the wait is at least ``1 / MAX_SHARE`` times the last sample's CPU."""
         wait_s = self.every_s
         while not self.stopped.wait(wait_s):
             started = time.thread_time()
             self.peak_bytes = max(self.peak_bytes, self.sample())
-            self.cpu_s += time.thread_time() - started
-            wait_s = max(self.every_s, (time.thread_time() - started) / self.MAX_SHARE)
+            spent = time.thread_time() - started
+            self.cpu_s += spent
+            wait_s = max(self.every_s, spent / self.MAX_SHARE)
 
 
 @dataclass
