@@ -40,7 +40,7 @@ def render_sbatch(cfg: DictConfig, cell_overrides: Sequence[str], *, python: str
 
     res, launcher = cell_resources(cfg), cfg.launcher
     options = BACKENDS.hook("verl", "options")(cfg)
-    grace = int(min(float(options.get("stop_timeout_s", 900)) + 60, res["time_min"] * 30))
+    grace = int(min(float(options["stop_timeout_s"]) + 60, res["time_min"] * 30))
     out_dir = tb_paths.run_dir(run_key(cfg))
     lines = [
         "#!/bin/bash",
@@ -79,20 +79,17 @@ def render_sbatch(cfg: DictConfig, cell_overrides: Sequence[str], *, python: str
 
 def run_cell(overrides: Sequence[str]) -> int:
     """Compose and run one cell; a stopped cell asks Slurm to requeue it. Returns an exit status."""
-    import runners.run as run_module
     from runners.cluster.job import requeue_or_fail
     from runners.config import compose
-    from runners.run import Preempted, RunFailed, run
+    from runners.run import Preempted, RunFailed, catch_stop_signals, run
 
-    catch = getattr(run_module, "catch_stop_signals", None)
-    if catch is not None:  # own Slurm's signals from here on: USR1's default action would kill us
-        catch()
+    catch_stop_signals()  # own Slurm's signals from here on: USR1's default action would kill us
     cfg, choices = compose(list(overrides))
     try:
         result = run(cfg, choices)
     except Preempted as err:
         print(f"[trustbench] {err}", file=sys.stderr)
-        outcome = requeue_or_fail(cfg, *([err.signal] if hasattr(err, "signal") else []))
+        outcome = requeue_or_fail(cfg, err.signal)
         return 0 if outcome["status"] in ("REQUEUED", "PREEMPTED") else 1
     except RunFailed as err:
         print(f"[trustbench] {err}", file=sys.stderr)
