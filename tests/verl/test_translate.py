@@ -554,3 +554,15 @@ def test_metrics_via_mlflow_keeps_verls_logged_config_constant_across_attempts()
     assert fresh == resumed and "trainer.logger=[console,mlflow]" in fresh
     assert not any("VERL_FILE_LOGGER_PATH" in line for line in fresh)
     assert any(line.endswith("MLFLOW_RUN_ID=abc") for line in fresh)
+
+
+def test_the_stop_timeout_default_is_the_configs():
+    """``backend.options.stop_timeout_s``: conf/backend/verl.yaml's value is the code's fallback
+    (``STOP_TIMEOUT_S``), and ``backend_options`` supplies it when a user removes the key."""
+    from runners.backends.verl.translate import STOP_TIMEOUT_S, backend_options
+    from runners.config import compose
+
+    cfg, _ = compose(["backend=verl"])
+    assert cfg.backend.options.stop_timeout_s == STOP_TIMEOUT_S
+    assert backend_options(compose(["backend=verl", "backend.options.stop_timeout_s=30"])[0])["stop_timeout_s"] == 30
+    assert backend_options(compose(["backend=verl", "~backend.options.stop_timeout_s"])[0])["stop_timeout_s"] == 900

@@ -214,7 +214,7 @@ class VerlBackend:
         """Run verl to completion (or a stop); returns (exit status, step the stop hook ended at)."""
         proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
         reader = stream(proc, log_path, self.echo)
-        stop = StopWatch(self.layout, float(self.options.get("stop_timeout_s", 900)))
+        stop = StopWatch(self.layout, float(self.options["stop_timeout_s"]))
         try:
             while proc.poll() is None:
                 time.sleep(POLL_S)

@@ -75,6 +75,9 @@ OPTION_KEYS = {
     "ray_env",
     "overrides",
 }
+# seconds verl gets to checkpoint and exit after a stop request where backend.options has no stop_timeout_s
+# (conf/backend/verl.yaml sets the same value; tests/verl/test_translate.py checks they agree)
+STOP_TIMEOUT_S = 900
 # auto: vllm on GPUs, the Hugging Face sampler (hf, verl rollout trustbench_hf) in CPU mode
 ROLLOUT_ENGINES = ("auto", "vllm", "sglang", "hf")
 PROFILE_KEYS = {
@@ -93,8 +96,9 @@ PROFILE_KEYS = {
 
 # -- options -----------------------------------------------------------------------------------
 def backend_options(cfg: DictConfig) -> dict[str, Any]:
-    """``backend.options`` as plain containers, unknown keys rejected."""
+    """``backend.options`` as plain containers, unknown keys rejected, ``stop_timeout_s`` always set."""
     options = OmegaConf.to_container(cfg.backend.options, resolve=True) or {}
+    options.setdefault("stop_timeout_s", STOP_TIMEOUT_S)
     unknown = sorted(set(options) - OPTION_KEYS)
     if unknown:
         raise ConfigError(
