@@ -57,24 +57,25 @@ class CriticSettings:
 
 def finished_sequences(critic, batch: RolloutBatch, *, pad_id: int, gamma: float, device) -> CriticBatch | None:
     """Prompt + whole response of every slot that finished this step, with MC returns (T-PPO)."""
-    slots = [s for s, f in zip(batch.slots, batch.finished.tolist()) if f and s.response_ids]
-    if not slots:
+    # finished and scores read once (the batch is on the trainer's device): no transfer per slot
+    rows = zip(batch.slots, batch.finished.tolist(), batch.scores.tolist())
+    done = [(s, score) for s, finished, score in rows if finished and s.response_ids]
+    if not done:
         return None
-    P = max(len(s.prompt_ids) for s in slots)
-    R = max(len(s.response_ids) for s in slots)
-    B = len(slots)
+    P = max(len(s.prompt_ids) for s, _ in done)
+    R = max(len(s.response_ids) for s, _ in done)
+    B = len(done)
     ids = torch.full((B, P + R), pad_id, dtype=torch.long)
     attn = torch.zeros((B, P + R), dtype=torch.long)
     mask = torch.zeros((B, R))
     returns = torch.zeros((B, R))
-    for i, s in enumerate(slots):
+    for i, (s, score) in enumerate(done):
         p, r = s.prompt_ids, s.response_ids
         ids[i, P - len(p) : P] = torch.tensor(p)
         attn[i, P - len(p) : P] = 1
         ids[i, P : P + len(r)] = torch.tensor(r)
         attn[i, P : P + len(r)] = 1
         mask[i, : len(r)] = 1
-        score = float(batch.scores[batch.slots.index(s)])
         steps_to_end = torch.arange(len(r) - 1, -1, -1, dtype=torch.float32)
         returns[i, : len(r)] = score * gamma**steps_to_end
     ids, attn, mask = ids.to(device), attn.to(device), mask.to(device)

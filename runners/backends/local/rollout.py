@@ -76,8 +76,8 @@ class RolloutBatch:
     def to(self, device: torch.device | str) -> RolloutBatch:
         """The same batch with every tensor on ``device`` (the trainer's passes read it there; a tensor
         already on ``device`` is shared, not copied)."""
-        moved = {f.name: getattr(self, f.name) for f in fields(self)}
-        return replace(self, **{k: v.to(device) for k, v in moved.items() if isinstance(v, Tensor)})
+        values = ((f.name, getattr(self, f.name)) for f in fields(self))
+        return replace(self, **{name: value.to(device) for name, value in values if isinstance(value, Tensor)})
 
 
 class PromptStream:
