@@ -3,7 +3,7 @@
 - ``docs/reference/config.md``: every config group, option and key, with its type, default, allowed
   values and the check that rejects a bad value. Component keys (estimator, objective, mask,
   entropy_control, loss_agg, rollout_correction) come from the dataclasses their registry lines declare
-  (``runners.algorithms``, ``runners.config.components``): the checks are the ``runners.checks.Check``
+  (``runners.algorithms``, ``runners.algorithms.components``): the checks are the ``runners.checks.Check``
   objects attached as field metadata and the ``cross_checks`` rules. The run settings (trainer, rollout,
   model, ...) come from ``runners.config.schema``; their checks are code in ``runners.config.validate``,
   so each key is probed: a few bad values are set on a composed cell and the message ``validate``
@@ -236,7 +236,7 @@ def cross_rules(schema: type) -> dict[str, list[str]]:
 
 def component_section(group: str) -> Iterator[str]:
     from runners.algorithms import REGISTRIES
-    from runners.config.components import field_checks
+    from runners.algorithms.components import field_checks
 
     registry = REGISTRIES[group]
     yield f"## {group}\n"
@@ -297,7 +297,7 @@ def config_page() -> str:
     lines = [
         "# Configuration reference\n",
         "Every config group, option and key of a cell, generated from the schemas "
-        "(`runners/config/schema.py`, `runners/config/components.py`, the registries of "
+        "(`runners/config/schema.py`, `runners/algorithms/components.py`, the registries of "
         "`runners/algorithms/__init__.py`) and the checks of `runners/config/validate.py`. "
         "Set a key on the command line (`trustbench run objective=troll objective.eps=0.03`); "
         "a value that fails its check stops the command before anything trains, naming the key:\n",

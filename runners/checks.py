@@ -4,7 +4,7 @@
 Imports nothing of the project and no config library, so that the algorithm registry
 (``runners.algorithms``), which declares each component's checks, loads without Hydra or OmegaConf
 (``analysis`` imports ``runners.algorithms.bounds``; tests/test_layering.py). The config dataclasses
-(``runners.config.components``) attach these checks to their fields, and ``runners.config.validate``
+(``runners.algorithms.components``) attach these checks to their fields, and ``runners.config.validate``
 applies them.
 """
 

@@ -89,3 +89,8 @@ def analysis_cache_dir() -> Path:
 def repo_root() -> Path:
     """The source tree (holds conf/ and sweeps/); trustbench is installed editable from it."""
     return Path(__file__).resolve().parent.parent
+
+
+# the Hydra config tree (one folder per config group) and the sweep files
+CONF_DIR: Path = repo_root() / "conf"
+SWEEPS_DIR: Path = repo_root() / "sweeps"

@@ -16,10 +16,10 @@ import torch
 from omegaconf import OmegaConf
 
 from runners.algorithms import REGISTRIES
+from runners.algorithms.components import TrollObjective
 from runners.algorithms.method import SPARSE_DEFAULTS
 from runners.algorithms.types import PolicyInputs
 from runners.config import CONF_DIR
-from runners.config.components import TrollObjective
 
 GROUPS = ("estimator", "objective", "mask", "entropy_control", "loss_agg", "rollout_correction")
 COMPANIONS = {("entropy_control", "adapo"): ["algorithm=dapo"]}
@@ -101,8 +101,8 @@ def _inputs(group):
 # -- (c) one rule per check ----------------------------------------------------------------------------
 def test_check_arguments_applies_a_schemas_field_and_cross_field_rules():
     """The helper the objectives call refuses what the schema's checks refuse, naming the parameter."""
+    from runners.algorithms.components import BapoObjective, ClipObjective
     from runners.checks import check_arguments
-    from runners.config.components import BapoObjective, ClipObjective
 
     check_arguments("objective 'clip':", ClipObjective, clip_ratio_low=0.2, clip_ratio_high=0.28, clip_ratio_c=3.0)
     for key, bad in (

@@ -6,8 +6,13 @@ Rules (the project layout; every ``import`` and ``from ... import`` counts, also
   built on machines without torch; they read MLflow, not trainers);
 - the two backends never import each other (``runners.backends.local`` / ``runners.backends.verl``);
   what they share lives in ``runners.backends.base`` and ``runners.algorithms``;
-- ``runners.algorithms`` (the backend-independent library) never imports a backend, the models or the
+- the bottom layer (``BOTTOM``: errors and checks, the registry, paths, redaction, metric names, ...)
+  imports nothing of the project, so every layer may use it;
+- ``runners.algorithms`` (the backend-independent library) never imports a backend, the models, the
+  config layer (which reads the components' schemas from ``runners.algorithms.components``) or the
   run orchestration (``runners.run``, ``runners.sweep``, ``runners.tracking``, ``runners.cluster``);
+- the config layer (``runners.config``: composing and checking a cell) never imports a backend: it sits
+  under the backends, which read the checked config;
 - ``runners.data`` (datasets, rewards) never imports the config layer, which checks datasets by calling
   it: the error it raises is ``runners.checks.ConfigError``, the bottom of that layer;
 - ``runners.models`` never imports a backend; ``runners.perf`` (FLOPs, ceilings, Roofline points, shared
@@ -41,17 +46,39 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("runners", "analysis", "reports")
 
+# modules that import nothing of the project
+BOTTOM = (
+    "runners.paths",
+    "runners.redact",
+    "runners.checks",
+    "runners.registry",
+    "runners.metric_names",
+    "runners.status",
+    "runners.cell_lock",
+    "runners.disk_full",
+)
+
 # (importer prefix, forbidden prefixes, why)
 RULES = [
+    *((module, PACKAGES, "the bottom layer imports nothing of the project") for module in BOTTOM),
     ("analysis", ("torch", "runners.backends", "runners.models"), "analysis is torch-free and backend-free"),
     ("reports", ("torch", "runners.backends", "runners.models"), "reports are torch-free and backend-free"),
     ("runners.backends.local", ("runners.backends.verl",), "the backends never import each other"),
     ("runners.backends.verl", ("runners.backends.local",), "the backends never import each other"),
     (
         "runners.algorithms",
-        ("runners.backends", "runners.models", "runners.run", "runners.sweep", "runners.tracking", "runners.cluster"),
-        "the algorithm library is backend-independent",
+        (
+            "runners.backends",
+            "runners.models",
+            "runners.config",
+            "runners.run",
+            "runners.sweep",
+            "runners.tracking",
+            "runners.cluster",
+        ),
+        "the algorithm library is backend-independent and under the config layer",
     ),
+    ("runners.config", ("runners.backends",), "the config layer sits under the backends"),
     ("runners.models", ("runners.backends",), "models do not depend on a backend"),
     ("runners.data", ("runners.config",), "the datasets sit under the config layer (their error: runners.checks)"),
     ("runners.perf", ("runners.backends", "runners.models"), "hardware accounting is shared by the backends"),
@@ -168,6 +195,22 @@ def test_the_source_tree_keeps_its_layers():
             "runners.config.bad imports runners.cluster",
         ),
         ("runners/run.py", "import runners.backends.local.trainer\n", "runners.run imports runners.backends.local"),
+        (
+            "runners/algorithms/estimators.py",
+            "from runners.config.components import GPG_RESCALE\n",
+            "runners.algorithms.estimators imports runners.config.components",
+        ),
+        (
+            "runners/config/validate.py",
+            "def f():\n    from runners.backends import BACKENDS\n",
+            "runners.config.validate imports runners.backends",
+        ),
+        (
+            "runners/registry.py",
+            "def f():\n    from runners.algorithms.components import component_dataclass\n",
+            "runners.registry imports runners.algorithms.components (the bottom layer",
+        ),
+        ("runners/paths.py", "import analysis.load\n", "runners.paths imports analysis.load"),
     ],
 )
 def test_a_wrong_import_is_reported(tmp_path, where, source, expected):

@@ -7,7 +7,8 @@ import sys
 
 import pytest
 
-from runners.algorithms import REGISTRIES, Registry, UnknownNameError
+from runners.algorithms import REGISTRIES
+from runners.registry import Registry, UnknownNameError
 
 
 def test_unknown_name_lists_valid_names():
@@ -63,9 +64,9 @@ def test_declarations_and_a_schema_written_on_the_registry_line():
     become a dataclass with those fields, defaults and checks (what `runners.config.validate` applies)."""
     import dataclasses
 
-    from runners.config.components import POSITIVE, field_checks
+    from runners.algorithms.components import POSITIVE, field_checks
 
-    reg = Registry("objective")
+    reg = Registry("objective", schema_builder="runners.algorithms.components:component_dataclass")
     reg.register(
         "x", "math:sqrt", needs=("logits",), provides=("token_clip",), schema={"alpha": (float, 0.5, POSITIVE)}
     )
@@ -78,6 +79,29 @@ def test_declarations_and_a_schema_written_on_the_registry_line():
     assert reg.with_need("logits") == ["x"]
     with pytest.raises(UnknownNameError, match="valid names: x"):
         reg.entry("y")
+
+
+def test_the_backend_group_offers_exactly_the_registered_backends():
+    """`config.validate` checks ``backend.name`` against conf/backend/ (the config layer does not import the
+    backends); each option there must be a registered backend and each backend must have its option."""
+    from runners.backends import BACKENDS
+    from runners.config import CONF_DIR
+
+    assert sorted(p.stem for p in (CONF_DIR / "backend").glob("*.yaml")) == BACKENDS.names() == ["local", "verl"]
+
+
+def test_a_mapping_schema_needs_the_registry_to_have_a_builder():
+    """The registry (the bottom layer) builds no dataclass itself: a mapping schema on a registry without
+    a ``schema_builder`` is refused at registration, and a builder must be a callable or 'module:attr'."""
+    with pytest.raises(ValueError, match=r"^objective 'x' declares its schema as a mapping, but this registry has no"):
+        Registry("objective").register("x", "math:sqrt", schema={"alpha": (float, 0.5)})
+    with pytest.raises(ValueError, match=r"schema builder of the objective registry must look like 'module:attr'"):
+        Registry("objective", schema_builder="runners.algorithms.components.component_dataclass")
+    built = []
+    reg = Registry("mask", schema_builder=lambda name, fields: built.append((name, dict(fields))) or int)
+    reg.register("x", "math:sqrt", schema={"alpha": (float, 0.5)})
+    assert reg.schema("x") is int and reg.schema("x") is int
+    assert built == [("mask_x", {"alpha": (float, 0.5)})]  # called once, with "<kind>_<name>"
 
 
 def test_labels_and_hooks_declared_on_the_registry_line():

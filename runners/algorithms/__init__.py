@@ -2,7 +2,7 @@
 
 Both backends call these functions: the built-in trainer (``runners.backends.local``) directly,
 verl through plugins (``runners.backends.verl``). Importing this package does not import torch:
-every built-in entry is a lazy ``"module:attr"`` target (see ``registry.py``).
+every built-in entry is a lazy ``"module:attr"`` target (see ``runners.registry``).
 
 Extension points and their call contracts (tensors: B responses, T response positions):
 
@@ -27,18 +27,22 @@ and show as ``estimator=rloo``); ``method.Method`` combines the declarations of 
 components, for every backend.
 """
 
-from runners.algorithms.registry import Entry, Registry, UnknownNameError
 from runners.checks import GREATER_THAN_ONE, OPEN_UNIT_OR_ONE, POSITIVE
-
-ESTIMATORS = Registry("estimator")
-OBJECTIVES = Registry("objective")
-MASKS = Registry("mask")
-ENTROPY_CONTROLLERS = Registry("entropy_control")
-LOSS_AGGS = Registry("loss_agg")
-ROLLOUT_CORRECTIONS = Registry("rollout_correction")
+from runners.registry import Registry
 
 _PKG = "runners.algorithms"
-_SCHEMA = "runners.config.components"
+# the components' config dataclasses (and the builder of those declared as a mapping on their registry line)
+_SCHEMA = "runners.algorithms.components"
+
+_BUILDER = f"{_SCHEMA}:component_dataclass"
+
+ESTIMATORS = Registry("estimator", schema_builder=_BUILDER)
+OBJECTIVES = Registry("objective", schema_builder=_BUILDER)
+MASKS = Registry("mask", schema_builder=_BUILDER)
+ENTROPY_CONTROLLERS = Registry("entropy_control", schema_builder=_BUILDER)
+LOSS_AGGS = Registry("loss_agg", schema_builder=_BUILDER)
+ROLLOUT_CORRECTIONS = Registry("rollout_correction", schema_builder=_BUILDER)
+
 # what a component needs / provides: the words of runners.algorithms.method.CAPABILITIES
 _GROUPS = ("groups",)
 _CRITIC = ("critic",)
@@ -167,13 +171,10 @@ REGISTRIES = {
 
 __all__ = [
     "ENTROPY_CONTROLLERS",
-    "Entry",
     "ESTIMATORS",
     "LOSS_AGGS",
     "MASKS",
     "OBJECTIVES",
     "REGISTRIES",
     "ROLLOUT_CORRECTIONS",
-    "Registry",
-    "UnknownNameError",
 ]

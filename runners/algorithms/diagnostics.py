@@ -51,13 +51,19 @@ def kl_exceedance(kl: Tensor, *, sampler: bool = False) -> dict[str, float]:
     }
 
 
-def conflict_tokens(data: dict, advantages: Tensor, mask: Tensor) -> Tensor:
-    """[B,T] bool: tokens on a forward or backward conflict span of their group (GTPO's rule)."""
+def conflict_tokens(
+    responses: Tensor, response_mask: Tensor, group_index: Tensor, advantages: Tensor, *, mask: Tensor
+) -> Tensor:
+    """[B,T] bool: tokens of ``mask`` on a forward or backward conflict span of their group (GTPO's rule).
+
+    The spans are found on ``responses`` [B,T] within ``response_mask`` [B,T], the groups by
+    ``group_index`` [B], the sign of a response by its mean token advantage (``advantages`` [B,T] over
+    ``mask``); ``mask`` [B,T] (the trained tokens) may be narrower than ``response_mask``."""
     from runners.algorithms.gtpo import conflict_spans
     from runners.algorithms.loss_agg import masked_mean
 
     seq_adv = masked_mean(advantages.detach(), mask.to(advantages.dtype), dim=-1)
-    forward, backward = conflict_spans(data["responses"], data["response_mask"], data["group_index"], seq_adv)
+    forward, backward = conflict_spans(responses, response_mask, group_index, seq_adv)
     return (forward | backward) & (mask > 0)
 
 

@@ -35,8 +35,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from runners.algorithms.components import GPG_RESCALE
 from runners.algorithms.types import AdvantageInputs
-from runners.config.components import GPG_RESCALE
 
 
 # -- helpers ---------------------------------------------------------------------------------

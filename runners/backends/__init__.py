@@ -12,7 +12,7 @@ backends never import each other (``tests/test_layering.py``). Importing this pa
 neither torch nor verl.
 """
 
-from runners.algorithms.registry import Registry
+from runners.registry import Registry
 
 BACKENDS = Registry("backend")
 BACKENDS.register("local", "runners.backends.local.trainer:LocalTrainer")

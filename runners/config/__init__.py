@@ -12,17 +12,14 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
 from runners.config.errors import ConfigError
 from runners.config.schema import TrustbenchConfig, register_configs
 from runners.config.validate import validate
-from runners.paths import repo_root
+from runners.paths import CONF_DIR, SWEEPS_DIR, repo_root
 
-CONF_DIR: Path = repo_root() / "conf"
-SWEEPS_DIR: Path = repo_root() / "sweeps"
 SEARCHPATH_OVERRIDE = f"hydra.searchpath=[file://{repo_root()}]"
 
 # top-level keys that do not change what a cell trains

@@ -3,7 +3,7 @@
 The root schema types every plain group (rollout, model, dataset, trainer, ...). Each option file of
 a component group (estimator, objective, mask, entropy_control, loss_agg) starts with
 ``defaults: [schema_<name>]``, the dataclass its registry entry declares (``runners.algorithms``;
-the dataclasses and their checks are in ``runners.config.components``). Hydra thus type-checks
+the dataclasses and their checks are in ``runners.algorithms.components``). Hydra thus type-checks
 every file and rejects unknown keys at compose time; ``runners.config.validate`` then checks values
 (ranges, cross-field rules) and names the offending key. A test binds every component option to
 its function's signature so config and code cannot drift apart.
@@ -17,10 +17,10 @@ from typing import Any, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
-from runners.config.components import NamedComponent
+from runners.algorithms.components import NamedComponent
 
 # ----------------------------------------------------------------------------------------------
-# run settings (the algorithm components' dataclasses are in runners/config/components.py)
+# run settings (the algorithm components' dataclasses are in runners/algorithms/components.py)
 # ----------------------------------------------------------------------------------------------
 
 

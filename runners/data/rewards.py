@@ -28,13 +28,13 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from runners.algorithms.registry import Registry
 from runners.data.answers import (
     answers_match,
     extract_answer_line,
     extract_gsm8k_answer,
     extract_last_boxed,
 )
+from runners.registry import Registry
 
 REWARDS = Registry("reward")
 _INTEGER = re.compile(r"\s*-?\d+\s*")

@@ -24,7 +24,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from runners.algorithms.registry import Registry
+from runners.registry import Registry
 
 # needs: the model config keys a kind requires ("path": model.path, "arch": model.arch);
 # provides "hf_directory": the kind is (or converts to) a Hugging Face model directory; "hf_export": the

@@ -141,7 +141,7 @@ def _group_batch():
 
 def test_conflict_tokens_are_the_union_of_forward_and_backward_spans():
     data, advantages, mask = _group_batch()
-    got = conflict_tokens(data, advantages, mask)
+    got = conflict_tokens(data["responses"], data["response_mask"], data["group_index"], advantages, mask=mask)
     expected = torch.tensor(
         [
             [True, True, False, True],
@@ -159,7 +159,7 @@ def test_conflict_tokens_only_on_tokens_of_the_given_mask():
     data, advantages, mask = _group_batch()
     trained = mask.clone()
     trained[0, 3] = 0.0  # a token left out of training (data's mask keeps it): not reported
-    got = conflict_tokens(data, advantages, trained)
+    got = conflict_tokens(data["responses"], data["response_mask"], data["group_index"], advantages, mask=trained)
     assert got[0].tolist() == [True, True, False, False]
     assert got[1].tolist() == [True, True, False, True]
     assert not got[trained == 0].any()

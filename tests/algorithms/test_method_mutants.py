@@ -16,7 +16,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from runners.algorithms.method import Method
-from runners.algorithms.registry import UnknownNameError
+from runners.registry import UnknownNameError
 
 DEFAULT_NAMES = {
     "estimator": "grpo",

@@ -1,4 +1,4 @@
-"""Registries of the algorithm library (runners/algorithms/registry.py) on fresh registries built here:
+"""Registries of the algorithm library (runners/registry.py) on fresh registries built here:
 registration (direct and as a decorator) stores every declaration as given, lazy ``"module:attr"``
 targets, schemas and hooks are checked for their colon and resolved on use (dotted attributes too),
 mapping schemas become a cached config dataclass, unknown names and duplicates raise naming the
@@ -18,9 +18,9 @@ import re
 
 import pytest
 
-from runners.algorithms.registry import Entry, Registry, UnknownNameError
+from runners.registry import Entry, Registry, UnknownNameError
 
-LAZY = "runners.algorithms.registry:Registry.names"  # a dotted attribute after the colon
+LAZY = "runners.registry:Registry.names"  # a dotted attribute after the colon
 
 
 def _fn(x):
@@ -40,7 +40,7 @@ def test_direct_registration_stores_every_declaration():
         needs=["critic", "logits", "critic"],
         provides=("token_clip",),
         trainer_keys=["top_k", "tail_mass"],
-        schema="runners.config.components:GrpoEstimator",
+        schema="runners.algorithms.components:GrpoEstimator",
         label="Mine",
         preset_labels={"mine_fast": "Mine-Fast"},
         hooks={"hf_dir": "os.path:join"},
@@ -53,7 +53,7 @@ def test_direct_registration_stores_every_declaration():
         needs=frozenset({"critic", "logits"}),
         provides=frozenset({"token_clip"}),
         trainer_keys=("top_k", "tail_mass"),
-        schema="runners.config.components:GrpoEstimator",
+        schema="runners.algorithms.components:GrpoEstimator",
         label="Mine",
         preset_labels={"mine_fast": "Mine-Fast"},
         hooks={"hf_dir": "os.path:join"},
@@ -82,7 +82,7 @@ def test_decorator_registration_passes_every_declaration():
         needs=("logits",),
         provides=("token_clip",),
         trainer_keys=("h_ini_prompts",),
-        schema="runners.config.components:ClipObjective",
+        schema="runners.algorithms.components:ClipObjective",
         label="Deco",
         preset_labels={"deco_high": "Deco-High"},
         hooks={"make": _other},
@@ -98,12 +98,12 @@ def test_decorator_registration_passes_every_declaration():
         needs=frozenset({"logits"}),
         provides=frozenset({"token_clip"}),
         trainer_keys=("h_ini_prompts",),
-        schema="runners.config.components:ClipObjective",
+        schema="runners.algorithms.components:ClipObjective",
         label="Deco",
         preset_labels={"deco_high": "Deco-High"},
         hooks={"make": _other},
     )
-    from runners.config.components import ClipObjective
+    from runners.algorithms.components import ClipObjective
 
     assert reg.schema("deco") is ClipObjective
 
@@ -155,7 +155,7 @@ def test_lazy_string_without_a_colon_raises_naming_kind_name_and_what(what):
     if what == "target":
         kw["target"] = "os.path.join"
     elif what == "schema":
-        kw["schema"] = "runners.config.components.GrpoEstimator"
+        kw["schema"] = "runners.algorithms.components.GrpoEstimator"
     else:
         kw["hooks"] = {"hf_dir": "os.path.join"}
     message = f"lazy {what} for estimator 'bad' must look like 'module:attr', got '"
@@ -167,7 +167,7 @@ def test_lazy_string_without_a_colon_raises_naming_kind_name_and_what(what):
 def test_lazy_strings_with_a_colon_and_callables_are_accepted():
     reg = Registry("estimator")
     reg.register(
-        "ok", "os.path:join", schema="runners.config.components:GrpoEstimator", hooks={"a": "os:getcwd", "b": _fn}
+        "ok", "os.path:join", schema="runners.algorithms.components:GrpoEstimator", hooks={"a": "os:getcwd", "b": _fn}
     )
     assert reg.hook("ok", "a") is os.getcwd and reg.hook("ok", "b") is _fn and reg.hook("ok", "c") is None
 
@@ -184,7 +184,7 @@ def test_unknown_name_raises_naming_the_kind_and_the_valid_names():
 
 # -- schemas ---------------------------------------------------------------------------------------------
 def test_mapping_schema_becomes_a_cached_dataclass():
-    reg = Registry("rollout_correction")
+    reg = Registry("rollout_correction", schema_builder="runners.algorithms.components:component_dataclass")
     reg.register("my_cap", _fn, schema={"cap": (float, 2.0), "name_of": (str, "x")})
     cls = reg.schema("my_cap")
     assert cls.__name__ == "RolloutCorrectionMyCap"  # from "<kind>_<name>"
@@ -194,10 +194,10 @@ def test_mapping_schema_becomes_a_cached_dataclass():
 
 
 def test_lazy_and_class_schemas_resolve():
-    from runners.config.components import GrpoEstimator
+    from runners.algorithms.components import GrpoEstimator
 
     reg = Registry("estimator")
-    reg.register("lazy", _fn, schema="runners.config.components:GrpoEstimator")
+    reg.register("lazy", _fn, schema="runners.algorithms.components:GrpoEstimator")
     reg.register("cls", _fn, schema=GrpoEstimator)
     assert reg.schema("lazy") is GrpoEstimator
     assert reg.schema("cls") is GrpoEstimator

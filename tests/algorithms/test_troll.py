@@ -34,6 +34,7 @@ from scipy.optimize import brentq, minimize
 
 from runners import metric_names
 from runners.algorithms import OBJECTIVES
+from runners.algorithms.components import TrollObjective
 from runners.algorithms.troll import (
     dense_storage_bytes,
     project,
@@ -47,7 +48,6 @@ from runners.algorithms.troll import (
 from runners.algorithms.troll_solver import categorical_kl
 from runners.algorithms.troll_sparse import chunked_logsumexp, reduce_on_kept_set
 from runners.algorithms.types import PolicyInputs
-from runners.config.components import TrollObjective
 
 from .test_ref_troll import ref_loss
 

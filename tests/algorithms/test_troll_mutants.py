@@ -1,7 +1,7 @@
 """TROLL's objective refuses each solver and storage option outside its config field's rule, by name.
 
 ``troll_objective`` checks its arguments with the rules of the config schema (``TrollObjective`` in
-runners/config/components.py); mutation testing showed that dropping any one option from that check went
+runners/algorithms/components.py); mutation testing showed that dropping any one option from that check went
 unnoticed. Each case passes one value just outside the rule written here from the schema's comments (the
 dual solver of TROLL, arXiv 2510.03817, Listing 3: at least 2 interior points, at least 1 step, a positive
 stop width and eta range; a default probability in (0, 1e-3); at least one token per chunk), on a batch the

@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from runners.algorithms.registry import UnknownNameError
 from runners.models import MODEL_KINDS, load_model
+from runners.registry import UnknownNameError
 
 
 @pytest.fixture(scope="module")

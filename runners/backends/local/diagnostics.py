@@ -95,8 +95,7 @@ def post_update_metrics(
             out.update(kl_exceedance(kl, sampler=store == "sampler"))
     groups = batch.group_index
     if groups is not None and groups.unique().numel() < mask.shape[0]:
-        spans = {"responses": batch.responses, "response_mask": mask, "group_index": groups}  # the library's keys
-        conflicts = conflict_tokens(spans, advantages, mask)
+        conflicts = conflict_tokens(batch.responses, mask, groups, advantages, mask=mask)
         if bool(conflicts.any()):
             delta = torch.cat(logps) - old.old_logp
             out[names.GTPO_CONFLICT_PROB_DELTA] = float(delta[conflicts].double().mean())

@@ -112,8 +112,7 @@ def post_update_metrics(data: dict) -> dict[str, float]:
         out.update(kl_exceedance(kl))
     groups = _group_ids(data["uids"])
     if groups.unique().numel() < mask.shape[0]:
-        spans = {"responses": data["responses"], "response_mask": mask, "group_index": groups}
-        conflicts = conflict_tokens(spans, data["advantages"], mask)
+        conflicts = conflict_tokens(data["responses"], mask, groups, data["advantages"], mask=mask)
         if bool(conflicts.any()):
             delta = (data["new_logp"] - data["old_logp"])[conflicts]
             out[metric_names.GTPO_CONFLICT_PROB_DELTA] = float(delta.double().mean())

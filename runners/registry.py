@@ -1,6 +1,8 @@
-"""Registries: one per extension point of the algorithm library.
+"""Registries: a short config name mapped to what it names (the bottom layer: imports nothing of the project).
 
-Design: a registry maps a short config name ("grpo", "troll", "trm_max", ...) to a target that is
+Each extension point has one: the algorithm library's components (``runners.algorithms``), the
+backends (``runners.backends``), the model kinds (``runners.models.loader``), the rewards
+(``runners.data.rewards``). A registry maps a name ("grpo", "troll", "trm_max", ...) to a target that is
 either a callable or a lazy ``"module:attr"`` string. Lazy targets keep ``import runners.algorithms``
 free of torch and verl, so ``analysis`` and the CLI can list names without importing either.
 Registering a name twice raises; looking up an unknown name raises with the list of valid names.
@@ -16,7 +18,8 @@ Plugins register their own entries the same way::
 Declarations: an entry also states what its component needs from the backend or from the other
 components of a cell (``needs``), what it offers the others (``provides``), which keys of its config
 node the trainer consumes instead of passing them to the function (``trainer_keys``), and the
-dataclass that types its config node (``schema``, lazy like the target). Backends and validation read
+dataclass that types its config node (``schema``, lazy like the target, or a mapping turned into a
+dataclass by the registry's ``schema_builder``). Backends and validation read
 these (``Registry.entry``, ``runners.algorithms.method.Method``) instead of testing names; the words
 of ``needs`` / ``provides`` are listed in ``runners.algorithms.method.CAPABILITIES``.
 
@@ -82,8 +85,16 @@ def _check_lazy(kind: str, name: str, what: str, target: Any) -> None:
 class Registry:
     """A name -> target map for one extension point (e.g. ``kind="estimator"``)."""
 
-    def __init__(self, kind: str) -> None:
+    def __init__(
+        self, kind: str, *, schema_builder: str | Callable[[str, Mapping[str, tuple]], type] | None = None
+    ) -> None:
+        if isinstance(schema_builder, str) and ":" not in schema_builder:
+            raise ValueError(
+                f"lazy schema builder of the {kind} registry must look like 'module:attr', got {schema_builder!r}"
+            )
         self.kind = kind
+        # (class name, {field: (type, default, *checks)}) -> dataclass, for schemas declared as a mapping
+        self._schema_builder = schema_builder
         self._entries: dict[str, Entry] = {}
         self._resolved: dict[str, Callable[..., Any]] = {}
         self._schemas: dict[str, type] = {}
@@ -129,6 +140,10 @@ class Registry:
             )
         _check_lazy(self.kind, name, "target", target)
         _check_lazy(self.kind, name, "schema", schema)
+        if isinstance(schema, Mapping) and self._schema_builder is None:
+            raise ValueError(
+                f"{self.kind} {name!r} declares its schema as a mapping, but this registry has no schema_builder"
+            )
         for hook, function in (hooks or {}).items():
             _check_lazy(self.kind, name, f"hook {hook!r}", function)
         self._entries[name] = Entry(
@@ -160,14 +175,13 @@ class Registry:
         """The config dataclass of ``name`` (imported if lazy); None for an untyped entry.
 
         A schema declared as a mapping ``{field: (type, default, *checks)}`` on the registry line is
-        turned into a dataclass here (``runners.config.components.component_dataclass``).
+        turned into a dataclass here by the registry's ``schema_builder`` (for the algorithm library:
+        ``runners.algorithms.components.component_dataclass``).
         """
         schema = self.entry(name).schema
         if isinstance(schema, Mapping):
             if name not in self._schemas:
-                from runners.config.components import component_dataclass
-
-                self._schemas[name] = component_dataclass(f"{self.kind}_{name}", schema)
+                self._schemas[name] = _resolve(self._schema_builder)(f"{self.kind}_{name}", schema)
             return self._schemas[name]
         return None if schema is None else _resolve(schema)
 

@@ -8,7 +8,13 @@ and ``runners.config.validate`` applies the checks declared here, naming the off
 
 A field's own checks are ``checked(default, CHECK, ...)`` metadata; rules that relate fields are a
 ``cross_checks(node)`` classmethod yielding ``(field, ok, message)``. Fields other than ``name`` are the
-keyword arguments of the registered function, except the entry's ``trainer_keys``.
+keyword arguments of the registered function, except the entry's ``trainer_keys``. A schema written on
+the registry line as ``{field: (type, default, *checks)}`` becomes a dataclass through
+``component_dataclass`` (the algorithm registries' ``schema_builder``).
+
+These are the algorithm library's own facts (its functions check their arguments with them:
+``runners.checks.check_arguments``); the config layer (``runners.config.schema``, ``validate``) reads
+them from here, never the other way round.
 """
 
 from __future__ import annotations
