@@ -35,6 +35,7 @@ __all__ = [
     "DualSolution",
     "ImplicitEta",
     "ProjectionInfo",
+    "bracket_steps",
     "categorical_kl",
     "dual_objective",
     "log_normalize",
@@ -145,6 +146,23 @@ def _kl_and_slope(lq: Tensor, lo: Tensor, eta: Tensor) -> tuple[Tensor, Tensor, 
     return kl, (c * dq_deta).sum(-1), q, c
 
 
+def bracket_steps(num_points: int, max_steps: int, tol: float, width: float) -> int:
+    """Steps of ``solve_dual``'s search until every bracket is narrower than ``tol`` (at most ``max_steps``).
+
+    Each step keeps the two grid neighbours of a bracket's argmin among ``num_points`` evenly spaced
+    interior points (or an end and its neighbour when the argmin is an end point): 2 of the P + 1 gaps,
+    whatever the values. Every bracket thus has width ``width * (2 / (P + 1)) ** s`` after s steps, the
+    same for all rows, and the step at which all are below ``tol`` follows from the constants alone (a
+    single point, P = 1, never narrows a bracket: ``max_steps``).
+    """
+    shrink = 2 / (num_points + 1)
+    for step in range(1, max_steps + 1):
+        width *= shrink
+        if width < tol:
+            return step
+    return max_steps
+
+
 def solve_dual(
     lq: Tensor,
     lo: Tensor,
@@ -162,7 +180,8 @@ def solve_dual(
     lq, lo: [N,D] log-probs of the new and old distributions (no grad needed). Each step evaluates
     ``num_points`` interior points of every bracket [l, u] and keeps the two neighbours of the
     argmin; stops when all (u - l) < tol (the corrected stop test; Listing 3's printed one is always true) or after
-    ``max_steps``. Returns eta* = exp((l + u) / 2).
+    ``max_steps``: every bracket shrinks by the same factor at each step, so that step is known before the
+    search (``bracket_steps``) and the loop never reads the device. Returns eta* = exp((l + u) / 2).
 
     ``polish_steps`` > 0 adds safeguarded Newton steps on the stationarity condition
     KL(q_eta || old) = eps inside the final bracket (not in the paper; off by default). It gives
@@ -184,9 +203,8 @@ def solve_dual(
     rows = max(1, _DUAL_EVAL_BUDGET // max(1, num_points * dim))  # rows per dual evaluation
     starts = range(0, n, rows)
     base, diff = _dual_terms(lq, lo)
-    steps = 0
-    while steps < max_steps:
-        steps += 1
+    steps = bracket_steps(num_points, max_steps, tol, hi_bound - lo_bound)  # known before the loop: no host read
+    for _ in range(steps):
         x = lower.unsqueeze(-1) + (upper - lower).unsqueeze(-1) * frac  # [N,P]
         y = torch.cat([_dual_values(x[i : i + rows], base[i : i + rows], diff[i : i + rows], eps) for i in starts])
         best = y.argmin(dim=-1, keepdim=True)
@@ -195,8 +213,6 @@ def solve_dual(
         best = best.squeeze(-1)
         lower = torch.where(best == 0, lower, left)
         upper = torch.where(best == num_points - 1, upper, right)
-        if bool(((upper - lower) < tol).all()):
-            break
     log_eta = (lower + upper) / 2
     if polish_steps > 0:
         log_eta = _polish(lq, lo, eps, log_eta, lo_bound, hi_bound, polish_steps)
