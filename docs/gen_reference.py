@@ -207,9 +207,13 @@ def settings_section(section: str, schema: type, group_dir: str | None) -> Itera
         yield "|---|---|---|"
         for path in option_files(group_dir):
             comment, data = option_summary(path)
-            if group_dir == "algorithm":
+            if group_dir == "algorithm":  # what the preset selects (its defaults list), not its name and label
+                from omegaconf import OmegaConf
+
+                from runners.config import preset_components
+
                 data = {k: v for k, v in data.items() if k != "algorithm"} | {
-                    "components": (data.get("algorithm") or {}).get("components", {})
+                    "components": OmegaConf.to_container(preset_components(path.stem))
                 }
             sets = ", ".join(f"{k}={shown(v)}" for k, v in data.items() if k != "name")
             yield f"| {code(path.stem)} | {cell(comment)} | {cell(sets)} |"

@@ -32,6 +32,20 @@ def test_every_algorithm_preset_composes_and_validates(name):
     assert method_label(cfg, choices) == cfg.algorithm.label
 
 
+def test_preset_components_are_read_from_the_presets_defaults_list(tmp_path, monkeypatch):
+    """``algorithm.components`` is derived from the preset's ``- override /<group>: <option>`` lines (the
+    test above holds it against Hydra's choices for every preset); a name without a file selects nothing."""
+    import runners.config as config
+
+    assert config.preset_components("gtpo") == {
+        "estimator": "grpo", "objective": "gtpo", "mask": "none", "entropy_control": "none",
+        "loss_agg": "seq-mean-token-mean", "rollout": "full",
+    }  # fmt: skip
+    assert config.preset_components("no_such_preset") == {}
+    cfg, _ = compose(["algorithm=gtpo", "algorithm.name=no_such_preset"])
+    assert dict(cfg.algorithm.components) == {}
+
+
 @pytest.mark.parametrize("name", options("method"))
 def test_every_method_composes_and_validates(name):
     cfg, choices = compose([f"+method={name}"])

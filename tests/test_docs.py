@@ -112,7 +112,7 @@ def _free_form(schema: type, prefix: str = "") -> set[str]:
         factory = f.default_factory
         if dataclasses.is_dataclass(factory):
             out |= _free_form(factory, f"{key}.")
-        elif f.type == "dict":
+        elif f.type == "dict" or str(f.type).startswith("dict["):
             out.add(key)
     return out
 
@@ -139,12 +139,10 @@ def _cells() -> list[list[str]]:
     every cell."""
     import yaml
 
+    from runners.config import preset_components
+
     presets = sorted((CONF_DIR / "algorithm").glob("*.yaml"))
-    chosen = {
-        (group, option)
-        for p in presets
-        for group, option in yaml.safe_load(p.read_text())["algorithm"]["components"].items()
-    }
+    chosen = {(group, option) for p in presets for group, option in preset_components(p.stem).items()}
     seen = {
         (group, yaml.safe_load((CONF_DIR / group / f"{option}.yaml").read_text()).get("name", option))
         for group, option in chosen

@@ -9,10 +9,12 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from collections.abc import Mapping, Sequence
 
+import yaml
 from omegaconf import DictConfig, OmegaConf
 
 from runners.config.errors import ConfigError
@@ -57,7 +59,29 @@ def _div(numerator: int, denominator: int) -> int:
     return max(1, int(numerator) // int(denominator))
 
 
+def preset_components(name: str) -> DictConfig:
+    """``${preset_components:NAME}``: the components the algorithm preset ``conf/algorithm/NAME.yaml`` selects,
+    read from its defaults list (``- override /objective: clip`` gives ``{objective: clip}``), so that
+    ``algorithm.components`` (logged with every run; method labels name the components swapped from it)
+    is written once, in the list that selects them. Empty for a name without a preset file."""
+    return OmegaConf.create(_preset_components(str(name)))
+
+
+@functools.cache
+def _preset_components(name: str) -> dict[str, str]:
+    path = CONF_DIR / "algorithm" / f"{name}.yaml"
+    if not path.is_file():
+        return {}
+    chosen = {}
+    for entry in yaml.safe_load(path.read_text()).get("defaults", []):
+        for key, option in (entry.items() if isinstance(entry, dict) else ()):
+            if key.startswith("override /"):
+                chosen[key.removeprefix("override /")] = str(option)
+    return chosen
+
+
 OmegaConf.register_new_resolver("div", _div, replace=True)
+OmegaConf.register_new_resolver("preset_components", preset_components, replace=True)
 
 
 def resolved(cfg: DictConfig) -> dict:

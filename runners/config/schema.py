@@ -65,8 +65,9 @@ class AlgorithmConfig:
     name: str = MISSING
     # display label in tables and the MLflow UI (e.g. "GRPO")
     label: str = MISSING
-    # the components the preset selects (used to label runs that swap one)
-    components: dict = field(default_factory=dict)
+    # the components the preset selects (used to label runs that swap one): read from the preset's defaults
+    # list (runners.config.preset_components), not written in the preset
+    components: dict[str, str] = "${preset_components:${.name}}"
 
 
 @dataclass

@@ -87,10 +87,13 @@ def sweep(arms: dict[str, dict[str, str]], evals=("dapo_math",), n: int = 4, run
 
 
 def components(run_tags: dict[str, str]) -> dict[str, str]:
-    """The components a run of ``run_tags``' algorithm preset logs: its conf/algorithm YAML's (none for a preset
-    that does not exist)."""
-    path = ROOT / "conf" / "algorithm" / f"{run_tags[metric_names.TAG_ALGORITHM]}.yaml"
-    return yaml.safe_load(path.read_text())["algorithm"]["components"] if path.exists() else {}
+    """The components a run of ``run_tags``' algorithm preset logs: those its conf/algorithm YAML selects (none
+    for a preset that does not exist)."""
+    from omegaconf import OmegaConf
+
+    from runners.config import preset_components
+
+    return OmegaConf.to_container(preset_components(run_tags[metric_names.TAG_ALGORITHM]))
 
 
 def ours_text(values: list[float]) -> str:
