@@ -129,6 +129,23 @@ def test_names_are_sorted_and_duplicates_raise():
     assert reg.get("b") is _fn  # the first registration stands
 
 
+def test_a_second_registration_names_both_targets_exactly():
+    """The refusal names the registered and the refused target as ``module:qualname`` (a lazy target as
+    written; ``?`` and the repr for an object without a module or a qualified name)."""
+    reg = Registry("mask")
+    reg.register("b", _fn)
+    reg.register("lazy", "os.path:join")
+    with pytest.raises(ValueError) as err:
+        reg.register("b", _other)
+    assert str(err.value) == (
+        f"mask 'b' is already registered (to {_fn.__module__}:_fn); "
+        f"refusing to register {_other.__module__}:_other"
+    )
+    with pytest.raises(ValueError) as err:
+        reg.register("lazy", 5)
+    assert str(err.value) == "mask 'lazy' is already registered (to os.path:join); refusing to register ?:5"
+
+
 # -- lazy targets ------------------------------------------------------------------------------------------
 def test_lazy_target_is_resolved_once_with_a_dotted_attribute():
     reg = Registry("estimator")
