@@ -118,6 +118,19 @@ def run_tags(cfg: DictConfig, label: str, choices: Mapping[str, str] | None) -> 
     return tags
 
 
+def _say_from_handler(line: str) -> None:
+    """Write ``line`` to stderr from a signal handler in one ``os.write``. ``print`` goes through the
+    buffered stream, and a second signal arriving while the first handler's line is being written runs the
+    handler again inside that write: ``RuntimeError: reentrant call`` raised out of the handler (under
+    repeated signals it ended the process, or stopped the exit hook that ignores the requeue signals)."""
+    try:
+        fd = sys.stderr.fileno()
+    except (AttributeError, OSError, ValueError):  # a stream without a descriptor (a test's capture)
+        print(line, file=sys.stderr)
+        return
+    os.write(fd, (line + "\n").encode())
+
+
 class _StopFlag:
     """Handlers for Slurm's stop signals that ask ``target`` (a trainer) to checkpoint and stop.
 
@@ -153,7 +166,7 @@ class _StopFlag:
         _StopFlag.received = signal.Signals(signum).name
         if self.target is not None:
             self.target.stop_requested = True
-        print(f"[trustbench] received {_StopFlag.received}: checkpointing after this step", file=sys.stderr)
+        _say_from_handler(f"[trustbench] received {_StopFlag.received}: checkpointing after this step")
 
     def __exit__(self, *exc):
         for sig, handler in self.previous.items():

@@ -565,3 +565,37 @@ def test_dry_run_estimates_the_cpu_time_of_embedded_cells():
     # the GPU map on verl has no measured CPU cost: no estimate rather than a wrong one
     gpu = sweep.plan("stability_map", ["seed=0"], check_mlflow=False, check_cluster=False)
     assert "estimated CPU time" not in sweep.format_plan(gpu)
+
+
+def test_a_stop_signal_arriving_while_stderr_is_being_written_is_reported_without_raising(monkeypatch):
+    """The handler's line goes out in one ``os.write``: a signal that lands while the run is writing to
+    stderr runs the handler inside that buffered write, where a ``print`` to the same stream raised
+    ``RuntimeError: reentrant call`` out of the handler (seen in CI under repeated USR1). Here the stream's
+    raw write raises the signal itself."""
+    from runners.run import _StopFlag
+
+    read_end, write_end = os.pipe()
+
+    class SignalOnWrite(io.RawIOBase):
+        def writable(self):
+            return True
+
+        def fileno(self):
+            return write_end
+
+        def write(self, data):
+            signal.raise_signal(signal.SIGUSR1)  # arrives in the middle of the buffered write
+            return os.write(write_end, bytes(data))
+
+    stream = io.TextIOWrapper(io.BufferedWriter(SignalOnWrite()), line_buffering=True)
+    monkeypatch.setattr(sys, "stderr", stream)
+    received = _StopFlag.received
+    flag = _StopFlag()
+    with flag:
+        print("a line of the run's own output", file=stream)
+    os.close(write_end)
+    out = os.read(read_end, 1 << 16).decode()
+    os.close(read_end)
+    _StopFlag.received = received
+    assert "a line of the run's own output" in out
+    assert "[trustbench] received SIGUSR1: checkpointing after this step" in out
