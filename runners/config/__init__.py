@@ -74,7 +74,7 @@ def _preset_components(name: str) -> dict[str, str]:
         return {}
     chosen = {}
     for entry in yaml.safe_load(path.read_text()).get("defaults", []):
-        for key, option in (entry.items() if isinstance(entry, dict) else ()):
+        for key, option in entry.items() if isinstance(entry, dict) else ():
             if key.startswith("override /"):
                 chosen[key.removeprefix("override /")] = str(option)
     return chosen

@@ -138,8 +138,7 @@ def test_a_second_registration_names_both_targets_exactly():
     with pytest.raises(ValueError) as err:
         reg.register("b", _other)
     assert str(err.value) == (
-        f"mask 'b' is already registered (to {_fn.__module__}:_fn); "
-        f"refusing to register {_other.__module__}:_other"
+        f"mask 'b' is already registered (to {_fn.__module__}:_fn); refusing to register {_other.__module__}:_other"
     )
     with pytest.raises(ValueError) as err:
         reg.register("lazy", 5)
