@@ -176,6 +176,10 @@ def shown(value: object) -> str:
 
 
 def settings_section(section: str, schema: type, group_dir: str | None) -> Iterator[str]:
+    from omegaconf import OmegaConf
+
+    from runners.config import preset_components
+
     comments = field_comments(schema)
     checks = probe_checks(section, schema)
     title = section or "top-level keys"
@@ -208,10 +212,6 @@ def settings_section(section: str, schema: type, group_dir: str | None) -> Itera
         for path in option_files(group_dir):
             comment, data = option_summary(path)
             if group_dir == "algorithm":  # what the preset selects (its defaults list), not its name and label
-                from omegaconf import OmegaConf
-
-                from runners.config import preset_components
-
                 data = {k: v for k, v in data.items() if k != "algorithm"} | {
                     "components": OmegaConf.to_container(preset_components(path.stem))
                 }

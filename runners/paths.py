@@ -94,3 +94,8 @@ def repo_root() -> Path:
 # the Hydra config tree (one folder per config group) and the sweep files
 CONF_DIR: Path = repo_root() / "conf"
 SWEEPS_DIR: Path = repo_root() / "sweeps"
+
+
+def conf_options(group: str) -> list[str]:
+    """The options of config group ``group``: the stems of ``conf/<group>/*.yaml``, sorted."""
+    return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))

@@ -77,9 +77,9 @@ def _resolve(target: str | Any) -> Any:
     return obj
 
 
-def _check_lazy(kind: str, name: str, what: str, target: Any) -> None:
+def _check_lazy(what: str, target: Any) -> None:
     if isinstance(target, str) and ":" not in target:
-        raise ValueError(f"lazy {what} for {kind} {name!r} must look like 'module:attr', got {target!r}")
+        raise ValueError(f"lazy {what} must look like 'module:attr', got {target!r}")
 
 
 class Registry:
@@ -88,10 +88,7 @@ class Registry:
     def __init__(
         self, kind: str, *, schema_builder: str | Callable[[str, Mapping[str, tuple]], type] | None = None
     ) -> None:
-        if isinstance(schema_builder, str) and ":" not in schema_builder:
-            raise ValueError(
-                f"lazy schema builder of the {kind} registry must look like 'module:attr', got {schema_builder!r}"
-            )
+        _check_lazy(f"schema builder of the {kind} registry", schema_builder)
         self.kind = kind
         # (class name, {field: (type, default, *checks)}) -> dataclass, for schemas declared as a mapping
         self._schema_builder = schema_builder
@@ -138,14 +135,14 @@ class Registry:
                 f"{self.kind} {name!r} is already registered (to {self._describe(self._entries[name].target)}); "
                 f"refusing to register {self._describe(target)}"
             )
-        _check_lazy(self.kind, name, "target", target)
-        _check_lazy(self.kind, name, "schema", schema)
+        _check_lazy(f"target for {self.kind} {name!r}", target)
+        _check_lazy(f"schema for {self.kind} {name!r}", schema)
         if isinstance(schema, Mapping) and self._schema_builder is None:
             raise ValueError(
                 f"{self.kind} {name!r} declares its schema as a mapping, but this registry has no schema_builder"
             )
         for hook, function in (hooks or {}).items():
-            _check_lazy(self.kind, name, f"hook {hook!r}", function)
+            _check_lazy(f"hook {hook!r} for {self.kind} {name!r}", function)
         self._entries[name] = Entry(
             name=name,
             target=target,

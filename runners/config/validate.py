@@ -21,7 +21,7 @@ from runners.algorithms.components import field_checks
 from runners.config.errors import Checker, ConfigError
 from runners.config.schema import LAUNCHERS, ROLLOUT_MODES, RolloutConfig, TrainerConfig
 from runners.config.validate_more import check_more
-from runners.paths import CONF_DIR
+from runners.paths import conf_options
 
 DTYPES = ("float32", "bfloat16", "float16")
 DEVICES = ("auto", "cpu", "cuda")
@@ -256,7 +256,7 @@ def _check_dataset_files(c: Checker, cfg: DictConfig) -> None:
 def _check_infrastructure(c: Checker, cfg: DictConfig) -> None:
     # the backend group's options (each registered in runners.backends.BACKENDS: tests/test_registry.py);
     # read from the conf tree so that the config layer never imports the backends above it
-    c.one_of("backend.name", sorted(p.stem for p in (CONF_DIR / "backend").glob("*.yaml")))
+    c.one_of("backend.name", conf_options("backend"))
     c.one_of("backend.device", DEVICES)
     c.non_negative("backend.num_threads")
     c.one_of("tracking.kind", ("sqlite", "server"))
