@@ -90,20 +90,6 @@ def test_the_backend_group_offers_exactly_the_registered_backends():
     assert conf_options("backend") == BACKENDS.names() == ["local", "verl"]
 
 
-def test_a_mapping_schema_needs_the_registry_to_have_a_builder():
-    """The registry (the bottom layer) builds no dataclass itself: a mapping schema on a registry without
-    a ``schema_builder`` is refused at registration, and a builder must be a callable or 'module:attr'."""
-    with pytest.raises(ValueError, match=r"^objective 'x' declares its schema as a mapping, but this registry has no"):
-        Registry("objective").register("x", "math:sqrt", schema={"alpha": (float, 0.5)})
-    with pytest.raises(ValueError, match=r"schema builder of the objective registry must look like 'module:attr'"):
-        Registry("objective", schema_builder="runners.algorithms.components.component_dataclass")
-    built = []
-    reg = Registry("mask", schema_builder=lambda name, fields: built.append((name, dict(fields))) or int)
-    reg.register("x", "math:sqrt", schema={"alpha": (float, 0.5)})
-    assert reg.schema("x") is int and reg.schema("x") is int
-    assert built == [("mask_x", {"alpha": (float, 0.5)})]  # called once, with "<kind>_<name>"
-
-
 def test_labels_and_hooks_declared_on_the_registry_line():
     """An entry's label and its presets' labels (``Registry.label``), and its named functions, lazy
     until looked up (``Registry.hook``); an entry without the hook gives None, an unknown name raises."""

@@ -199,6 +199,20 @@ def test_unknown_name_raises_naming_the_kind_and_the_valid_names():
 
 
 # -- schemas ---------------------------------------------------------------------------------------------
+def test_a_mapping_schema_needs_the_registry_to_have_a_builder():
+    """The registry (the bottom layer) builds no dataclass itself: a mapping schema on a registry without
+    a ``schema_builder`` is refused at registration, and a builder must be a callable or 'module:attr'."""
+    with pytest.raises(ValueError, match=r"^objective 'x' declares its schema as a mapping, but this registry has no"):
+        Registry("objective").register("x", "math:sqrt", schema={"alpha": (float, 0.5)})
+    with pytest.raises(ValueError, match=r"schema builder of the objective registry must look like 'module:attr'"):
+        Registry("objective", schema_builder="runners.algorithms.components.component_dataclass")
+    built = []
+    reg = Registry("mask", schema_builder=lambda name, fields: built.append((name, dict(fields))) or int)
+    reg.register("x", "math:sqrt", schema={"alpha": (float, 0.5)})
+    assert reg.schema("x") is int and reg.schema("x") is int
+    assert built == [("mask_x", {"alpha": (float, 0.5)})]  # called once, with "<kind>_<name>"
+
+
 def test_mapping_schema_becomes_a_cached_dataclass():
     reg = Registry("rollout_correction", schema_builder="runners.algorithms.components:component_dataclass")
     reg.register("my_cap", _fn, schema={"cap": (float, 2.0), "name_of": (str, "x")})
