@@ -76,6 +76,18 @@ CELLS = {
     "ppo_critic": ["algorithm=ppo"],
     "grpo_kl_micro_bf16": ["trainer.kl_coef=0.05", "trainer.micro_batch_size=4", "trainer.logprob_precision=bf16"],
 }
+# SmolLM2's vocabulary: every pass goes through chunked_head, and the fused update takes the old pass's
+# entries from its loss's own pass (TROLL: from a no-grad pass first, as its loss gathers at the stored ids)
+V49K = ["model=tiny_llama_v49k"]
+CELLS.update(
+    {
+        "grpo_v49k": V49K,
+        "grpo_v49k_no_diagnostics": [*V49K, "trainer.post_update_diagnostics=false"],
+        "grpo_troll_v49k": [*V49K, "+method=grpo_troll"],
+        "gtpo_v49k": [*V49K, "algorithm=gtpo", "objective.h_ini_prompts=4"],
+        "grpo_kl_micro_bf16_v49k": [*V49K, *CELLS["grpo_kl_micro_bf16"]],
+    }
+)
 
 
 @pytest.mark.parametrize("cell", list(CELLS))
@@ -91,6 +103,29 @@ def test_fused_pass_gives_the_separate_pass_numbers(cell, tb_home, monkeypatch):
     for (name, p), q in zip(fused.model.named_parameters(), separate.model.parameters()):
         assert torch.equal(p, q), f"weights {name}"
         assert torch.equal(p.grad, q.grad), f"gradient {name}"
+
+
+@pytest.mark.parametrize(("cell", "saved"), [("grpo_v49k", 1), ("grpo_troll_v49k", 0)])
+def test_the_fused_update_runs_the_output_layer_once_per_micro_batch(cell, saved, tb_home, monkeypatch):
+    """Where the loss gathers nothing at the old top-K ids, its own chunked_head pass gives the old pass's
+    entries: the fused step makes the separate step's chunked_head calls less the old pass's one (here
+    one chunk of rows). TROLL's loss needs the stored ids first: a no-grad pass still runs."""
+    import runners.algorithms.chunked_head as module
+
+    real = module.chunked_head
+    counts = {"fused": 0, "separate": 0}
+    for name in counts:
+        trainer, _ = _trainer(CELLS[cell], tb_home / name, monkeypatch, separate=name == "separate")
+
+        def counting(*args, _name=name, **kwargs):
+            counts[_name] += 1
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(module, "chunked_head", counting)
+        trainer.step(0)
+        monkeypatch.setattr(module, "chunked_head", real)
+    assert counts["separate"] > 0
+    assert counts["fused"] == counts["separate"] - saved
 
 
 @pytest.mark.parametrize(

@@ -30,7 +30,15 @@ from runners.algorithms.numerics import entropy_from_logits, token_logprobs
 from runners.algorithms.policy_loss import PolicyLoss, PolicyLossOutput
 from runners.algorithms.types import PolicyInputs
 from runners.backends.local.batching import micro_batches, micro_rows, mini_batches
-from runners.backends.local.heads import OldPass, head_entries, head_inputs, sampler_entries, sparse_store
+from runners.backends.local.heads import (
+    OldPass,
+    head_entries,
+    head_inputs,
+    own_entries,
+    sampler_entries,
+    sparse_store,
+    store_params,
+)
 from runners.backends.local.policy import Head
 from runners.backends.local.rollout import RolloutBatch
 
@@ -149,12 +157,25 @@ class OldFromUpdate:
 
 
 def _fill_old(
-    fill: OldFromUpdate, old: OldPass, logits: Tensor | Head, batch: RolloutBatch, rows: Tensor, settings
+    fill: OldFromUpdate,
+    loss_fn: PolicyLoss,
+    old: OldPass,
+    logits: Tensor | Head,
+    batch: RolloutBatch,
+    rows: Tensor,
+    settings,
 ) -> dict:
-    """Store micro-batch ``rows``' old-pass entries from its own logits; returns its differentiable log-probs
-    for the loss (one log-softmax serves both). From a ``Head``: the entries of a no-grad ``chunked_head``
-    pass over its detached hidden states (the loss's pass needs the stored top-K ids first)."""
+    """Store micro-batch ``rows``' old-pass entries from its own logits; returns what the loss reuses of
+    that pass (``micro_batch_loss``'s keyword arguments): its differentiable log-probs (one log-softmax
+    serves both). From a ``Head``: the loss's own ``chunked_head`` pass, whose detached results are the
+    entries (``current``); for methods that gather at the old top-K ids (TROLL, exact-KL TRM), a no-grad
+    pass over the detached hidden states first, as the loss's pass needs the stored ids."""
     responses, total = batch.responses[rows], batch.responses.shape[0]
+    if isinstance(logits, Head) and not fill.method.requires("sparse_old"):
+        store = store_params(fill.method, logits.weight.shape[0]) if fill.diagnostics else None
+        current, out = head_inputs(loss_fn, logits, responses, None, settings.logprob_precision, store=store)
+        old.store(rows, own_entries(out, precision=settings.logprob_precision, diagnostics=fill.diagnostics), total)
+        return {"current": current}
     if isinstance(logits, Head):
         detached = Head(logits.hidden.detach(), logits.weight.detach(), logits.bias, logits.temperature)
         with torch.no_grad():
@@ -196,18 +217,20 @@ def micro_batch_loss(
     h_ini: float | None = None,
     is_weights: Tensor | None = None,
     logp: Tensor | None = None,
+    current: dict | None = None,
 ) -> PolicyLossOutput:
     """The policy loss of micro-batch ``rows`` from its current ``logits`` [rows,T,V] (differentiable), or
     from a ``Head`` through ``chunked_head``.
 
     ``batch``/``old``/``advantages``/``mask`` hold the whole batch ([B,...]); ``mask`` is the policy
     mask. ``num_tokens``/``num_seqs`` count the mini-batch. ``logp``: the log-probs already computed
-    from ``logits`` (differentiable), else computed here.
+    from ``logits`` (differentiable), else computed here; ``current``: a ``Head``'s ``head_inputs``
+    fields already computed (``_fill_old``).
     """
     old_index = old.old_topk_index[rows] if old.old_topk_index is not None else None
-    if isinstance(logits, Head):
-        current = head_inputs(loss_fn, logits, batch.responses[rows], old_index, precision)
-    else:
+    if current is None and isinstance(logits, Head):
+        current, _ = head_inputs(loss_fn, logits, batch.responses[rows], old_index, precision)
+    elif current is None:
         if logp is None:
             logp = token_logprobs(logits, batch.responses[rows], precision=precision)
         entropy = entropy_from_logits(logits) if loss_fn.needs_entropy else None
@@ -264,7 +287,7 @@ def update_actor(
             step_loss = 0.0
             for micro in micro_batches(rows, batch.group_index, settings.micro_batch_size):
                 logits = forward(batch, micro)
-                shared = {} if fill_old is None else _fill_old(fill_old, old, logits, batch, micro, settings)
+                shared = {} if fill_old is None else _fill_old(fill_old, loss_fn, old, logits, batch, micro, settings)
                 out = micro_batch_loss(
                     loss_fn,
                     logits,

@@ -84,12 +84,7 @@ def head_entries(
     from runners.algorithms.chunked_head import chunked_head
 
     needs_sparse = method.requires("sparse_old")
-    vocab = head.weight.shape[0]
-    sparse = {
-        "k": min(method.sparse["k"], vocab),
-        "delta": method.sparse["delta"],
-        "p_default": method.sparse["p_default"],
-    }
+    sparse = store_params(method, head.weight.shape[0])
 
     def run(h: Head, store: bool):
         return chunked_head(
@@ -97,9 +92,7 @@ def head_entries(
         )
 
     own = run(head, needs_sparse or diagnostics)
-    out = OldPass(old_logp=round_logprobs(own.logp.float(), precision), entropy=own.entropy.float())
-    if diagnostics:
-        out.pi_old_topk_index, out.pi_old_topk_logp = own.topk_index.long(), own.topk_logp
+    out = own_entries(own, precision=precision, diagnostics=diagnostics)
     if needs_sparse or (diagnostics and rollout is not None):
         if rollout is None or isinstance(rollout, Head):
             store = own if rollout is None else run(rollout, True)
@@ -107,6 +100,24 @@ def head_entries(
         else:  # a lower-precision sampling copy: its store from its own (rounded) logits
             sampler = sparse_store(rollout, responses, method.sparse)
         sampler_entries(out, sampler, needs_sparse=needs_sparse, separate=rollout is not None and diagnostics)
+    return out
+
+
+def store_params(method, vocab: int) -> dict:
+    """``chunked_head``'s ``sparse`` argument for ``method``'s top-K store (K capped at the vocabulary)."""
+    return {
+        "k": min(method.sparse["k"], vocab),
+        "delta": method.sparse["delta"],
+        "p_default": method.sparse["p_default"],
+    }
+
+
+def own_entries(own, *, precision: str, diagnostics: bool) -> OldPass:
+    """The old pass's entries of pi_old itself from a ``chunked_head`` result over its hidden states (no
+    grad, or detached here): log-probs rounded to ``precision``, entropy and (``diagnostics``) the top-K store."""
+    out = OldPass(old_logp=round_logprobs(own.logp.detach().float(), precision), entropy=own.entropy.detach().float())
+    if diagnostics:
+        out.pi_old_topk_index, out.pi_old_topk_logp = own.topk_index.long(), own.topk_logp
     return out
 
 
@@ -119,9 +130,19 @@ def sampler_entries(out: OldPass, sampler: tuple[Tensor, Tensor], *, needs_spars
         out.sampler_topk_index, out.sampler_topk_logp = sampler
 
 
-def head_inputs(loss_fn: PolicyLoss, head: Head, responses: Tensor, old_index: Tensor | None, precision: str):
+def head_inputs(
+    loss_fn: PolicyLoss,
+    head: Head,
+    responses: Tensor,
+    old_index: Tensor | None,
+    precision: str,
+    *,
+    store: dict | None = None,
+):
     """``PolicyInputs`` fields from ``chunked_head``: log-probs, entropies and the log-probs at the old top-K
-    ids (float64 sums where an exact-KL mask reads them: its rest bin can hold ~1e-7)."""
+    ids (float64 sums where an exact-KL mask reads them: its rest bin can hold ~1e-7); and the
+    ``chunked_head`` result itself, with the top-K store where ``store`` (its ``sparse`` argument) is given:
+    where pi_old is this forward's policy, the same pass gives the old pass's entries (``own_entries``)."""
     from runners.algorithms.chunked_head import chunked_head
 
     exact = "sparse_old" in MASKS.entry(loss_fn.method.mask).needs  # a mask reads the sparse KL's rest bin
@@ -131,16 +152,18 @@ def head_inputs(loss_fn: PolicyLoss, head: Head, responses: Tensor, old_index: T
         responses,
         bias=head.bias,
         temperature=head.temperature,
+        sparse=store,
         gather=old_index,
         exact_sum=exact and old_index is not None,
     )
-    return {
+    fields = {
         "logp": round_logprobs(out.logp, precision),
         "entropy": out.entropy if loss_fn.needs_entropy else None,
         "topk_logp": out.gather_logp,
         "vocab_size": head.weight.shape[0],
         "logits": None,
     }
+    return fields, out
 
 
 def response_logprobs(forward, batch: RolloutBatch, *, chunked: bool, settings) -> Tensor:
@@ -165,4 +188,13 @@ def response_logprobs(forward, batch: RolloutBatch, *, chunked: bool, settings) 
     return torch.cat(parts)
 
 
-__all__ = ["OldPass", "head_entries", "head_inputs", "response_logprobs", "sampler_entries", "sparse_store"]
+__all__ = [
+    "OldPass",
+    "head_entries",
+    "head_inputs",
+    "own_entries",
+    "response_logprobs",
+    "sampler_entries",
+    "sparse_store",
+    "store_params",
+]
