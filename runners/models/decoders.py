@@ -35,6 +35,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from runners.algorithms.chunked_head import output_logits
+
 FAST_MODEL_TYPES = ("llama", "qwen2", "qwen3")
 
 
@@ -276,7 +278,7 @@ class LlamaFamilyDecoder:
             gate = F.silu(gate) if self.silu else layer["act"](gate)
             hidden = hidden + F.linear(gate * up, *layer["down"])
         hidden = _rms_norm(hidden, self.final_norm.weight, self.final_norm.variance_epsilon)
-        return F.linear(hidden, self.lm_head.weight, self.lm_head.bias).float()
+        return output_logits(hidden, self.lm_head.weight, self.lm_head.bias).float()
 
     def _bmm_attention(self, q: Tensor, layer: int, length: int, bias: Tensor) -> Tensor:
         """q [B, n_q, D] (RoPE applied) against the first ``length`` cache slots -> [B, n_q * D]."""

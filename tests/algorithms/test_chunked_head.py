@@ -25,7 +25,7 @@ import math
 import pytest
 import torch
 
-from runners.algorithms.chunked_head import chunked_head, default_chunk_size
+from runners.algorithms.chunked_head import VOCAB_BLOCK, chunked_head, default_chunk_size, output_logits
 from runners.algorithms.numerics import entropy_from_logits, token_logprobs
 from runners.algorithms.troll_sparse import sparsify
 
@@ -324,3 +324,21 @@ def test_input_errors_name_the_argument(kwargs, message):
     args = {"tokens": tokens, **kwargs}
     with pytest.raises(ValueError, match=message):
         chunked_head(hidden, weight, args.pop("tokens"), **args)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+@pytest.mark.parametrize("with_bias", [False, True])
+@pytest.mark.parametrize(("rows", "vocab"), [(1, 3000), (7, VOCAB_BLOCK * 5 + 17), (64, 49152), (85, 8 * VOCAB_BLOCK)])
+def test_output_logits_are_f_linear_bit_for_bit(rows, vocab, with_bias, dtype):
+    """The blocked output-layer matmul gives F.linear's values exactly (each entry is the same dot
+    product), for a vocabulary that is not a multiple of the block and with a bias."""
+    g = torch.Generator().manual_seed(rows + vocab)
+    x = torch.randn(rows, 96, generator=g).to(dtype)
+    weight = (torch.randn(vocab, 96, generator=g) * 0.1).to(dtype)
+    bias = torch.randn(vocab, generator=g).to(dtype) if with_bias else None
+    got = output_logits(x, weight, bias)
+    assert got.dtype == dtype and got.shape == (rows, vocab)
+    assert torch.equal(got, torch.nn.functional.linear(x, weight, bias))
+    # a strided input (a slice of rows of a wider activation) too
+    wide = torch.randn(rows, 2, 96, generator=g).to(dtype)[:, 1]
+    assert torch.equal(output_logits(wide, weight, bias), torch.nn.functional.linear(wide, weight, bias))
