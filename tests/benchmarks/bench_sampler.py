@@ -13,6 +13,12 @@ Columns: ``generate``; ``generic`` = our loop through the model's own forward (`
 on median times, best ratio on the fastest run of each (less sensitive to background load).
 Timings alternate between the samplers and report the median of ``--repeats`` runs (the machine is
 shared); the target is a ratio >= 1.5. Prints a table; asserts nothing about time.
+
+``--draw`` times only the token draw (``runners.models.sampler.draw``) at 64 rows of a real vocabulary
+(49,152 and 151,936 entries, softmax of Gaussian logits of std 3): one level (a float64 cumulative sum
+over all V entries: ``block=V``) against the default two levels, alternating, CPU time per draw.
+
+    python tests/benchmarks/bench_sampler.py --draw
 """
 
 from __future__ import annotations
@@ -121,15 +127,54 @@ def bench(name: str, model, tokenizer, *, batch_size: int, tokens: int, repeats:
     return rows
 
 
+def bench_draw(repeats: int, rows: int = 64) -> list[dict]:
+    """CPU ms per ``draw`` of ``rows`` tokens, one level against two, per vocabulary (median of ``repeats``)."""
+    from runners.models.sampler import draw
+
+    out = []
+    for vocab in (49152, 151936):
+        probs = (torch.randn(rows, vocab, generator=torch.Generator().manual_seed(0)) * 3).softmax(-1)
+        g = torch.Generator().manual_seed(1)
+        variants = {
+            "one level": lambda p=probs, g=g, v=vocab: draw(p, g, block=v),
+            "two levels": lambda p=probs, g=g: draw(p, g),
+        }
+        times: dict[str, list[float]] = {k: [] for k in variants}
+        for fn in variants.values():
+            fn()
+        for _ in range(repeats):
+            for name, fn in variants.items():
+                start = time.process_time()
+                fn()
+                times[name].append(time.process_time() - start)
+        ms = {k: statistics.median(v) * 1e3 for k, v in times.items()}
+        out.append({"vocab": vocab, "rows": rows, **ms, "ratio": ms["one level"] / ms["two levels"]})
+        print(f"draw {rows} x {vocab}: one level {ms['one level']:.2f} ms, two levels {ms['two levels']:.2f} ms (CPU)")
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--tokens", type=int, default=64, help="max new tokens per row")
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--smollm2", action="store_true", help="also SmolLM2-135M (slow: ~100 tok/s)")
+    parser.add_argument("--draw", action="store_true", help="only the token draw: one level against two")
     record.add_option(parser)
     args = parser.parse_args()
     rec = record.start("bench_sampler.py")
+    if args.draw:
+        torch.set_num_threads(1)
+        draws = bench_draw(max(args.repeats, 15))
+        figures = [
+            record.figure(
+                f"token draw, {d['rows']} rows x V = {d['vocab']:,}, 1 thread: one level / two levels CPU time",
+                f"{d['ratio']:.1f}x ({d['one level']:.1f} -> {d['two levels']:.1f} ms)",
+            )
+            for d in draws
+        ]
+        rec.write(args.json, figures, {"args": vars(args), "draws": draws})
+        return
 
     from runners.models import load_model
 

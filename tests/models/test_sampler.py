@@ -288,7 +288,13 @@ def chi_square_pvalue(counts: torch.Tensor, probs: torch.Tensor) -> float:
     return float(chisquare(obs.numpy(), exp.numpy()).pvalue)
 
 
-def test_draw_follows_its_probabilities_and_never_draws_a_zero():
+# draw's search: one level (V <= block), two levels with a short last block (1,000 = 15 x 64 + 40), and
+# two levels over whole blocks, one of them all zeros (the last 50 entries hold blocks 19 and half of 18)
+BLOCKS = [1024, 64, 25]
+
+
+@pytest.mark.parametrize("block", BLOCKS)
+def test_draw_follows_its_probabilities_and_never_draws_a_zero(block):
     """20,000 draws from rows of a 1,000-token distribution with five heavy tokens, a light tail and
     zeros inside it and at its end: the counts fit (chi-square over the heavy tokens and the tail) and
     no zero-probability token comes up; rows need not be normalised."""
@@ -299,7 +305,8 @@ def test_draw_follows_its_probabilities_and_never_draws_a_zero():
     zero[5:100:7], zero[-50:] = True, True
     probs[zero] = 0.0
     scale = 3.0  # unnormalised rows
-    tokens = torch.cat([draw(probs.expand(2000, V) * scale, torch.Generator().manual_seed(s)) for s in range(10)])
+    g = [torch.Generator().manual_seed(s) for s in range(10)]
+    tokens = torch.cat([draw(probs.expand(2000, V) * scale, g[s], block=block) for s in range(10)])
     assert tokens.shape == (n,) and tokens.dtype == torch.long
     assert not zero[tokens].any()
     counts = torch.bincount(tokens, minlength=V)
@@ -308,13 +315,28 @@ def test_draw_follows_its_probabilities_and_never_draws_a_zero():
     assert chi_square_pvalue(binned, expected / expected.sum()) > 1e-3
 
 
-def test_draw_at_a_uniform_number_of_one_picks_the_last_token_that_has_probability(monkeypatch):
+@pytest.mark.parametrize("block", [8, 2, 4])
+def test_draw_at_a_uniform_number_of_one_picks_the_last_token_that_has_probability(monkeypatch, block):
     """torch's uniform numbers lie in [0, 1), but the draw does not rely on it: even at u = 1 (u times
     the row's total equal to the total) it stays on the last token of nonzero probability instead of
-    running onto trailing zeros or past the row."""
+    running onto trailing zeros or past the row; with two levels also past an all-zero last block
+    (block 2) or a short one (block 4)."""
     probs = torch.tensor([[0.5, 0.0, 0.25, 0.25, 0.0, 0.0], [0.0, 1.0, 0.0, 0.0, 0.0, 0.0]])
     monkeypatch.setattr(torch, "rand", lambda *a, **kw: torch.ones(a[0], dtype=torch.float64))
-    assert draw(probs, None).tolist() == [3, 1]
+    assert draw(probs, None, block=block).tolist() == [3, 1]
+
+
+@pytest.mark.parametrize("block", [2, 3, 4])
+def test_the_two_level_draw_cuts_the_unit_interval_as_the_one_level_draw(monkeypatch, block):
+    """At each uniform number u in a fine grid the two-level search picks the token whose CDF interval
+    holds u (the one-level search's pick), zeros and a short last block included."""
+    probs = torch.tensor(
+        [[0.125, 0.0, 0.25, 0.0, 0.0, 0.375, 0.25, 0.0, 0.0, 0.0], [0.25, 0.0, 0.25, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.5]]
+    )
+    grid = torch.linspace(0.0, 1.0, 401, dtype=torch.float64)[:-1]
+    for u in grid:
+        monkeypatch.setattr(torch, "rand", lambda *a, _u=u, **kw: torch.full(a[0], float(_u), dtype=torch.float64))
+        assert draw(probs, None, block=block).tolist() == draw(probs, None, block=16).tolist(), float(u)
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.1])
