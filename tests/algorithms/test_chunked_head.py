@@ -303,7 +303,7 @@ def test_gradcheck_float64():
 
 
 def test_default_chunk_size_bounds_the_buffer():
-    assert default_chunk_size(QWEN_V) == 27 and default_chunk_size(10) == 419430 and default_chunk_size(1 << 30) == 1
+    assert default_chunk_size(QWEN_V) == 55 and default_chunk_size(10) == 838860 and default_chunk_size(1 << 30) == 1
     assert default_chunk_size(QWEN_V, "cuda") == default_chunk_size(QWEN_V, torch.device("cuda:0")) == 441
 
 

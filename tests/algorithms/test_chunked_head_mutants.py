@@ -96,9 +96,9 @@ def test_defaults_are_temperature_one_and_the_default_chunk_size():
     torch.testing.assert_close(out.logp.double(), ref[0], rtol=0, atol=1e-5)
     torch.testing.assert_close(out.entropy.double(), ref[1], rtol=0, atol=1e-5)
     assert out.topk_index is None and out.topk_logp is None
-    assert default_chunk_size(1) == default_chunk_size(0) == 1 << 22
-    assert default_chunk_size(3) == (1 << 22) // 3 and default_chunk_size(3, "meta") == (1 << 26) // 3
-    assert default_chunk_size((1 << 22) + 1) == 1 and default_chunk_size(1 << 30, "meta") == 1
+    assert default_chunk_size(1) == default_chunk_size(0) == 1 << 23
+    assert default_chunk_size(3) == (1 << 23) // 3 and default_chunk_size(3, "meta") == (1 << 26) // 3
+    assert default_chunk_size((1 << 23) + 1) == 1 and default_chunk_size(1 << 30, "meta") == 1
 
 
 def test_rows_far_apart_in_one_chunk_are_shifted_by_their_own_maximum():

@@ -2,7 +2,7 @@
 
 Design: the logits ``x W^T`` of ``--rows`` rows at SmolLM2-135M's width (H = 576) for each vocabulary in
 ``--vocabs`` (SmolLM2's 49,152, Qwen's 151,936): the shapes of a decode step (the rollout's batch of
-rows) and of one ``chunked_head`` chunk (``default_chunk_size``: 85 rows at V = 49,152, 27 at
+rows) and of one ``chunked_head`` chunk (``default_chunk_size``: 170 rows at V = 49,152, 55 at
 151,936). ``F.linear`` is one BLAS call over all V columns; ``runners.algorithms.chunked_head.output_logits``
 makes one call per ``VOCAB_BLOCK`` columns into the same output. The two alternate in one process
 (``--repeats`` rounds, one torch thread by default) and each is checked equal to the other, bit for bit,
