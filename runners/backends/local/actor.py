@@ -5,7 +5,9 @@ method needs it (TROLL, exact-KL TRM: ``Method.requires("sparse_old")``), the ol
 sparse top-K form (``old_entries`` per chunk of rows), as one ``OldPass``. Where that forward would
 repeat the update's first one (``OldFromUpdate``: on-policy, one epoch of one mini-batch)
 ``update_actor`` stores the same entries from each micro-batch's own logits, detached, before its
-loss reads them, and the pass is skipped (TRL skips it in the same case). ``update_actor`` runs the
+loss reads them, and the pass is skipped (TRL skips it in the same case); from a ``Head`` the loss's
+own ``chunked_head`` pass gives them (TROLL's and the exact-KL TRM masks' losses gather at the stored
+top-K ids, so for those a no-grad pass over the detached hidden states comes first). ``update_actor`` runs the
 epochs and mini-batches; every micro-batch goes through ``micro_batch_loss``, which builds
 ``PolicyInputs`` from the batch (the ``RolloutBatch`` on the trainer's device) and the ``OldPass``
 and calls the shared ``runners.algorithms.policy_loss.PolicyLoss`` (the function the verl plugins
