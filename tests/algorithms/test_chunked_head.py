@@ -342,3 +342,41 @@ def test_output_logits_are_f_linear_bit_for_bit(rows, vocab, with_bias, dtype):
     # a strided input (a slice of rows of a wider activation) too
     wide = torch.randn(rows, 2, 96, generator=g).to(dtype)[:, 1]
     assert torch.equal(output_logits(wide, weight, bias), torch.nn.functional.linear(wide, weight, bias))
+
+
+class _CallCounter(torch.overrides.TorchFunctionMode):
+    """Counts the torch functions called inside the mode, by name."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls: dict[str, int] = {}
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        name = getattr(func, "__name__", str(func))
+        self.calls[name] = self.calls.get(name, 0) + 1
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize(
+    ("rows_shape", "vocab", "dtype", "blocks"),
+    [
+        ((5, 64), VOCAB_BLOCK * 3 + 1, torch.float32, 4),  # a short last block
+        ((5, 64), VOCAB_BLOCK * 2, torch.float32, 2),
+        ((5, 64), VOCAB_BLOCK, torch.float32, 0),  # one block: F.linear
+        ((5, 64), VOCAB_BLOCK * 2, torch.float64, 0),  # not bitwise in blocks: F.linear
+        ((5, 64), VOCAB_BLOCK * 2, torch.bfloat16, 0),
+        ((2, 5, 64), VOCAB_BLOCK * 2, torch.float32, 0),  # not [M,H]: F.linear
+    ],
+)
+def test_output_logits_runs_one_matmul_per_block_only_where_that_is_exact(rows_shape, vocab, dtype, blocks):
+    """Where the blocks give F.linear's values bit for bit (float32 [M,H] on CPU) one matmul per
+    VOCAB_BLOCK columns writes into the output; everywhere else one F.linear call."""
+    x = torch.randn(*rows_shape).to(dtype)
+    weight, bias = torch.randn(vocab, 64).to(dtype), torch.randn(vocab).to(dtype)
+    for b in (None, bias):
+        with _CallCounter() as counter:
+            output_logits(x, weight, b)
+        matmuls = counter.calls.get("mm", 0) + counter.calls.get("addmm", 0)
+        assert matmuls == blocks and counter.calls.get("linear", 0) == (0 if blocks else 1), counter.calls
+        if blocks:
+            assert counter.calls.get("addmm" if b is not None else "mm", 0) == blocks
