@@ -350,10 +350,13 @@ class _CallCounter(torch.overrides.TorchFunctionMode):
     def __init__(self):
         super().__init__()
         self.calls: dict[str, int] = {}
+        self.out_widths: list[int] = []  # columns of each ``out=`` tensor
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         name = getattr(func, "__name__", str(func))
         self.calls[name] = self.calls.get(name, 0) + 1
+        if kwargs and isinstance(kwargs.get("out"), torch.Tensor):
+            self.out_widths.append(kwargs["out"].shape[-1])
         return func(*args, **(kwargs or {}))
 
 
@@ -380,3 +383,5 @@ def test_output_logits_runs_one_matmul_per_block_only_where_that_is_exact(rows_s
         assert matmuls == blocks and counter.calls.get("linear", 0) == (0 if blocks else 1), counter.calls
         if blocks:
             assert counter.calls.get("addmm" if b is not None else "mm", 0) == blocks
+            # each call computes its own block only: the widths add up to V
+            assert max(counter.out_widths) <= VOCAB_BLOCK and sum(counter.out_widths) == vocab
