@@ -203,8 +203,8 @@ def output_logits(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tens
     dot product over H either way (float64 is not: its BLAS orders the sum by the block shape). Elsewhere
     (a GPU: one kernel launch matters more; other dtypes) it is ``F.linear``."""
     vocab = weight.shape[0]
-    plain = x.device.type != "cpu" or x.dim() != 2 or vocab <= VOCAB_BLOCK
-    if plain or x.dtype != torch.float32 or weight.dtype != torch.float32:
+    exact = x.device.type == "cpu" and x.dim() == 2 and x.dtype == weight.dtype == torch.float32
+    if not exact or vocab <= VOCAB_BLOCK:
         return torch.nn.functional.linear(x, weight, bias)
     out = torch.empty(x.shape[0], vocab, dtype=x.dtype, device=x.device)
     w_t = weight.t()

@@ -151,14 +151,14 @@ def draw(probs: Tensor, generator: torch.Generator | None, *, block: int = DRAW_
     rows, vocab = probs.shape
     if vocab <= block:
         cdf = probs.cumsum(dim=-1, dtype=torch.float64)
-        return _search(cdf, _uniform(probs, rows, generator) * cdf[:, -1:])
+        return _search(cdf, _uniform(probs, generator) * cdf[:, -1:])
     full = vocab // block * block
     sums = probs[:, :full].reshape(rows, -1, block).sum(-1)
     if full < vocab:
         sums = torch.cat([sums, probs[:, full:].sum(-1, keepdim=True)], dim=-1)
     sums = sums.double()
     cdf = sums.cumsum(dim=-1)
-    u = _uniform(probs, rows, generator) * cdf[:, -1:]
+    u = _uniform(probs, generator) * cdf[:, -1:]
     chosen = _search(cdf, u)[:, None]  # [N,1]
     before = torch.where(chosen > 0, cdf.gather(1, (chosen - 1).clamp(min=0)), torch.zeros_like(u))
     share = ((u - before) / sums.gather(1, chosen)).clamp_(0.0, 1.0)  # where in the chosen block
@@ -167,9 +167,9 @@ def draw(probs: Tensor, generator: torch.Generator | None, *, block: int = DRAW_
     return chosen.squeeze(-1) * block + _search(inside, share * inside[:, -1:])
 
 
-def _uniform(probs: Tensor, rows: int, generator: torch.Generator | None) -> Tensor:
-    """[N,1] float64 uniform numbers in [0, 1), one per row."""
-    return torch.rand((rows, 1), generator=generator, dtype=torch.float64, device=probs.device)
+def _uniform(probs: Tensor, generator: torch.Generator | None) -> Tensor:
+    """[N,1] float64 uniform numbers in [0, 1), one per row of ``probs``."""
+    return torch.rand((probs.shape[0], 1), generator=generator, dtype=torch.float64, device=probs.device)
 
 
 def _search(cdf: Tensor, u: Tensor) -> Tensor:

@@ -173,10 +173,11 @@ def _fill_old(
     entries (``current``); for methods that gather at the old top-K ids (TROLL, exact-KL TRM), a no-grad
     pass over the detached hidden states first, as the loss's pass needs the stored ids."""
     responses, total = batch.responses[rows], batch.responses.shape[0]
+    precision = settings.logprob_precision
     if isinstance(logits, Head) and not fill.method.requires("sparse_old"):
         store = store_params(fill.method, logits.weight.shape[0]) if fill.diagnostics else None
-        current, out = head_inputs(loss_fn, logits, responses, None, settings.logprob_precision, store=store)
-        old.store(rows, own_entries(out, precision=settings.logprob_precision, diagnostics=fill.diagnostics), total)
+        current, out = head_inputs(loss_fn, logits, responses, None, precision, store=store)
+        old.store(rows, own_entries(out, precision=precision, diagnostics=fill.diagnostics), total)
         return {"current": current}
     if isinstance(logits, Head):
         detached = Head(logits.hidden.detach(), logits.weight.detach(), logits.bias, logits.temperature)
@@ -185,18 +186,18 @@ def _fill_old(
                 detached,
                 responses,
                 method=fill.method,
-                precision=settings.logprob_precision,
+                precision=precision,
                 diagnostics=fill.diagnostics,
             )
         old.store(rows, entries, total)
         return {}
-    logp = token_logprobs(logits, responses, precision=settings.logprob_precision)
+    logp = token_logprobs(logits, responses, precision=precision)
     with torch.no_grad():
         entries = old_entries(
             logits.detach(),
             responses,
             method=fill.method,
-            precision=settings.logprob_precision,
+            precision=precision,
             diagnostics=fill.diagnostics,
             logp=logp.detach(),
         )
@@ -232,7 +233,7 @@ def micro_batch_loss(
     old_index = old.old_topk_index[rows] if old.old_topk_index is not None else None
     if current is None and isinstance(logits, Head):
         current, _ = head_inputs(loss_fn, logits, batch.responses[rows], old_index, precision)
-    elif current is None:
+    if current is None:
         if logp is None:
             logp = token_logprobs(logits, batch.responses[rows], precision=precision)
         entropy = entropy_from_logits(logits) if loss_fn.needs_entropy else None
