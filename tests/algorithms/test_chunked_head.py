@@ -385,3 +385,48 @@ def test_output_logits_runs_one_matmul_per_block_only_where_that_is_exact(rows_s
             assert counter.calls.get("addmm" if b is not None else "mm", 0) == blocks
             # each call computes its own block only: the widths add up to V
             assert max(counter.out_widths) <= VOCAB_BLOCK and sum(counter.out_widths) == vocab
+
+
+def _spy_out_storages(monkeypatch) -> dict[str, list]:
+    """The storages that ``out=`` tensors of ``torch.mm``/``torch.addmm`` and ``torch.exp`` write into,
+    forward and backward (autograd runs a Function's backward outside a TorchFunctionMode), each kept
+    alive: a freed buffer's address could be handed out again and look reused."""
+    storages: dict[str, list] = {"matmul": [], "exp": []}
+    for name, kind in (("mm", "matmul"), ("addmm", "matmul"), ("exp", "exp")):
+        real = getattr(torch, name)
+
+        def spy(*args, _real=real, _kind=kind, **kwargs):
+            if isinstance(kwargs.get("out"), torch.Tensor):
+                storages[_kind].append(kwargs["out"].untyped_storage())
+            return _real(*args, **kwargs)
+
+        monkeypatch.setattr(torch, name, spy)
+    return storages
+
+
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_chunks_reuse_two_buffers_per_pass(monkeypatch, with_bias):
+    """Forward and backward each write every chunk's logits and exponentials into the same two
+    [rows, V] buffers (a chunk-sized tensor made anew per chunk is fresh pages to fault in on CPU),
+    the short last chunk included; values and gradients are those of one chunk."""
+    hidden, weight, bias, tokens, w_logp, w_ent = _problem(10, 32, VOCAB_BLOCK * 3 + 5, seed=17)
+    hidden, weight = hidden.requires_grad_(), weight.requires_grad_()
+    b = bias.requires_grad_() if with_bias else None
+    reference = chunked_head(hidden, weight, tokens, bias=b, chunk_size=10)
+    ref_grads = torch.autograd.grad(
+        (reference.logp * w_logp).sum() + (reference.entropy * w_ent).sum(), (hidden, weight)
+    )
+    spied = _spy_out_storages(monkeypatch)
+    out = chunked_head(hidden, weight, tokens, bias=b, chunk_size=4)  # chunks of 4, 4, 2 rows
+    grads = torch.autograd.grad((out.logp * w_logp).sum() + (out.entropy * w_ent).sum(), (hidden, weight))
+    monkeypatch.undo()
+    assert len(spied["exp"]) == 6 and len(spied["matmul"]) == 6 * 4  # 3 chunks x 2 passes; 4 blocks each
+    for kind, calls in spied.items():  # the forward's three chunks, then the backward's three
+        ptrs = [s.data_ptr() for s in calls]
+        half = len(ptrs) // 2
+        assert len(set(ptrs[:half])) == 1 and len(set(ptrs[half:])) == 1, (kind, ptrs)
+    # one chunk of 10 rows against three: the BLAS may round a 10-row product differently
+    torch.testing.assert_close(out.logp, reference.logp, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(out.entropy, reference.entropy, rtol=1e-6, atol=1e-6)
+    for got, want in zip(grads, ref_grads):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
