@@ -62,6 +62,7 @@ from torch.autograd.function import once_differentiable
 
 from runners.algorithms.method import SPARSE_DEFAULTS
 from runners.algorithms.troll_sparse import check_sparse_params, large_topk, store_from_topk
+from runners.algorithms.workspace import Workspace
 
 __all__ = ["HeadOutputs", "chunked_head", "default_chunk_size", "output_logits"]
 
@@ -193,11 +194,12 @@ def _scaled(h: Tensor, cd: torch.dtype, inv_t: float) -> Tensor:
     return h * inv_t if inv_t != 1.0 else h
 
 
-def output_logits(x: Tensor, weight: Tensor, bias: Tensor | None = None, *, out: Tensor | None = None) -> Tensor:
+def output_logits(
+    x: Tensor, weight: Tensor, bias: Tensor | None = None, *, workspace: Workspace | None = None
+) -> Tensor:
     """``F.linear(x, weight, bias)`` for an output layer (``x`` [M,H], ``weight`` [V,H]): the same values,
-    bit for bit; float32 on CPU is computed in blocks of ``VOCAB_BLOCK`` vocabulary columns, into
-    ``out`` ([M,V], contiguous) where given: a buffer reused chunk after chunk costs no fresh pages.
-    Use the returned tensor: where ``F.linear`` runs, ``out`` is not written.
+    bit for bit; float32 on CPU is computed in blocks of ``VOCAB_BLOCK`` vocabulary columns, into the
+    ``workspace``'s ``"logits"`` buffer where one is given (overwritten by the next such call).
 
     One float32 matmul over all V columns of a few dozen rows runs at 0.6-0.7 of the speed of the same
     work in 1,024-column blocks with torch's CPU BLAS (MKL; measured at V = 49,152 and 151,936, 16-256
@@ -205,10 +207,11 @@ def output_logits(x: Tensor, weight: Tensor, bias: Tensor | None = None, *, out:
     dot product over H either way (float64 is not: its BLAS orders the sum by the block shape). Elsewhere
     (a GPU: one kernel launch matters more; other dtypes) it is ``F.linear``."""
     vocab = weight.shape[0]
-    if not _blocked(x, weight):
+    exact = x.device.type == "cpu" and x.dim() == 2 and x.dtype == weight.dtype == torch.float32
+    if not exact or vocab <= VOCAB_BLOCK:
         return torch.nn.functional.linear(x, weight, bias)
-    if out is None:
-        out = torch.empty(x.shape[0], vocab, dtype=x.dtype, device=x.device)
+    shape = (x.shape[0], vocab)
+    out = workspace.get("logits", shape, x) if workspace is not None else x.new_empty(shape)
     w_t = weight.t()
     for start in range(0, vocab, VOCAB_BLOCK):
         cols = slice(start, start + VOCAB_BLOCK)
@@ -219,33 +222,11 @@ def output_logits(x: Tensor, weight: Tensor, bias: Tensor | None = None, *, out:
     return out
 
 
-def _blocked(x: Tensor, weight: Tensor) -> bool:
-    """Whether ``output_logits`` computes in column blocks (and writes its ``out``)."""
-    exact = x.device.type == "cpu" and x.dim() == 2 and x.dtype == weight.dtype == torch.float32
-    return exact and weight.shape[0] > VOCAB_BLOCK
-
-
-def _logits(hs: Tensor, weight: Tensor, b: Tensor | None, inv_t: float, buffers: _Buffers) -> Tensor:
+def _logits(hs: Tensor, weight: Tensor, b: Tensor | None, inv_t: float, workspace: Workspace) -> Tensor:
     """``z = hs W^T + b * inv_t`` for one chunk [C,V] (``hs`` already scaled by ``inv_t``); forward and
-    backward both compute it here, so the backward's recomputation is the forward's bit for bit."""
-    bias = None if b is None else (b * inv_t if inv_t != 1.0 else b)
-    out = buffers.get(0, hs.shape[0]) if _blocked(hs, weight) else None
-    return output_logits(hs, weight, bias, out=out)
-
-
-class _Buffers:
-    """Two [rows, V] work buffers, allocated at the first chunk and reused by the next ones: a fresh
-    chunk-sized tensor (tens of MB at V >= 49,152) is a fresh mapping whose every page faults on first
-    write, 1-2 ns per value on CPU, as long as the exponential itself."""
-
-    def __init__(self, like: Tensor, rows: int, vocab: int):
-        self.like, self.rows, self.vocab = like, rows, vocab
-        self.slots: list[Tensor | None] = [None, None]
-
-    def get(self, slot: int, n: int) -> Tensor:
-        if self.slots[slot] is None:
-            self.slots[slot] = self.like.new_empty(self.rows, self.vocab)
-        return self.slots[slot][:n]
+    backward both compute it here, so the backward's recomputation is the forward's bit for bit.
+    Chunk after chunk, the logits and their exponentials go into the same two ``workspace`` buffers."""
+    return output_logits(hs, weight, None if b is None else (b * inv_t if inv_t != 1.0 else b), workspace=workspace)
 
 
 class _ChunkedHead(torch.autograd.Function):
@@ -264,17 +245,17 @@ class _ChunkedHead(torch.autograd.Function):
         index = torch.zeros(n, k1, dtype=torch.int32, device=dev)
         store = torch.full((n, k1), -math.inf, dtype=torch.float32, device=dev)
         picked = torch.empty(n, gids.shape[1], dtype=torch.float64, device=dev)
-        buffers = _Buffers(w, min(rows, n), w.shape[0])
+        workspace = Workspace()
         with torch.no_grad():
             for start in range(0, n, rows):
                 sl = slice(start, start + rows)
-                z = _logits(_scaled(hidden[sl], cd, inv_t), w, b, inv_t, buffers)
+                z = _logits(_scaled(hidden[sl], cd, inv_t), w, b, inv_t, workspace)
                 m = z.amax(-1, keepdim=True)
                 z_y = z.gather(-1, ids[sl, None])
                 z_g = z.gather(-1, gids[sl]) if gids.shape[1] else None
                 top = large_topk(z, params[0]) if params is not None else None  # before the shift: exact z
                 t = z.sub_(m)
-                e = torch.exp(t, out=buffers.get(1, t.shape[0]))
+                e = torch.exp(t, out=workspace.get("exp", t.shape, t))
                 s = e.sum(-1, dtype=torch.float64) if exact_sum else e.sum(-1)
                 if b is not None:  # -inf logits: p log p := 0
                     t.clamp_(min=torch.finfo(cd).min)
@@ -313,13 +294,13 @@ class _ChunkedHead(torch.autograd.Function):
         grad_h = torch.empty(hidden.shape, dtype=cd, device=hidden.device) if need_h else None
         grad_w = torch.zeros_like(w) if need_w else None
         grad_b = torch.zeros(weight.shape[0], dtype=cd, device=hidden.device) if need_b else None
-        buffers = _Buffers(w, min(rows, hidden.shape[0]), w.shape[0])
+        workspace = Workspace()
         for start in range(0, hidden.shape[0], rows):
             sl = slice(start, start + rows)
             hs = _scaled(hidden[sl], cd, inv_t)
-            t = _logits(hs, w, b, inv_t, buffers).sub_(maxima[sl])  # bit for bit the forward's t
+            t = _logits(hs, w, b, inv_t, workspace).sub_(maxima[sl])  # bit for bit the forward's t
             t.sub_(log_s[sl, None])  # log p
-            p = torch.exp(t, out=buffers.get(1, t.shape[0]))
+            p = torch.exp(t, out=workspace.get("exp", t.shape, t))
             g_l = g_logp[sl, None].to(cd) if g_logp is not None else None
             g_g = g_pick[sl].to(cd) if g_pick is not None else None
             # every log-prob output's upstream gradient also multiplies -p: their row sum

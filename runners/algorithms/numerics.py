@@ -19,8 +19,12 @@ Run the tests: ``pytest tests/algorithms/test_numerics.py`` (includes a check of
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
+
+from runners.algorithms.workspace import Workspace
 
 PRECISIONS = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -41,6 +45,7 @@ def token_logprobs(
     precision: str = "fp32",
     temperature: float = 1.0,
     chunk_size: int | None = None,
+    workspace: Workspace | None = None,
 ) -> Tensor:
     """Log-probability of each sampled token: ``log softmax(logits / temperature)[tokens]``.
 
@@ -51,6 +56,7 @@ def token_logprobs(
             (Entropy-preserving RL, arXiv 2603.11682, s4.1, ``r_observed = exp(bf16(logp) - bf16(old_logp))``).
         temperature: the sampling temperature (> 0); logits are divided by it, as verl does.
         chunk_size: process this many of the B*T positions at a time (None: all at once).
+        workspace: reuse its buffer for ``logsumexp``'s [rows, V] temporary (``logsumexp_rows``).
 
     Returns:
         [B,T] float32 log-probs (float64 for float64 logits), differentiable w.r.t. ``logits``.
@@ -69,9 +75,22 @@ def token_logprobs(
         x = flat[rows].to(compute)
         if temperature != 1.0:
             x = x / temperature
-        parts.append(x.gather(-1, ids[rows]).squeeze(-1) - torch.logsumexp(x, dim=-1))
+        parts.append(x.gather(-1, ids[rows]).squeeze(-1) - logsumexp_rows(x, workspace))
     logp = torch.cat(parts) if len(parts) > 1 else parts[0]
     return round_logprobs(logp, precision).reshape(tokens.shape)
+
+
+def logsumexp_rows(x: Tensor, workspace: Workspace | None = None) -> Tensor:
+    """``torch.logsumexp(x, dim=-1)`` of float32 [N,V] rows. With a ``workspace`` (and no gradient to
+    track) the shifted exponentials go into its ``"logsumexp"`` buffer instead of a fresh [N,V]
+    tensor: the same operations as ATen's logsumexp (row maximum, infinite maxima replaced by 0, the
+    exponential of the difference, its sum, log, plus the maximum), so the same values bit for bit."""
+    if workspace is None or x.requires_grad or x.dtype != torch.float32 or x.dim() != 2:
+        return torch.logsumexp(x, dim=-1)
+    m = x.amax(-1, keepdim=True)
+    m.masked_fill_(m.abs() == math.inf, 0.0)
+    s = torch.sub(x, m, out=workspace.get("logsumexp", tuple(x.shape), x)).exp_().sum(-1)
+    return s.log_().add_(m.squeeze(-1))
 
 
 def round_logprobs(logp: Tensor, precision: str = "fp32") -> Tensor:
@@ -103,4 +122,4 @@ def entropy_from_logits(logits: Tensor, *, chunk_size: int | None = None) -> Ten
     return entropy.reshape(logits.shape[:-1])
 
 
-__all__ = ["PRECISIONS", "entropy_from_logits", "token_logprobs"]
+__all__ = ["PRECISIONS", "entropy_from_logits", "logsumexp_rows", "token_logprobs"]

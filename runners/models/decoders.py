@@ -36,6 +36,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from runners.algorithms.chunked_head import output_logits
+from runners.algorithms.workspace import Workspace
 
 FAST_MODEL_TYPES = ("llama", "qwen2", "qwen3")
 
@@ -193,6 +194,7 @@ class LlamaFamilyDecoder:
         if attention not in ("bmm", "sdpa"):
             raise ValueError(f"attention must be 'bmm' or 'sdpa', got {attention!r}")
         self.attention = attention
+        self.workspace = Workspace()  # what ``step`` returns is overwritten by the next step
         shape = (batch, self.n_kv, max_length, self.head_dim)
         key_shape = (batch, self.n_kv, self.head_dim, max_length) if attention == "bmm" else shape
         self.keys = [torch.zeros(key_shape, dtype=weight.dtype, device=weight.device) for _ in layers]
@@ -236,7 +238,8 @@ class LlamaFamilyDecoder:
     def step(self, tokens: Tensor, positions: Tensor, mask: Tensor | None, length: int) -> Tensor:
         """One token per row at cache slot ``length - 1``.
 
-        tokens [B], positions [B,1] (RoPE positions), mask None or bool [B,1,1,length] -> [B,V] float32.
+        tokens [B], positions [B,1] (RoPE positions), mask None or bool [B,1,1,length] -> [B,V] float32
+        (in the decoder's workspace: the next step overwrites it).
         The mask must be the prefill's attention mask followed by ones (what the sampler passes); the
         bmm attention reads that from its own copy (``bias``), SDPA from ``mask``.
         Activations are [B, features] (no sequence axis), and each layer makes as few tensor calls as
@@ -278,7 +281,8 @@ class LlamaFamilyDecoder:
             gate = F.silu(gate) if self.silu else layer["act"](gate)
             hidden = hidden + F.linear(gate * up, *layer["down"])
         hidden = _rms_norm(hidden, self.final_norm.weight, self.final_norm.variance_epsilon)
-        return output_logits(hidden, self.lm_head.weight, self.lm_head.bias).float()
+        # [B,V] float32 logits into the same buffer each step (39 MB at B = 64, V = 151,936)
+        return output_logits(hidden, self.lm_head.weight, self.lm_head.bias, workspace=self.workspace).float()
 
     def _bmm_attention(self, q: Tensor, layer: int, length: int, bias: Tensor) -> Tensor:
         """q [B, n_q, D] (RoPE applied) against the first ``length`` cache slots -> [B, n_q * D]."""

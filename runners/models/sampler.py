@@ -40,6 +40,7 @@ import torch
 from torch import Tensor
 
 from runners.algorithms.numerics import token_logprobs
+from runners.algorithms.workspace import Workspace
 
 
 @dataclass
@@ -105,7 +106,12 @@ def check_generator_device(generator: torch.Generator | None, tensor: Tensor) ->
 
 
 def sample_next(
-    logits: Tensor, *, temperature: float, top_p: float, generator: torch.Generator | None
+    logits: Tensor,
+    *,
+    temperature: float,
+    top_p: float,
+    generator: torch.Generator | None,
+    workspace: Workspace | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Draw one token per row: logits [N,V] float32 -> (token [N] long, logp [N] float32).
 
@@ -117,14 +123,27 @@ def sample_next(
     """
     if temperature == 0.0:
         token = logits.argmax(dim=-1)
-        return token, token_logprobs(logits, token)
-    scores = logits / temperature if temperature != 1.0 else logits
+        return token, token_logprobs(logits, token, workspace=workspace)
+    ws = workspace if workspace is not None and logits.dtype == torch.float32 and logits.dim() == 2 else None
+    if temperature == 1.0:
+        scores = logits
+    else:
+        scores = (
+            logits / temperature if ws is None else torch.div(logits, temperature, out=_buffer(ws, "scores", logits))
+        )
     if top_p < 1.0:
         scores = filter_top_p(scores, top_p)
-    probs = scores.softmax(dim=-1)
+    if ws is None:
+        probs = scores.softmax(dim=-1)
+    else:  # ATen's softmax kernel, written into the workspace
+        probs = torch.ops.aten._softmax.out(scores, -1, False, out=_buffer(ws, "probs", scores))
     check_generator_device(generator, probs)
     token = draw(probs, generator)
-    return token, token_logprobs(scores, token)
+    return token, token_logprobs(scores, token, workspace=ws)
+
+
+def _buffer(workspace: Workspace, name: str, like: Tensor) -> Tensor:
+    return workspace.get(name, tuple(like.shape), like)
 
 
 DRAW_BLOCK = 1024  # vocabulary entries per block of ``draw``'s two-level search
@@ -280,12 +299,16 @@ def generate(
     position = (attention_mask.long().cumsum(dim=-1) - 1).clamp(min=0)
     next_position = position[:, -1:] + 1
 
+    # the decode steps' [B,V] temporaries (scores, probabilities, logsumexp) reuse one set of buffers
+    workspace = Workspace()
     logits = _prefill(decoder, input_ids, attention_mask, position)
     rows = torch.arange(batch, device=device)  # original row of each row still in the batch
     active = torch.ones(batch, dtype=torch.bool, device=device)  # over the current (compacted) batch
     steps = 0
     for t in range(max_new_tokens):
-        token, logp = sample_next(logits, temperature=temperature, top_p=top_p, generator=generator)
+        token, logp = sample_next(
+            logits, temperature=temperature, top_p=top_p, generator=generator, workspace=workspace
+        )
         token = torch.where(active, token, pad_token_id)
         responses[rows, t] = token
         logps[rows, t] = torch.where(active, logp, 0.0)

@@ -135,8 +135,11 @@ def test_unfused_projections_match_generate(monkeypatch):
     assert torch.equal(generate(model, ids, mask, temperature=0.0, **kwargs).responses, ref)
 
 
-def test_fast_and_generic_decoding_agree_with_compaction():
-    model = build_tiny_model("qwen3", vocab_size=V, seed=4)
+@pytest.mark.parametrize("vocab", [V, 3 * 1024 + 5])
+def test_fast_and_generic_decoding_agree_with_compaction(vocab):
+    """The lean decode step against the model's own forward, rows dropped mid-generation; above 1,024
+    tokens its logits are computed in column blocks into one buffer reused step after step."""
+    model = build_tiny_model("qwen3", vocab_size=vocab, seed=4)
     ids, mask = left_padded_prompts(batch=12, seed=12)
     kwargs = {"max_new_tokens": 40, "eos_token_id": [EOS, 2, 3, 4], "pad_token_id": PAD}
     fast = generate(model, ids, mask, generator=torch.Generator().manual_seed(0), fast=True, **kwargs)
