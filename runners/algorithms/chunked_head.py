@@ -119,6 +119,7 @@ def chunked_head(
     chunk_size: int | None = None,
     sparse: Mapping | None = None,
     gather: Tensor | None = None,
+    gather_store: bool = False,
     exact_sum: bool = False,
 ) -> HeadOutputs:
     """Log-prob of ``tokens``, entropy and (``sparse``) the top-K store of ``softmax((h W^T + b) / T)``.
@@ -136,6 +137,10 @@ def chunked_head(
         gather: optional [..., G] long vocabulary ids per position (e.g. the old policy's top-K store,
             TROLL's kept set or TRM's exact-KL support): also return ``log softmax(z)`` at those ids,
             in float64 (their masses are summed: TRM's rest bin ``1 - sum q`` can be ~1e-7).
+        gather_store: gather at the ids of the top-K store this same pass returns (needs ``sparse``,
+            not with ``gather``): what ``gather=`` that store's index would give, bit for bit, in one
+            pass, where the store is pi_old's and the logits are the policy's own (on-policy, before
+            any optimiser step: TROLL's fused update).
         exact_sum: accumulate ``s = sum exp(t)`` in float64 (about twice the forward's reductions):
             then ``log s``, and with it every log-prob, is that of the float32 logits to ~1e-12 rather
             than ~1e-7 (as a float64 logsumexp of them), as
@@ -157,6 +162,8 @@ def chunked_head(
     if bias is not None and bias.shape != (vocab,):
         raise ValueError(f"bias must be [V={vocab}], got {tuple(bias.shape)}")
     params = _sparse_params(sparse, vocab)
+    if gather_store and (params is None or gather is not None):
+        raise ValueError("gather_store needs sparse (the store whose ids it gathers at) and no gather")
     ids = tokens.reshape(-1).long()
     if gather is not None and (gather.dim() != tokens.dim() + 1 or gather.shape[:-1] != tokens.shape):
         raise ValueError(f"gather {tuple(gather.shape)} must be [..., G] with [...] = tokens {tuple(tokens.shape)}")
@@ -164,11 +171,13 @@ def chunked_head(
     _check_ids(torch.cat([ids, gids.reshape(-1)]), vocab, "token ids" if gather is None else "token and gather ids")
     rows = chunk_size or default_chunk_size(vocab, hidden.device)
     flat = hidden.reshape(-1, hidden.shape[-1])
+    if gather_store:  # filled chunk by chunk with the store's own ids
+        gids = ids.new_zeros(ids.shape[0], params[0] + 1)
     logp, entropy, index, store, picked = _ChunkedHead.apply(
-        flat, weight, bias, ids, gids, 1.0 / temperature, rows, params, exact_sum
+        flat, weight, bias, ids, gids, 1.0 / temperature, rows, params, exact_sum, gather_store
     )
     lead = tokens.shape
-    picked = picked.reshape(*lead, gids.shape[-1]) if gather is not None else None
+    picked = picked.reshape(*lead, gids.shape[-1]) if gather is not None or gather_store else None
     if params is None:
         return HeadOutputs(logp.reshape(lead), entropy.reshape(lead), None, None, picked)
     k1 = params[0] + 1
@@ -231,7 +240,7 @@ def _logits(hs: Tensor, weight: Tensor, b: Tensor | None, inv_t: float, workspac
 
 class _ChunkedHead(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden, weight, bias, ids, gids, inv_t, rows, params, exact_sum):
+    def forward(ctx, hidden, weight, bias, ids, gids, inv_t, rows, params, exact_sum, own_ids):
         cd = _compute_dtype(hidden)
         n = hidden.shape[0]
         dev = hidden.device
@@ -252,7 +261,8 @@ class _ChunkedHead(torch.autograd.Function):
                 z = _logits(_scaled(hidden[sl], cd, inv_t), w, b, inv_t, workspace)
                 m = z.amax(-1, keepdim=True)
                 z_y = z.gather(-1, ids[sl, None])
-                z_g = z.gather(-1, gids[sl]) if gids.shape[1] else None
+                z_g = z.gather(-1, gids[sl]) if gids.shape[1] and not own_ids else None
+                z_0 = z[:, :1].clone() if own_ids else None  # a dropped slot of the store holds id 0
                 top = large_topk(z, params[0]) if params is not None else None  # before the shift: exact z
                 t = z.sub_(m)
                 e = torch.exp(t, out=workspace.get("exp", t.shape, t))
@@ -270,6 +280,10 @@ class _ChunkedHead(torch.autograd.Function):
                     lse = m.squeeze(-1).double() + ls64
                     idx, lp = store_from_topk(*top, z_y.squeeze(-1), lse, ids[sl], *params[1:])
                     index[sl], store[sl] = idx.to(torch.int32), lp.float()
+                    if own_ids:  # z at the store's ids: a kept top-K slot's own logit, else id 0's; the token's
+                        z_s = torch.cat([torch.where(idx[:, :-1] == top[1], top[0], z_0), z_y], dim=-1)
+                        gids[sl] = idx
+                        picked[sl] = z_s.double() - m.double() - ls64[:, None]
                 maxima[sl], log_s[sl] = m, ls64.to(cd)
         ctx.save_for_backward(hidden, weight, bias, ids, gids, maxima, log_s, entropy)
         ctx.inv_t, ctx.rows = inv_t, rows
@@ -284,7 +298,7 @@ class _ChunkedHead(torch.autograd.Function):
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
         if g_pick is not None and not gids.shape[1]:
             g_pick = None
-        none = (None,) * 6
+        none = (None,) * 7
         if g_logp is None and g_ent is None and g_pick is None or not (need_h or need_w or need_b):
             return None, None, None, *none
         cd = _compute_dtype(hidden)

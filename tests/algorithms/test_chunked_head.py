@@ -430,3 +430,44 @@ def test_chunks_reuse_two_buffers_per_pass(monkeypatch, with_bias):
     torch.testing.assert_close(out.entropy, reference.entropy, rtol=1e-6, atol=1e-6)
     for got, want in zip(grads, ref_grads):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("with_bias", [False, True])
+@pytest.mark.parametrize("exact_sum", [False, True])
+def test_gather_store_equals_gathering_at_the_returned_store(with_bias, exact_sum):
+    """One pass that gathers at its own top-K store's ids gives what a second pass with ``gather=`` that
+    store's index gives, values and gradients bit for bit: on peaked rows where the mass cut drops
+    slots (their id 0), with the sampled token inside and outside the top K, over three chunks."""
+    hidden, weight, bias, tokens, w_logp, w_ent = _problem(10, 32, VOCAB_BLOCK * 3 + 5, seed=19, peaked=1.6)
+    tokens[::3] = 4000 % weight.shape[0]  # outside the five dominant tokens
+    sparse = {"k": 8, "delta": 1e-3}
+    w_pick = torch.randn(10, 9, generator=_gen(20), dtype=torch.float64)
+    results = []
+    for own in (True, False):
+        h, w = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
+        b = bias.clone().requires_grad_() if with_bias else None
+        kwargs = {"bias": b, "chunk_size": 4, "sparse": sparse, "exact_sum": exact_sum}
+        if own:
+            out = chunked_head(h, w, tokens, gather_store=True, **kwargs)
+        else:
+            store = chunked_head(h.detach(), w.detach(), tokens, **{**kwargs, "bias": bias if with_bias else None})
+            out = chunked_head(h, w, tokens, gather=store.topk_index.long(), **kwargs)
+        loss = (out.logp * w_logp).sum() + (out.entropy * w_ent).sum() + (out.gather_logp * w_pick).sum().float()
+        grads = torch.autograd.grad(loss, [h, w] + ([b] if with_bias else []))
+        results.append((out, grads))
+    (own, own_grads), (two, two_grads) = results
+    dropped = (own.topk_logp[:, :-1] == -math.inf).sum()
+    assert dropped > 0 and (own.topk_index[:, :-1] == 0).sum() >= dropped  # the cut acted
+    assert torch.equal(own.topk_index, two.topk_index) and torch.equal(own.topk_logp, two.topk_logp)
+    assert torch.equal(own.gather_logp, two.gather_logp)
+    assert torch.equal(own.logp, two.logp) and torch.equal(own.entropy, two.entropy)
+    for a, b in zip(own_grads, two_grads):
+        assert torch.equal(a, b)
+
+
+def test_gather_store_needs_a_store_and_no_gather():
+    hidden, weight, _, tokens, _, _ = _problem(2, 4, 20, seed=13)
+    with pytest.raises(ValueError, match="gather_store needs sparse"):
+        chunked_head(hidden, weight, tokens, gather_store=True)
+    with pytest.raises(ValueError, match="gather_store needs sparse"):
+        chunked_head(hidden, weight, tokens, gather_store=True, sparse={"k": 4}, gather=tokens[:, None])

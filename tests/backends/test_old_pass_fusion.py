@@ -77,13 +77,16 @@ CELLS = {
     "grpo_kl_micro_bf16": ["trainer.kl_coef=0.05", "trainer.micro_batch_size=4", "trainer.logprob_precision=bf16"],
 }
 # SmolLM2's vocabulary: every pass goes through chunked_head, and the fused update takes the old pass's
-# entries from its loss's own pass (TROLL: from a no-grad pass first, as its loss gathers at the stored ids)
+# entries from its loss's own pass (TROLL's loss gathering at that pass's own store; the exact-KL TRM
+# masks from a no-grad pass first, as their loss sums in float64 and the old pass does not)
 V49K = ["model=tiny_llama_v49k"]
 CELLS.update(
     {
         "grpo_v49k": V49K,
         "grpo_v49k_no_diagnostics": [*V49K, "trainer.post_update_diagnostics=false"],
         "grpo_troll_v49k": [*V49K, "+method=grpo_troll"],
+        "grpo_troll_v49k_no_diagnostics": [*V49K, "+method=grpo_troll", "trainer.post_update_diagnostics=false"],
+        "grpo_trm_v49k": [*V49K, "+method=grpo_trm"],
         "gtpo_v49k": [*V49K, "algorithm=gtpo", "objective.h_ini_prompts=4"],
         "grpo_kl_micro_bf16_v49k": [*V49K, *CELLS["grpo_kl_micro_bf16"]],
     }
@@ -105,11 +108,11 @@ def test_fused_pass_gives_the_separate_pass_numbers(cell, tb_home, monkeypatch):
         assert torch.equal(p.grad, q.grad), f"gradient {name}"
 
 
-@pytest.mark.parametrize(("cell", "saved"), [("grpo_v49k", 1), ("grpo_troll_v49k", 0)])
+@pytest.mark.parametrize(("cell", "saved"), [("grpo_v49k", 1), ("grpo_troll_v49k", 1), ("grpo_trm_v49k", 0)])
 def test_the_fused_update_runs_the_output_layer_once_per_micro_batch(cell, saved, tb_home, monkeypatch):
-    """Where the loss gathers nothing at the old top-K ids, its own chunked_head pass gives the old pass's
-    entries: the fused step makes the separate step's chunked_head calls less the old pass's one (here
-    one chunk of rows). TROLL's loss needs the stored ids first: a no-grad pass still runs."""
+    """The loss's own chunked_head pass gives the old pass's entries (TROLL's loss gathers at that pass's
+    own top-K store): the fused step makes the separate step's chunked_head calls less the old pass's
+    one (here one chunk of rows). The exact-KL TRM masks still run a no-grad pass first."""
     import runners.algorithms.chunked_head as module
 
     real = module.chunked_head

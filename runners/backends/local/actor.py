@@ -34,6 +34,7 @@ from runners.algorithms.types import PolicyInputs
 from runners.backends.local.batching import micro_batches, micro_rows, mini_batches
 from runners.backends.local.heads import (
     OldPass,
+    exact_kl_mask,
     head_entries,
     head_inputs,
     own_entries,
@@ -170,14 +171,19 @@ def _fill_old(
     """Store micro-batch ``rows``' old-pass entries from its own logits; returns what the loss reuses of
     that pass (``micro_batch_loss``'s keyword arguments): its differentiable log-probs (one log-softmax
     serves both). From a ``Head``: the loss's own ``chunked_head`` pass, whose detached results are the
-    entries (``current``); for methods that gather at the old top-K ids (TROLL, exact-KL TRM), a no-grad
-    pass over the detached hidden states first, as the loss's pass needs the stored ids."""
+    entries (``current``); a loss that gathers at the old top-K ids (TROLL) gathers at that pass's own
+    store (``gather_store``). The exact-KL TRM masks sum in float64 in the loss's pass and not in the old
+    pass: for them a no-grad pass over the detached hidden states comes first."""
     responses, total = batch.responses[rows], batch.responses.shape[0]
     precision = settings.logprob_precision
-    if isinstance(logits, Head) and not fill.method.requires("sparse_old"):
-        store = store_params(fill.method, logits.weight.shape[0]) if fill.diagnostics else None
-        current, out = head_inputs(loss_fn, logits, responses, None, precision, store=store)
-        old.store(rows, own_entries(out, precision=precision, diagnostics=fill.diagnostics), total)
+    sparse_old = fill.method.requires("sparse_old")
+    if isinstance(logits, Head) and not exact_kl_mask(fill.method):
+        store = store_params(fill.method, logits.weight.shape[0]) if fill.diagnostics or sparse_old else None
+        current, out = head_inputs(loss_fn, logits, responses, None, precision, store=store, gather_store=sparse_old)
+        entries = own_entries(out, precision=precision, diagnostics=fill.diagnostics)
+        if sparse_old:  # pi_old sampled the batch: its store is the sampler's
+            sampler_entries(entries, (out.topk_index.long(), out.topk_logp), needs_sparse=True, separate=False)
+        old.store(rows, entries, total)
         return {"current": current}
     if isinstance(logits, Head):
         detached = Head(logits.hidden.detach(), logits.weight.detach(), logits.bias, logits.temperature)

@@ -138,14 +138,16 @@ def head_inputs(
     precision: str,
     *,
     store: dict | None = None,
+    gather_store: bool = False,
 ):
     """``PolicyInputs`` fields from ``chunked_head``: log-probs, entropies and the log-probs at the old top-K
     ids (float64 sums where an exact-KL mask reads them: its rest bin can hold ~1e-7); and the
     ``chunked_head`` result itself, with the top-K store where ``store`` (its ``sparse`` argument) is given:
-    where pi_old is this forward's policy, the same pass gives the old pass's entries (``own_entries``)."""
+    where pi_old is this forward's policy, the same pass gives the old pass's entries (``own_entries``),
+    and with ``gather_store`` the log-probs at that store's ids stand for those at the old top-K ids."""
     from runners.algorithms.chunked_head import chunked_head
 
-    exact = "sparse_old" in MASKS.entry(loss_fn.method.mask).needs  # a mask reads the sparse KL's rest bin
+    exact = exact_kl_mask(loss_fn.method)
     out = chunked_head(
         head.hidden,
         head.weight,
@@ -154,7 +156,8 @@ def head_inputs(
         temperature=head.temperature,
         sparse=store,
         gather=old_index,
-        exact_sum=exact and old_index is not None,
+        gather_store=gather_store,
+        exact_sum=exact and (old_index is not None or gather_store),
     )
     fields = {
         "logp": round_logprobs(out.logp, precision),
@@ -164,6 +167,12 @@ def head_inputs(
         "logits": None,
     }
     return fields, out
+
+
+def exact_kl_mask(method) -> bool:
+    """Whether ``method``'s mask reads the sparse KL's rest bin (the exact-KL TRM masks): its log-probs at
+    the old top-K ids need float64 sums (``chunked_head``'s ``exact_sum``)."""
+    return "sparse_old" in MASKS.entry(method.mask).needs
 
 
 def response_logprobs(forward, batch: RolloutBatch, *, chunked: bool, settings) -> Tensor:
@@ -192,6 +201,7 @@ __all__ = [
     "OldPass",
     "head_entries",
     "head_inputs",
+    "exact_kl_mask",
     "own_entries",
     "response_logprobs",
     "sampler_entries",
