@@ -28,6 +28,8 @@ def test_a_request_that_fits_reuses_the_buffer_and_one_that_does_not_allocates()
     more = ws.get("a", (9, 5), like)
     assert more.shape == (9, 5) and more.data_ptr() != first.data_ptr()
     assert ws.get("a", (9, 6), like).shape == (9, 6)
+    ws.get("c", (2, 10), like)
+    assert ws.get("c", (4, 10), like).shape == (4, 10)  # more rows than the buffer holds
     assert ws.get("a", (9, 6), like.double()).dtype == torch.float64
 
 
@@ -75,3 +77,22 @@ def test_sample_next_with_a_workspace_draws_the_same_tokens_and_log_probs(temper
         want = sample_next(logits, generator=torch.Generator().manual_seed(10 + step), **kwargs)
         got = sample_next(logits, generator=torch.Generator().manual_seed(10 + step), workspace=ws, **kwargs)
         assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), step
+
+
+def test_logsumexp_rows_writes_into_one_reused_buffer(monkeypatch):
+    """Call after call, the shifted exponentials go into the same memory (fewer rows: its leading rows);
+    each ``out=`` storage is kept alive, so a freed tensor's address cannot come back and look reused."""
+    outs = []
+    real = torch.sub
+
+    def sub(*args, **kwargs):
+        if isinstance(kwargs.get("out"), torch.Tensor):
+            outs.append(kwargs["out"].untyped_storage())
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "sub", sub)
+    ws, x = Workspace(), _rows(3000, seed=3)
+    for rows in (x, x[:9], x):
+        logsumexp_rows(rows, ws)
+    monkeypatch.undo()
+    assert len(outs) == 3 and len({s.data_ptr() for s in outs}) == 1
