@@ -199,9 +199,9 @@ def response_logprobs(forward, batch: RolloutBatch, *, chunked: bool, settings) 
 
 __all__ = [
     "OldPass",
+    "exact_kl_mask",
     "head_entries",
     "head_inputs",
-    "exact_kl_mask",
     "own_entries",
     "response_logprobs",
     "sampler_entries",
