@@ -171,13 +171,11 @@ def chunked_head(
     _check_ids(torch.cat([ids, gids.reshape(-1)]), vocab, "token ids" if gather is None else "token and gather ids")
     rows = chunk_size or default_chunk_size(vocab, hidden.device)
     flat = hidden.reshape(-1, hidden.shape[-1])
-    if gather_store:  # filled chunk by chunk with the store's own ids
-        gids = ids.new_zeros(ids.shape[0], params[0] + 1)
     logp, entropy, index, store, picked = _ChunkedHead.apply(
         flat, weight, bias, ids, gids, 1.0 / temperature, rows, params, exact_sum, gather_store
     )
     lead = tokens.shape
-    picked = picked.reshape(*lead, gids.shape[-1]) if gather is not None or gather_store else None
+    picked = picked.reshape(*lead, picked.shape[-1]) if gather is not None or gather_store else None
     if params is None:
         return HeadOutputs(logp.reshape(lead), entropy.reshape(lead), None, None, picked)
     k1 = params[0] + 1
@@ -251,6 +249,8 @@ class _ChunkedHead(torch.autograd.Function):
         logp = torch.empty(n, dtype=cd, device=dev)
         entropy = torch.empty(n, dtype=cd, device=dev)
         k1 = params[0] + 1 if params is not None else 0
+        if own_ids:  # the store's own ids, filled chunk by chunk
+            gids = ids.new_zeros(n, k1)
         index = torch.zeros(n, k1, dtype=torch.int32, device=dev)
         store = torch.full((n, k1), -math.inf, dtype=torch.float32, device=dev)
         picked = torch.empty(n, gids.shape[1], dtype=torch.float64, device=dev)
@@ -265,7 +265,7 @@ class _ChunkedHead(torch.autograd.Function):
                 z_0 = z[:, :1].clone() if own_ids else None  # a dropped slot of the store holds id 0
                 top = large_topk(z, params[0]) if params is not None else None  # before the shift: exact z
                 t = z.sub_(m)
-                e = torch.exp(t, out=workspace.get("exp", t.shape, t))
+                e = torch.exp(t, out=workspace.like("exp", t))
                 s = e.sum(-1, dtype=torch.float64) if exact_sum else e.sum(-1)
                 if b is not None:  # -inf logits: p log p := 0
                     t.clamp_(min=torch.finfo(cd).min)
@@ -314,7 +314,7 @@ class _ChunkedHead(torch.autograd.Function):
             hs = _scaled(hidden[sl], cd, inv_t)
             t = _logits(hs, w, b, inv_t, workspace).sub_(maxima[sl])  # bit for bit the forward's t
             t.sub_(log_s[sl, None])  # log p
-            p = torch.exp(t, out=workspace.get("exp", t.shape, t))
+            p = torch.exp(t, out=workspace.like("exp", t))
             g_l = g_logp[sl, None].to(cd) if g_logp is not None else None
             g_g = g_pick[sl].to(cd) if g_pick is not None else None
             # every log-prob output's upstream gradient also multiplies -p: their row sum

@@ -89,7 +89,7 @@ def logsumexp_rows(x: Tensor, workspace: Workspace | None = None) -> Tensor:
         return torch.logsumexp(x, dim=-1)
     m = x.amax(-1, keepdim=True)
     m.masked_fill_(m.abs() == math.inf, 0.0)
-    s = torch.sub(x, m, out=workspace.get("logsumexp", tuple(x.shape), x)).exp_().sum(-1)
+    s = torch.sub(x, m, out=workspace.like("logsumexp", x)).exp_().sum(-1)
     return s.log_().add_(m.squeeze(-1))
 
 

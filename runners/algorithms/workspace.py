@@ -37,5 +37,9 @@ class Workspace:
             self._buffers[name] = buf
         return buf[: shape[0]]
 
+    def like(self, name: str, tensor: Tensor) -> Tensor:
+        """The buffer ``name`` shaped and typed as ``tensor``."""
+        return self.get(name, tuple(tensor.shape), tensor)
+
 
 __all__ = ["Workspace"]

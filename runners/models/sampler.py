@@ -120,30 +120,20 @@ def sample_next(
     logp is the trainer's ``token_logprobs`` (x[y] - logsumexp(x)), not ``log_softmax``: ATen's CPU
     float32 log_softmax drifts with V (1.4e-4 at 151,936), which would show as a training-inference
     mismatch between the rollout and the trainer on the same policy.
+    The [N,V] temporaries (scores, probabilities, logsumexp's) go into ``workspace``'s buffers
+    (``generate`` passes one, reused step after step); None: a fresh one, fresh tensors.
     """
+    ws = workspace if workspace is not None else Workspace()  # a fresh one: fresh tensors, the same values
     if temperature == 0.0:
         token = logits.argmax(dim=-1)
-        return token, token_logprobs(logits, token, workspace=workspace)
-    ws = workspace if workspace is not None and logits.dtype == torch.float32 and logits.dim() == 2 else None
-    if temperature == 1.0:
-        scores = logits
-    else:
-        scores = (
-            logits / temperature if ws is None else torch.div(logits, temperature, out=_buffer(ws, "scores", logits))
-        )
+        return token, token_logprobs(logits, token, workspace=ws)
+    scores = torch.div(logits, temperature, out=ws.like("scores", logits)) if temperature != 1.0 else logits
     if top_p < 1.0:
         scores = filter_top_p(scores, top_p)
-    if ws is None:
-        probs = scores.softmax(dim=-1)
-    else:  # ATen's softmax kernel, written into the workspace
-        probs = torch.ops.aten._softmax.out(scores, -1, False, out=_buffer(ws, "probs", scores))
+    probs = torch.ops.aten._softmax.out(scores, -1, False, out=ws.like("probs", scores))  # ATen's softmax kernel
     check_generator_device(generator, probs)
     token = draw(probs, generator)
     return token, token_logprobs(scores, token, workspace=ws)
-
-
-def _buffer(workspace: Workspace, name: str, like: Tensor) -> Tensor:
-    return workspace.get(name, tuple(like.shape), like)
 
 
 DRAW_BLOCK = 1024  # vocabulary entries per block of ``draw``'s two-level search

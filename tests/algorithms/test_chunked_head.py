@@ -463,6 +463,10 @@ def test_gather_store_equals_gathering_at_the_returned_store(with_bias, exact_su
     assert torch.equal(own.logp, two.logp) and torch.equal(own.entropy, two.entropy)
     for a, b in zip(own_grads, two_grads):
         assert torch.equal(a, b)
+    # and against float64 log_softmax of the same logits at the store's ids (an independent value)
+    z = hidden.double() @ weight.double().t() + (bias.double() if with_bias else 0.0)
+    dense = torch.log_softmax(z, -1).gather(-1, own.topk_index.long())
+    torch.testing.assert_close(own.gather_logp, dense, rtol=0, atol=1e-5)
 
 
 def test_gather_store_needs_a_store_and_no_gather():

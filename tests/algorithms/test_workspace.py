@@ -15,7 +15,7 @@ import torch
 
 from runners.algorithms.numerics import logsumexp_rows, token_logprobs
 from runners.algorithms.workspace import Workspace
-from runners.models.sampler import sample_next
+from runners.models.sampler import draw, filter_top_p, sample_next
 
 
 def test_a_request_that_fits_reuses_the_buffer_and_one_that_does_not_allocates():
@@ -68,15 +68,23 @@ def test_logsumexp_rows_keeps_its_gradient_path():
 @pytest.mark.parametrize("temperature,top_p", [(0.0, 1.0), (1.0, 1.0), (0.7, 1.0), (0.7, 0.9)])
 def test_sample_next_with_a_workspace_draws_the_same_tokens_and_log_probs(temperature, top_p):
     """Three decode steps, the batch shrinking as rows finish: the workspace's buffers, reused, give
-    the tokens and log-probs of fresh tensors from the same generator state, bit for bit."""
+    the tokens and log-probs that torch's own softmax and logsumexp on fresh tensors give from the
+    same generator state, bit for bit."""
     ws = Workspace()
     for step, rows in enumerate((64, 64, 40)):
         logits = torch.randn(rows, 151936, generator=torch.Generator().manual_seed(step)) * 2
         logits[:, :5] += torch.tensor([12.0, 10.0, 9.0, 8.0, 7.0])
         kwargs = {"temperature": temperature, "top_p": top_p}
-        want = sample_next(logits, generator=torch.Generator().manual_seed(10 + step), **kwargs)
         got = sample_next(logits, generator=torch.Generator().manual_seed(10 + step), workspace=ws, **kwargs)
-        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), step
+        if temperature == 0.0:
+            token, scores = logits.argmax(-1), logits
+        else:
+            scores = logits / temperature if temperature != 1.0 else logits
+            scores = filter_top_p(scores, top_p) if top_p < 1.0 else scores
+            token = draw(scores.softmax(dim=-1), torch.Generator().manual_seed(10 + step))
+        logp = scores.gather(-1, token[:, None]).squeeze(-1) - torch.logsumexp(scores, dim=-1)
+        assert torch.equal(got[0], token) and torch.equal(got[1], logp), step
+        assert torch.equal(sample_next(logits, generator=torch.Generator().manual_seed(10 + step), **kwargs)[1], logp)
 
 
 def test_logsumexp_rows_writes_into_one_reused_buffer(monkeypatch):

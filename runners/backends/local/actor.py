@@ -6,8 +6,9 @@ sparse top-K form (``old_entries`` per chunk of rows), as one ``OldPass``. Where
 repeat the update's first one (``OldFromUpdate``: on-policy, one epoch of one mini-batch)
 ``update_actor`` stores the same entries from each micro-batch's own logits, detached, before its
 loss reads them, and the pass is skipped (TRL skips it in the same case); from a ``Head`` the loss's
-own ``chunked_head`` pass gives them (TROLL's and the exact-KL TRM masks' losses gather at the stored
-top-K ids, so for those a no-grad pass over the detached hidden states comes first). ``update_actor`` runs the
+own ``chunked_head`` pass gives them (TROLL's loss gathers at that pass's own top-K store; the exact-KL
+TRM masks' loss sums in float64, so for those a no-grad pass over the detached hidden states comes
+first). ``update_actor`` runs the
 epochs and mini-batches; every micro-batch goes through ``micro_batch_loss``, which builds
 ``PolicyInputs`` from the batch (the ``RolloutBatch`` on the trainer's device) and the ``OldPass``
 and calls the shared ``runners.algorithms.policy_loss.PolicyLoss`` (the function the verl plugins
