@@ -60,15 +60,33 @@ def phase_work(
     return work
 
 
+# each phase's wall-time metric (``roofline_metrics`` divides the phase's FLOPs by it)
+PHASE_WALL = {
+    "rollout": names.TIMING_GEN,
+    "old_log_prob": names.TIMING_OLD_LOG_PROB,
+    "update_actor": names.TIMING_UPDATE_ACTOR,
+}
+
+
+def phase_flops(metrics: dict[str, float]) -> float:
+    """A step's model FLOPs, back from its Roofline points: achieved TFLOP/s x the phase's wall time, summed
+    over the phases that ran (0 without Roofline metrics)."""
+    total = 0.0
+    for phase, wall in PHASE_WALL.items():
+        tflops, seconds = metrics.get(names.achieved_tflops(phase)), metrics.get(wall)
+        if tflops is not None and seconds:
+            total += tflops * 1e12 * seconds
+    return total
+
+
 def roofline_metrics(
     work: dict[str, tuple[float, float]], timing: dict[str, float], ceiling: Ceiling | None, *, mfu: bool = True
 ) -> dict[str, float]:
     """Roofline points per phase (``timing``: metric name -> wall seconds), the ceilings and, with ``mfu``,
     ``perf/mfu/actor`` (see module doc)."""
-    wall = {"rollout": names.TIMING_GEN, "old_log_prob": names.TIMING_OLD_LOG_PROB}
     out: dict[str, float] = {}
     for phase, (flops, moved) in work.items():
-        seconds = timing.get(wall.get(phase, f"timing_s/{phase}"), 0.0)
+        seconds = timing.get(PHASE_WALL[phase], 0.0)
         if flops <= 0 or seconds <= 0:
             continue
         out[names.arithmetic_intensity(phase)] = flops / moved
@@ -81,4 +99,4 @@ def roofline_metrics(
     return out
 
 
-__all__ = ["optimizer_steps", "phase_work", "roofline_metrics"]
+__all__ = ["PHASE_WALL", "optimizer_steps", "phase_flops", "phase_work", "roofline_metrics"]

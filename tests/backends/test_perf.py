@@ -24,7 +24,7 @@ from runners.backends.local.policy import segment_logits
 from runners.models.tiny import build_tiny_model
 from runners.perf import hardware
 from runners.perf.flops import TransformerShape
-from runners.perf.roofline import roofline_metrics
+from runners.perf.roofline import phase_flops, roofline_metrics
 
 
 def _model(arch="llama", **overrides):
@@ -224,6 +224,10 @@ def test_roofline_metrics_of_a_step(old_pass):
     assert names.achieved_tflops("old_log_prob") not in out  # no time spent: no point
     assert out[names.PEAK_TFLOPS] == 0.01 and out[names.PEAK_MEM_BW_TBS] == 0.02
     assert names.MFU_ACTOR not in roofline_metrics(work, timing, None)
+    # the step's model FLOPs back from what a run logs (the points and the phase times): every phase that
+    # took time (bench_vs_trl's ceiling); the old pass had none here
+    assert phase_flops({**out, **timing}) == pytest.approx(work["rollout"][0] + flops)
+    assert phase_flops(timing) == 0.0
 
 
 @pytest.mark.parametrize("packed", [True, False])

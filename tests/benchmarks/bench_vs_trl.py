@@ -47,6 +47,7 @@ import record  # noqa: E402
 import torch  # noqa: E402
 
 from runners import metric_names as names  # noqa: E402
+from runners.perf.roofline import phase_flops  # noqa: E402
 
 
 class NullTracker:
@@ -231,6 +232,8 @@ def run(args) -> dict:
                     "ours_old_cpu": metrics.get(names.TIMING_CPU_OLD_LOG_PROB, 0.0),
                     "ours_update_cpu": metrics[names.TIMING_CPU_UPDATE_ACTOR],
                     "ours_mfu": metrics.get(getattr(names, "MFU_ACTOR", ""), float("nan")),
+                    "ours_flops": phase_flops(metrics) or float("nan"),
+                    "peak_tflops": metrics.get(names.PEAK_TFLOPS, float("nan")),
                 }
             )
             r = rows[-1]
@@ -262,6 +265,18 @@ def profile_builtin(builtin, steps: int, start: int) -> None:
             builtin.step(step)
     print(f"\nbuilt-in trainer, {steps} step(s) under torch.profiler (op times are wall-clock, profiler included):")
     print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=20))
+
+
+def ceiling(rows: list[dict]) -> list[float]:
+    """Per pair, built-in / TRL tokens/s if the built-in step's model FLOPs ran at the machine's measured
+    matmul peak (``perf/peak_tflops``) and TRL's step took what it took: the best ratio this machine allows
+    at the built-in step's work. Empty without Roofline metrics."""
+    out = []
+    for r in rows:
+        ideal_s = r["ours_flops"] / (r["peak_tflops"] * 1e12)
+        if ideal_s == ideal_s:  # not NaN
+            out.append((r["ours_tokens"] / ideal_s) / (r["trl_tokens"] / r["trl_cpu"]))
+    return out
 
 
 def summarise(args, rows: list[dict]) -> dict:
@@ -307,7 +322,16 @@ def summarise(args, rows: list[dict]) -> dict:
     )
     if gen_ratio:
         print(f"generation tokens/s ratio (per pair, CPU): {min(gen_ratio):.2f}-{max(gen_ratio):.2f}x")
+    bound = ceiling(rows) if args.device == "cpu" else []  # CPU time against a CPU peak
+    if bound:
+        share = statistics.median(r["ours_flops"] / (r["peak_tflops"] * 1e12) / r["ours_cpu"] for r in rows)
+        print(
+            f"ceiling at equal work: the built-in step's {med('ours_flops') / 1e12:.2f} TFLOP at the measured matmul "
+            f"peak ({med('peak_tflops') * 1e3:.1f} GFLOP/s) would be {statistics.median(bound):.2f}x TRL "
+            f"(per pair {min(bound):.2f}-{max(bound):.2f}x); the built-in step runs at {share:.0%} of that peak"
+        )
     out.update(ratio_wall=ratio_wall, ratio_cpu=ratio_cpu, pair_ratios_cpu=pair_ratios, gen_ratios_cpu=gen_ratio)
+    out.update(ceiling_ratios_cpu=bound)
     out.update({f"median_{key}": med(key) for key in rows[0]})
     return out
 
@@ -342,6 +366,14 @@ def main(argv=None) -> None:
     if out["gen_ratios_cpu"]:
         lo, hi = min(out["gen_ratios_cpu"]), max(out["gen_ratios_cpu"])
         figures.append(record.figure("generation tokens/s, built-in / TRL (per pair, CPU)", f"{lo:.2f}-{hi:.2f}x"))
+    if out["ceiling_ratios_cpu"]:
+        bound = out["ceiling_ratios_cpu"]
+        figures.append(
+            record.figure(
+                "ceiling at equal work: the built-in step's model FLOPs at the measured matmul peak / TRL, tokens/s",
+                f"{statistics.median(bound):.2f}x (per pair {min(bound):.2f}-{max(bound):.2f}x)",
+            )
+        )
     trl = None
     try:
         from importlib.metadata import version
