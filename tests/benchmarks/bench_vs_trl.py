@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import math
 import os
 import statistics
 import sys
@@ -267,16 +268,18 @@ def profile_builtin(builtin, steps: int, start: int) -> None:
     print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=20))
 
 
+def ideal_s(row: dict) -> float:
+    """The built-in step's model FLOPs at the machine's measured matmul peak (``perf/peak_tflops``), in
+    seconds: the least time its work takes there. NaN without Roofline metrics."""
+    return row["ours_flops"] / (row["peak_tflops"] * 1e12)
+
+
 def ceiling(rows: list[dict]) -> list[float]:
-    """Per pair, built-in / TRL tokens/s if the built-in step's model FLOPs ran at the machine's measured
-    matmul peak (``perf/peak_tflops``) and TRL's step took what it took: the best ratio this machine allows
-    at the built-in step's work. Empty without Roofline metrics."""
-    out = []
-    for r in rows:
-        ideal_s = r["ours_flops"] / (r["peak_tflops"] * 1e12)
-        if ideal_s == ideal_s:  # not NaN
-            out.append((r["ours_tokens"] / ideal_s) / (r["trl_tokens"] / r["trl_cpu"]))
-    return out
+    """Per pair, built-in / TRL tokens/s if the built-in step took ``ideal_s`` and TRL's step what it took:
+    the best ratio this machine allows at the built-in step's work. Empty without Roofline metrics."""
+    return [
+        (r["ours_tokens"] / ideal_s(r)) / (r["trl_tokens"] / r["trl_cpu"]) for r in rows if not math.isnan(ideal_s(r))
+    ]
 
 
 def summarise(args, rows: list[dict]) -> dict:
@@ -324,9 +327,9 @@ def summarise(args, rows: list[dict]) -> dict:
         print(f"generation tokens/s ratio (per pair, CPU): {min(gen_ratio):.2f}-{max(gen_ratio):.2f}x")
     bound = ceiling(rows) if args.device == "cpu" else []  # CPU time against a CPU peak
     if bound:
-        share = statistics.median(r["ours_flops"] / (r["peak_tflops"] * 1e12) / r["ours_cpu"] for r in rows)
+        share = statistics.median(ideal_s(r) / r["ours_cpu"] for r in rows)
         print(
-            f"ceiling at equal work: the built-in step's {med('ours_flops') / 1e12:.2f} TFLOP at the measured matmul "
+            f"ceiling at equal work: the built-in step's {med('ours_flops') / 1e12:.3g} TFLOP at the measured matmul "
             f"peak ({med('peak_tflops') * 1e3:.1f} GFLOP/s) would be {statistics.median(bound):.2f}x TRL "
             f"(per pair {min(bound):.2f}-{max(bound):.2f}x); the built-in step runs at {share:.0%} of that peak"
         )
